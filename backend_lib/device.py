@@ -1,0 +1,36 @@
+"""Device and dtype selection for a Triton model instance."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from backend_lib.config import ConfigError
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def select_device(args: Mapping[str, Any] | None = None) -> torch.device:
+    """CUDA when Triton gives this instance a GPU (`model_instance_kind` GPU) and CUDA works,
+    CPU otherwise. Without Triton args (tests, scripts) CUDA is used when available."""
+    if args is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    kind = str(args.get("model_instance_kind", "CPU")).upper()
+    if kind in ("GPU", "KIND_GPU") and torch.cuda.is_available():
+        return torch.device("cuda", int(args.get("model_instance_device_id", 0) or 0))
+    return torch.device("cpu")
+
+
+def resolve_dtype(name: str, device: torch.device, key: str = "dtype") -> torch.dtype:
+    """Map a dtype name to torch. `auto` is float32 on CPU and bfloat16 on CUDA."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ConfigError(key, name, f"expected one of auto, {', '.join(DTYPES)}")
+    return DTYPES[name]

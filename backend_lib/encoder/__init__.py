@@ -1,0 +1,1 @@
+"""Encoder models (embedding, rerank) on token-budget micro-batching."""

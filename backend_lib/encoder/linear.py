@@ -1,0 +1,75 @@
+"""Inference-only linear layer with an optional fused activation or residual add.
+
+On CPU the weight is pre-packed once into oneDNN's blocked layout, and the activation
+(or the residual add) runs in the GEMM epilogue: on the AMD EPYC (AVX-512) development
+machine that is ~10-15% faster than `F.linear` (MKL) and saves a pass over the output.
+Everywhere else (CUDA, float16, a torch build without oneDNN) it is `F.linear` followed
+by the activation or add.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# Activation name -> (eager function, oneDNN post-op attr, oneDNN algorithm).
+_ACTIVATIONS = {
+    "none": (None, "none", ""),
+    "gelu": (F.gelu, "gelu", "none"),  # exact erf GELU
+    "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), "gelu", "tanh"),
+    "relu": (F.relu, "relu", ""),
+    "tanh": (torch.tanh, "tanh", ""),
+}
+
+_ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _onednn_usable(weight: torch.Tensor) -> bool:
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype in _ONEDNN_DTYPES
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+
+
+class Linear:
+    """`activation(x @ weight.T + bias)` for 2-D `x`; weight is [out, in] as in checkpoints."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, activation: str = "none"):
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"unsupported activation {activation!r}")
+        self.out_features, self.in_features = weight.shape
+        self.activation, self.bias = activation, bias
+        self._eager_act, self._post_op, self._algorithm = _ACTIVATIONS[activation]
+        self._packed = self._pack(weight) if _onednn_usable(weight) else None
+        # Keep the plain weight only when it is the one used (no second copy in memory).
+        self.weight = weight.contiguous() if self._packed is None else None
+
+    @staticmethod
+    def _pack(weight: torch.Tensor) -> torch.Tensor | None:
+        try:
+            return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
+        except RuntimeError:  # e.g. a CPU without bf16 support in oneDNN
+            return None
+
+    @property
+    def uses_onednn(self) -> bool:
+        return self._packed is not None
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """`activation(x @ W.T + b)`, plus `residual` when given (then activation must be none)."""
+        if residual is not None and self._eager_act is not None:
+            raise ValueError("a residual is added only to a linear without activation")
+        if self._packed is not None:
+            if residual is not None:  # the add runs in the GEMM epilogue
+                return torch.ops.mkldnn._linear_pointwise.binary(
+                    x, residual, self._packed, self.bias, "add"
+                )
+            return torch.ops.mkldnn._linear_pointwise(
+                x, self._packed, self.bias, self._post_op, [], self._algorithm
+            )
+        y = F.linear(x, self.weight, self.bias)
+        if residual is not None:
+            return y.add_(residual)
+        return y if self._eager_act is None else self._eager_act(y)

@@ -1,0 +1,221 @@
+"""Request handling for the encoder models: one `execute` call's requests become one token-budget batch.
+
+Each request is parsed and tokenized on its own, so bad input fails only that request; the items of all
+good requests are then embedded (or scored) together in length-sorted micro-batches, and each result goes
+back to its request in order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from backend_lib.config import from_parameters
+from backend_lib.encoder.batching import MicroBatch
+from backend_lib.encoder.config import EmbeddingConfig, RerankConfig
+from backend_lib.encoder.embedder import Embedder
+from backend_lib.encoder.reranker import load_reranker
+from backend_lib.errors import InputError
+from backend_lib.metrics import MetricsSink
+from backend_lib.model_context import ModelContext
+from backend_lib.triton_io import Inputs, read_bools, read_strings
+
+Result = np.ndarray | Exception
+
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class EncoderMetrics:
+    """Encoder metrics: requests and items, micro-batch shape, queue and compute time, failures."""
+
+    def __init__(self, sink: MetricsSink):
+        self.requests = sink.counter("encoder_requests_total", "Requests received")
+        self.items = sink.counter("encoder_items_total", "Items (texts or pairs) computed")
+        self.failures = sink.counter("encoder_failures_total", "Failed requests, by reason")
+        self.batch_size = sink.histogram(
+            "encoder_batch_size", "Items per micro-batch", SIZE_BUCKETS
+        )
+        self.batch_tokens = sink.histogram(
+            "encoder_batch_tokens", "Padded tokens per micro-batch", TOKEN_BUCKETS
+        )
+        self.batch_requests = sink.histogram(
+            "encoder_batch_requests",
+            "Distinct requests whose items share a micro-batch",
+            SIZE_BUCKETS,
+        )
+        self.queue_seconds = sink.histogram(
+            "encoder_queue_seconds",
+            "Time from execute start to an item's micro-batch start",
+            SECONDS_BUCKETS,
+        )
+        self.compute_seconds = sink.histogram(
+            "encoder_compute_seconds", "Forward time per micro-batch", SECONDS_BUCKETS
+        )
+
+    def record_batches(
+        self, batches: Sequence[MicroBatch], owners: Sequence[int], waited: float
+    ) -> None:
+        """`owners[i]` is the request of item i; `waited` is the time from execute start to the
+        first micro-batch (parsing, tokenizing). Micro-batches run back to back, so each one's queue
+        time is that plus the compute time of those before it."""
+        elapsed = waited
+        for batch in batches:
+            self.batch_size.observe(len(batch.indices))
+            self.batch_tokens.observe(batch.padded_tokens)
+            self.batch_requests.observe(len({owners[i] for i in batch.indices}))
+            self.compute_seconds.observe(batch.seconds)
+            self.queue_seconds.observe(elapsed)
+            elapsed += batch.seconds
+
+    def record_failure(self, error: Exception) -> None:
+        self.failures.inc(reason="invalid_input" if isinstance(error, InputError) else "internal")
+
+
+@dataclass
+class _Parsed:
+    """The good requests of one execute call, flattened into items."""
+
+    request_index: list[int]  # position in the execute call of each good request
+    items: list  # tokenized items, all good requests concatenated
+    owners: list[int]  # good-request number of each item
+    row_counts: list[int]  # items per good request
+
+
+class _EncoderService:
+    """Shared flow: parse+tokenize per request, compute all items at once, split results back."""
+
+    def __init__(self, metrics: EncoderMetrics | None):
+        self.metrics = metrics
+
+    def execute(self, requests: Sequence[Inputs]) -> list[Result]:
+        started = time.perf_counter()
+        results: list[Result | None] = [None] * len(requests)
+        parsed = _Parsed([], [], [], [])
+        for index, inputs in enumerate(requests):
+            try:
+                items = self._tokenize_request(inputs)
+            except Exception as exc:  # noqa: BLE001 - a bad request fails alone
+                results[index] = exc if isinstance(exc, InputError) else InputError(str(exc))
+                continue
+            parsed.request_index.append(index)
+            parsed.owners.extend([len(parsed.row_counts)] * len(items))
+            parsed.row_counts.append(len(items))
+            parsed.items.extend(items)
+        if parsed.items:
+            self._compute_and_split(parsed, results, started)
+        if self.metrics:
+            self.metrics.requests.inc(len(requests))
+            for result in results:
+                if isinstance(result, Exception):
+                    self.metrics.record_failure(result)
+        return results  # type: ignore[return-value]
+
+    def _compute_and_split(self, parsed: _Parsed, results: list, started: float) -> None:
+        waited = time.perf_counter() - started
+        try:
+            values, batches = self._compute(parsed.items)
+        except Exception as exc:  # noqa: BLE001 - report to every caller of this batch
+            error = RuntimeError(f"encoder forward failed: {type(exc).__name__}: {exc}")
+            for index in parsed.request_index:
+                results[index] = error
+            return
+        if self.metrics:
+            self.metrics.items.inc(len(parsed.items))
+            self.metrics.record_batches(batches, parsed.owners, waited)
+        offset = 0
+        for index, count in zip(parsed.request_index, parsed.row_counts, strict=True):
+            results[index] = values[offset : offset + count]
+            offset += count
+
+    def _tokenize_request(self, inputs: Inputs) -> list:
+        raise NotImplementedError
+
+    def _compute(self, items: list) -> tuple[np.ndarray, list[MicroBatch]]:
+        raise NotImplementedError
+
+
+def _by_flag(flags: Sequence[bool | None], run: Callable[[list[int], bool | None], list]) -> list:
+    """Call `run(indices, flag)` once per distinct flag value, returning results in row order."""
+    out: list = [None] * len(flags)
+    for flag in dict.fromkeys(flags):
+        indices = [i for i, f in enumerate(flags) if f == flag]
+        for i, value in zip(indices, run(indices, flag), strict=True):
+            out[i] = value
+    return out
+
+
+class EmbeddingService(_EncoderService):
+    """`text_input` [N,1] strings (optional `normalize`, `truncate` BOOL) -> `embedding` [N, dim]."""
+
+    def __init__(self, embedder, metrics: EncoderMetrics | None = None):
+        super().__init__(metrics)
+        self.embedder = embedder
+
+    @classmethod
+    def from_context(cls, context: ModelContext, sink: MetricsSink | None) -> EmbeddingService:
+        """Load from the model's config.pbtxt parameters (raises ConfigError naming a bad key)."""
+        config = from_parameters(EmbeddingConfig, context.parameters)
+        embedder = Embedder.from_config(config, context.device, context.model_dir)
+        return cls(embedder, EncoderMetrics(sink) if sink else None)
+
+    def _tokenize_request(self, inputs: Inputs) -> list:
+        # Size limits are the tokenizer's (max_text_bytes): cut when truncating, refused otherwise.
+        texts = read_strings(inputs, "text_input")
+        truncate = read_bools(inputs, "truncate", len(texts), None)
+        normalize = read_bools(inputs, "normalize", len(texts), None)
+        tokens = _by_flag(
+            truncate,
+            lambda idx, flag: self.embedder.tokenize([texts[i] for i in idx], truncate=flag),
+        )
+        return list(zip(tokens, normalize, strict=True))
+
+    def _compute(self, items: list) -> tuple[np.ndarray, list[MicroBatch]]:
+        tokens = [t for t, _ in items]
+        normalize = [n for _, n in items]
+        if len(set(normalize)) == 1:
+            return self.embedder.embed(tokens, normalize=normalize[0])
+        raw, batches = self.embedder.embed(tokens, normalize=False)
+        for i, flag in enumerate(normalize):
+            if flag if flag is not None else self.embedder.normalize_default:
+                raw[i] = raw[i] / max(float(np.linalg.norm(raw[i])), 1e-12)
+        return raw, batches
+
+
+class RerankService(_EncoderService):
+    """`query`, `document` [N,1] strings (one pair per row) -> `score` [N, 1]."""
+
+    def __init__(self, reranker, metrics: EncoderMetrics | None = None):
+        super().__init__(metrics)
+        self.reranker = reranker
+
+    @classmethod
+    def from_context(cls, context: ModelContext, sink: MetricsSink | None) -> RerankService:
+        """Load from the model's config.pbtxt parameters (raises ConfigError naming a bad key)."""
+        config = from_parameters(RerankConfig, context.parameters)
+        reranker = load_reranker(config, context.device, context.model_dir)
+        return cls(reranker, EncoderMetrics(sink) if sink else None)
+
+    def _tokenize_request(self, inputs: Inputs) -> list:
+        queries = read_strings(inputs, "query")
+        documents = read_strings(inputs, "document")
+        if len(queries) != len(documents):
+            raise InputError(
+                f"'query' has {len(queries)} rows but 'document' has {len(documents)}: "
+                "send one query-document pair per row"
+            )
+        truncate = read_bools(inputs, "truncate", len(queries), None)
+        return _by_flag(
+            truncate,
+            lambda idx, flag: self.reranker.tokenize(
+                [queries[i] for i in idx], [documents[i] for i in idx], truncate=flag
+            ),
+        )
+
+    def _compute(self, items: list) -> tuple[np.ndarray, list[MicroBatch]]:
+        scores, batches = self.reranker.score(items)
+        return np.asarray(scores, dtype=np.float32).reshape(-1, 1), batches

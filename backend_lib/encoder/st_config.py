@@ -1,0 +1,146 @@
+"""What a checkpoint's sentence-transformers files say about inference.
+
+Embedding models: `modules.json` (the module pipeline), `1_Pooling/config.json` (pooling
+modes), `sentence_bert_config.json` (max_seq_length, do_lower_case). Without
+`modules.json`, sentence-transformers wraps a plain Hugging Face model as Transformer +
+mean pooling, and so does this reader.
+
+Cross-encoders: the activation applied to the logit, resolved in the order of
+sentence-transformers 6.x `CrossEncoder` (see `read_cross_encoder_activation`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backend_lib.config import ConfigError
+from backend_lib.encoder.pooling import POOLING_MODES
+
+# Legacy boolean keys of 1_Pooling/config.json, in sentence-transformers' concatenation order.
+_LEGACY_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+# Activation class paths sentence-transformers writes -> our names.
+_ACTIVATIONS = {
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+    "torch.nn.modules.linear.Identity": "identity",
+    "torch.nn.modules.activation.Tanh": "tanh",
+}
+
+
+@dataclass(frozen=True)
+class EmbeddingLayout:
+    """Inference settings of a sentence-transformers embedding checkpoint."""
+
+    pooling_modes: tuple[str, ...]
+    normalize: bool
+    max_seq_length: int | None  # None: not set by the sentence-transformers files
+    do_lower_case: bool
+
+
+def _read_json(path: Path, spec: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError("model", spec, f"cannot read {path.name}: {exc}") from None
+
+
+def _module_kind(entry: dict[str, Any]) -> str:
+    # "sentence_transformers.models.Pooling", "...base.modules.transformer.Transformer" -> last part
+    return str(entry.get("type", "")).rsplit(".", 1)[-1]
+
+
+def _pooling_modes(config: dict[str, Any], spec: str) -> tuple[str, ...]:
+    if "pooling_mode" in config:
+        raw = config["pooling_mode"]
+        modes = (raw,) if isinstance(raw, str) else tuple(raw)
+    else:
+        modes = tuple(mode for key, mode in _LEGACY_POOLING_KEYS.items() if config.get(key))
+    modes = modes or ("mean",)
+    for mode in modes:
+        if mode not in POOLING_MODES:
+            raise ConfigError("model", spec, f"unsupported pooling mode '{mode}'")
+    return modes
+
+
+def _sentence_bert_config(model_dir: Path, spec: str) -> dict[str, Any]:
+    path = model_dir / "sentence_bert_config.json"
+    return _read_json(path, spec) if path.is_file() else {}
+
+
+def read_max_seq_length(model_dir: Path, spec: str) -> int | None:
+    """`max_seq_length` of sentence_bert_config.json, None when absent."""
+    return _sentence_bert_config(model_dir, spec).get("max_seq_length")
+
+
+def read_embedding_layout(model_dir: Path, spec: str) -> EmbeddingLayout:
+    """Read pooling, normalisation and sequence settings; unsupported modules are errors."""
+    bert_config = _sentence_bert_config(model_dir, spec)
+    max_seq_length = bert_config.get("max_seq_length")
+    do_lower_case = bool(bert_config.get("do_lower_case", False))
+    if not (model_dir / "modules.json").is_file():
+        return EmbeddingLayout(("mean",), False, max_seq_length, do_lower_case)
+
+    modules = sorted(_read_json(model_dir / "modules.json", spec), key=lambda m: m.get("idx", 0))
+    kinds = [_module_kind(m) for m in modules]
+    if not kinds or kinds[0] != "Transformer" or modules[0].get("path", "") not in ("", "."):
+        raise ConfigError(
+            "model",
+            spec,
+            "modules.json must start with a Transformer module stored at the model root",
+        )
+    unsupported = sorted(set(kinds) - {"Transformer", "Pooling", "Normalize"})
+    if unsupported or kinds.count("Pooling") > 1:
+        raise ConfigError(
+            "model", spec, f"unsupported sentence-transformers modules: {unsupported or kinds}"
+        )
+    modes: tuple[str, ...] = ("mean",)
+    if "Pooling" in kinds:
+        entry = modules[kinds.index("Pooling")]
+        modes = _pooling_modes(_read_json(model_dir / entry["path"] / "config.json", spec), spec)
+    return EmbeddingLayout(modes, "Normalize" in kinds, max_seq_length, do_lower_case)
+
+
+def _activation_name(path: str | None) -> str | None:
+    # sentence-transformers ignores activation paths outside torch.* unless trust_remote_code.
+    if path is None or not path.startswith("torch."):
+        return None
+    return _ACTIVATIONS.get(path, path)
+
+
+def read_cross_encoder_activation(model_dir: Path, spec: str, num_labels: int) -> str:
+    """The activation `CrossEncoder.predict` applies: "sigmoid", "identity" or "tanh".
+
+    Order (sentence-transformers 6.x): `config_sentence_transformers.json` `activation_fn`
+    of a saved CrossEncoder (with modules.json); then config.json
+    `sentence_transformers.activation_fn`; then the legacy
+    `sbert_ce_default_activation_function`; else Sigmoid for one label, Identity otherwise.
+    """
+    candidates: list[str | None] = []
+    st_file = model_dir / "config_sentence_transformers.json"
+    if (model_dir / "modules.json").is_file() and st_file.is_file():
+        st_config = _read_json(st_file, spec)
+        if st_config.get("model_type") == "CrossEncoder":
+            candidates.append(st_config.get("activation_fn"))
+    config = _read_json(model_dir / "config.json", spec)
+    st_section = config.get("sentence_transformers") or {}
+    if "activation_fn" in st_section:
+        candidates.append(st_section["activation_fn"])
+    elif config.get("sbert_ce_default_activation_function") is not None:
+        candidates.append(config["sbert_ce_default_activation_function"])
+    for path in candidates:
+        name = _activation_name(path)
+        if name is None:
+            continue
+        if name not in _ACTIVATIONS.values():
+            raise ConfigError("model", spec, f"unsupported cross-encoder activation '{path}'")
+        return name
+    return "sigmoid" if num_labels == 1 else "identity"

@@ -1,0 +1,1 @@
+"""Paged-KV LLM engine: block pool, scheduler, model runner, sampler, engine loop."""

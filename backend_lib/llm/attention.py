@@ -1,0 +1,60 @@
+"""Attention over the paged KV cache: batch metadata, kernel-backend selection, per-layer call.
+
+A step's tokens are flattened into one batch of T rows. Sequence b owns rows
+`query_start_loc[b]:query_start_loc[b+1]`; its context (cached prefix plus the new tokens)
+is `seq_lens[b]` long and lives in the blocks `block_tables[b]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kernels import KernelOps, kernel_ops, resolve_kernel_backend
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+"""One layer's (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim]."""
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each flattened token sits in its sequence and in the KV cache (tensors on device)."""
+
+    query_start_loc: torch.Tensor
+    """[B+1] int32: row offsets of each sequence's new tokens."""
+    seq_lens: torch.Tensor
+    """[B] int32: context length of each sequence, new tokens included."""
+    block_tables: torch.Tensor
+    """[B, max_blocks] int32: physical blocks of each sequence (padding entries are 0)."""
+    slot_mapping: torch.Tensor
+    """[T] int64: cache slot (block_id * block_size + offset) each new token's K/V is written to."""
+    max_query_len: int
+    max_seq_len: int
+
+
+def select_kernel_ops(setting: str, device: torch.device) -> KernelOps:
+    """Kernel set for `LLMConfig.kernel_backend` on `device` (auto: Triton on CUDA, PyTorch on CPU)."""
+    return kernel_ops(resolve_kernel_backend(setting, device))
+
+
+class PagedAttention(nn.Module):
+    """One layer's attention: store the new tokens' K/V in the cache, then attend over it."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 sliding_window: int | None, ops: KernelOps):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = scale
+        self.sliding_window = sliding_window
+        self.ops = ops
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]."""
+        k_cache, v_cache = kv_cache
+        self.ops.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        return self.ops.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
+                                        meta.block_tables, self.scale,
+                                        sliding_window=self.sliding_window)

@@ -1,0 +1,77 @@
+"""LLMConfig: every engine setting, filled from `config.pbtxt` parameters and validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from backend_lib.config import require
+
+
+@dataclass
+class LLMConfig:
+    """Engine settings. Names follow vLLM's engine arguments where one exists."""
+
+    model: str = ""
+    """Checkpoint directory (config.json, *.safetensors, tokenizer.json); relative to the model dir."""
+    dtype: str = "auto"
+    """auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16 or float16."""
+    kernel_backend: Literal["auto", "triton", "torch"] = "auto"
+    """auto: Triton kernels on CUDA, PyTorch on CPU."""
+    tensor_parallel_size: int = 1
+    max_model_len: int = 0
+    """Longest prompt plus output, in tokens; 0 takes the checkpoint's max_position_embeddings."""
+    block_size: int = 16
+    """Tokens per KV-cache block."""
+    gpu_memory_utilization: float = 0.9
+    """Share of GPU memory for weights, activations and the KV pool (CUDA only)."""
+    cpu_kv_cache_gb: float = 1.0
+    """KV pool size on CPU, in GiB."""
+    num_blocks: int = 0
+    """Exact KV pool size in blocks (overrides the memory-based sizing when > 0)."""
+    swap_space: float = 1.0
+    """Host-memory swap pool for preempted sequences, in GiB (used when preemption_mode=swap)."""
+    preemption_mode: Literal["recompute", "swap"] = "recompute"
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    max_num_seqs: int = 64
+    """Most sequences running in one step."""
+    max_num_batched_tokens: int = 2048
+    """Token budget of one step (prefill chunks plus decodes)."""
+    max_queue_size: int = 1024
+    """Most requests waiting for admission; more are refused with a queue-full error."""
+    seed: int = 0
+    """Seed of the engine's default generator (requests without their own seed)."""
+    max_prompt_bytes: int = 1 << 20
+    """Largest accepted prompt, in UTF-8 bytes (a larger one is refused before tokenizing)."""
+    max_n: int = 16
+    """Largest `n` (parallel samples) a request may ask for."""
+    max_logprobs: int = 20
+    """Largest `logprobs` (top log-probabilities per token) a request may ask for."""
+
+    def validate(self) -> None:
+        require(self.tensor_parallel_size == 1, "tensor_parallel_size", self.tensor_parallel_size,
+                "only 1 is supported (this engine runs one model replica per Triton instance)")
+        require(self.dtype in ("auto", "float32", "bfloat16", "float16"), "dtype", self.dtype,
+                "expected one of auto, float32, bfloat16, float16")
+        require(self.max_model_len >= 0, "max_model_len", self.max_model_len, "must be >= 0")
+        require(self.block_size in (8, 16, 32, 64, 128), "block_size", self.block_size,
+                "expected one of 8, 16, 32, 64, 128")
+        require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
+                self.gpu_memory_utilization, "must be in (0, 1]")
+        require(self.cpu_kv_cache_gb > 0, "cpu_kv_cache_gb", self.cpu_kv_cache_gb, "must be > 0")
+        require(self.num_blocks >= 0, "num_blocks", self.num_blocks, "must be >= 0")
+        require(self.swap_space >= 0, "swap_space", self.swap_space, "must be >= 0")
+        require(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "must be >= 1")
+        require(self.max_num_batched_tokens >= 1, "max_num_batched_tokens",
+                self.max_num_batched_tokens, "must be >= 1")
+        require(self.max_queue_size >= 1, "max_queue_size", self.max_queue_size, "must be >= 1")
+        require(self.max_prompt_bytes >= 1, "max_prompt_bytes", self.max_prompt_bytes, "must be >= 1")
+        require(self.max_n >= 1, "max_n", self.max_n, "must be >= 1")
+        require(self.max_logprobs >= 0, "max_logprobs", self.max_logprobs, "must be >= 0")
+        require(self.preemption_mode != "swap" or self.swap_space > 0, "swap_space",
+                self.swap_space, "must be > 0 when preemption_mode=swap")
+        if not self.enable_chunked_prefill and self.max_model_len:
+            require(self.max_num_batched_tokens >= self.max_model_len, "max_num_batched_tokens",
+                    self.max_num_batched_tokens,
+                    f"must be >= max_model_len ({self.max_model_len}) without chunked prefill")

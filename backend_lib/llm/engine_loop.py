@@ -1,0 +1,201 @@
+"""A background thread driving an LLMEngine, for callers on other threads (Triton's model.py).
+
+The engine is not thread-safe, so only the loop thread touches it: callers hand requests and
+aborts over under a lock, and read each request's outputs from its own queue. The loop sleeps on
+a condition variable while there is nothing to do (no polling).
+
+    loop = EngineLoop(engine, on_step=update_metrics)
+    loop.start()
+    stream = loop.submit("req-1", "Hello", SamplingParams(max_tokens=32))  # InputError at once
+    for output in stream:      # RequestOutputs until one has finished=True
+        send(output.outputs[0].delta_text)
+    loop.stop()                # aborts whatever still runs, joins the thread
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from collections.abc import Sequence as Seq
+
+from backend_lib.errors import InputError, QueueFullError
+from backend_lib.llm.engine import LLMEngine, PreparedRequest
+from backend_lib.llm.outputs import CompletionOutput, RequestOutput
+from backend_lib.llm.sampling_params import SamplingParams
+from backend_lib.llm.stats import EngineStats
+
+logger = logging.getLogger(__name__)
+
+
+class OutputStream:
+    """The outputs of one request, in order; the last one has `finished=True`."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self._queue: queue.Queue[RequestOutput] = queue.Queue()
+
+    def put(self, output: RequestOutput) -> None:
+        """Called by the loop thread."""
+        self._queue.put(output)
+
+    def get(self, timeout: float | None = None) -> RequestOutput:
+        """The next output; raises queue.Empty after `timeout` seconds without one."""
+        return self._queue.get(timeout=timeout)
+
+    def __iter__(self) -> Iterator[RequestOutput]:
+        while True:
+            output = self._queue.get()
+            yield output
+            if output.finished:
+                return
+
+
+class EngineLoop:
+    """Runs `engine.step()` on a background thread while requests are unfinished."""
+
+    def __init__(self, engine: LLMEngine,
+                 on_step: Callable[[EngineStats], None] | None = None) -> None:
+        """`on_step` is called on the loop thread with `engine.stats()` after every step (and
+        after aborts), e.g. to update Prometheus metrics; its exceptions are logged only."""
+        self.engine = engine
+        self.on_step = on_step
+        self._cond = threading.Condition()
+        self._new: list[PreparedRequest] = []
+        self._aborts: list[str] = []
+        self._streams: dict[str, OutputStream] = {}
+        """Requests submitted and not finished yet."""
+        self._num_waiting = 0
+        """Engine's waiting sequences after the last step (for the queue-full check)."""
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("the engine loop was already started")
+        self._thread = threading.Thread(target=self._run, name="llm-engine-loop", daemon=True)
+        self._thread.start()
+
+    def submit(self, request_id: str, prompt: str | None, params: SamplingParams,
+               prompt_token_ids: Seq[int] | None = None,
+               arrival_time: float | None = None) -> OutputStream:
+        """Queue a request; its outputs arrive on the returned stream.
+
+        Raises InputError (bad input, duplicate id) or QueueFullError in the caller's thread,
+        before anything is queued.
+        """
+        prepared = self.engine.prepare_request(request_id, prompt, params, prompt_token_ids,
+                                               arrival_time)
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("the engine loop is stopped")
+            if request_id in self._streams:
+                raise InputError(f"request id {request_id!r} is already running")
+            max_queue = self.engine.config.max_queue_size
+            if self._num_waiting + len(self._new) >= max_queue:
+                raise QueueFullError(f"queue full: {self._num_waiting + len(self._new)} requests "
+                                     f"waiting (max_queue_size={max_queue})")
+            stream = OutputStream(request_id)
+            self._streams[request_id] = stream
+            self._new.append(prepared)
+            self._cond.notify()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Abort at the next step boundary (its stream then gets a final "abort" output).
+        A no-op for unknown or finished requests."""
+        with self._cond:
+            if request_id in self._streams:
+                self._aborts.append(request_id)
+                self._cond.notify()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Abort every request (each stream gets its final output) and join the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is None:
+            self._shutdown()  # never started: no other thread touches the engine
+        else:
+            self._thread.join(timeout)
+
+    # --- loop thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._new or self._aborts or self._stopping
+                           or self.engine.has_unfinished_requests()):
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                new, self._new = self._new, []
+                aborts, self._aborts = self._aborts, []
+            try:
+                self._iteration(new, aborts)
+            except Exception as exc:  # an engine bug: fail what runs, keep the loop alive
+                logger.exception("engine loop iteration failed")
+                self._abort_all(error=f"engine failure: {type(exc).__name__}: {exc}")
+        self._shutdown()
+
+    def _iteration(self, new: list[PreparedRequest], aborts: list[str]) -> None:
+        engine = self.engine
+        for prepared in new:
+            try:
+                engine.add_prepared(prepared)
+            except (InputError, QueueFullError) as exc:
+                self._deliver(_unserved(prepared.request_id, "error", str(exc), prepared))
+        for request_id in aborts:
+            output = engine.abort_request(request_id)
+            if output is not None:
+                self._deliver(output)
+        if engine.has_unfinished_requests():
+            for output in engine.step():
+                self._deliver(output)
+        stats = engine.stats()
+        with self._cond:
+            self._num_waiting = stats.num_waiting
+        if self.on_step is not None:
+            try:
+                self.on_step(stats)
+            except Exception:
+                logger.exception("on_step callback failed")
+
+    def _shutdown(self) -> None:
+        with self._cond:
+            new, self._new = self._new, []
+        for prepared in new:
+            self._deliver(_unserved(prepared.request_id, "abort", None, prepared))
+        self._abort_all(error=None)
+
+    def _abort_all(self, error: str | None) -> None:
+        """Finish every open stream: abort (or, with an error, fail) what the engine runs and
+        close the rest."""
+        with self._cond:
+            request_ids = list(self._streams)
+        for request_id in request_ids:
+            if error is None:
+                output = self.engine.abort_request(request_id)
+            else:
+                output = self.engine.fail_request(request_id, error)
+            if output is None:  # lost between submit and the engine (after a failed iteration)
+                output = _unserved(request_id, "abort" if error is None else "error", error)
+            self._deliver(output)
+
+    def _deliver(self, output: RequestOutput) -> None:
+        with self._cond:
+            stream = self._streams.get(output.request_id)
+            if output.finished:
+                self._streams.pop(output.request_id, None)
+        if stream is not None:
+            stream.put(output)
+
+
+def _unserved(request_id: str, finish_reason: str, error: str | None,
+              prepared: PreparedRequest | None = None) -> RequestOutput:
+    """Final output of a request that never ran in the engine."""
+    completion = CompletionOutput(0, "", [], "", [], None, None, finish_reason=finish_reason)
+    return RequestOutput(request_id, prepared.prompt if prepared else None,
+                         list(prepared.prompt_token_ids) if prepared else [],
+                         outputs=[completion], finished=True, error=error)

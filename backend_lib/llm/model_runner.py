@@ -1,0 +1,260 @@
+"""ModelRunner: runs one scheduler step on the device.
+
+Per step: apply the scheduler's block moves (swap out, swap in, copy-on-write), flatten all
+scheduled chunks into one batch, run the model once, project only the sampling rows to
+logits, sample. Batch metadata is built on the host with numpy and moved with two copies
+(one int64 buffer, one int32 buffer).
+
+Parallel sampling (n > 1): `execute(out, num_samples={seq_id: k})` samples k tokens from that
+sequence's logits row (the row is repeated k times; a seeded request draws them in turn from
+its one generator), returned as `sampled[seq_id]` of length k. The engine then forks children.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from backend_lib.config import require
+from backend_lib.device import resolve_dtype
+from backend_lib.llm.attention import AttentionMetadata, select_kernel_ops
+from backend_lib.llm.config import LLMConfig
+from backend_lib.llm.kv_pool import (
+    GIB,
+    KVCacheSpec,
+    KVPool,
+    blocks_in,
+    check_fits_one_sequence,
+    gpu_kv_cache_bytes,
+)
+from backend_lib.llm.loader import load_hf_config, load_model
+from backend_lib.llm.sampler import Sampler, SamplingRow, TokenLogprobs
+
+
+@dataclass
+class ModelInput:
+    """One flattened step, on device, plus the host-side list of rows to sample."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    sample_indices: torch.Tensor
+    """[R] int64: the flattened row whose logits each sample uses (repeated for k > 1)."""
+    sample_rows: list[SamplingRow]
+    sample_seq_ids: list[int]
+
+
+@dataclass
+class ModelOutput:
+    sampled: dict[int, list[int]] = field(default_factory=dict)
+    """seq_id -> sampled tokens (one, or k when num_samples asked for k), for sampling seqs only."""
+    logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
+    """seq_id -> logprobs of each sampled token, for seqs whose params.logprobs is not None."""
+
+
+def resolve_max_model_len(setting: int, max_position_embeddings: int) -> int:
+    """0 takes the checkpoint's limit; beyond it the model was never trained (and rotary tables end)."""
+    if setting == 0:
+        return max_position_embeddings
+    require(setting <= max_position_embeddings, "max_model_len", setting,
+            f"exceeds the checkpoint's max_position_embeddings ({max_position_embeddings})")
+    return setting
+
+
+def checkpoint_eos_token_ids(model_dir: str | Path, hf_config: Mapping[str, Any]) -> list[int]:
+    """EOS ids from generation_config.json, else config.json (either may hold an int or a list)."""
+    eos = None
+    gen_path = Path(model_dir) / "generation_config.json"
+    if gen_path.is_file():
+        with open(gen_path, encoding="utf-8") as f:
+            eos = json.load(f).get("eos_token_id")
+    if eos is None:
+        eos = hf_config.get("eos_token_id")
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+class ModelRunner:
+    """Owns the model, the KV pool and the sampler of one engine."""
+
+    def __init__(self, config: LLMConfig, device: torch.device, model_dir: str | Path,
+                 eos_token_ids: Iterable[int] | None = None):
+        self.config, self.device = config, device
+        self.dtype = resolve_dtype(config.dtype, device)
+        self.block_size = config.block_size
+        hf_config = load_hf_config(model_dir)
+        self.max_model_len = resolve_max_model_len(
+            config.max_model_len, int(hf_config.get("max_position_embeddings", 2048)))
+        self.ops = select_kernel_ops(config.kernel_backend, device)
+        self.model = load_model(model_dir, device, self.dtype, self.ops, self.max_model_len)
+        if eos_token_ids is None:
+            eos_token_ids = checkpoint_eos_token_ids(model_dir, hf_config)
+        self.sampler = Sampler(eos_token_ids, device, config.seed)
+        args = self.model.args
+        self.kv_spec = KVCacheSpec(args.num_layers, args.num_kv_heads, args.head_dim,
+                                   config.block_size, self.dtype)
+        self.kv_pool = self._allocate_kv_pool()
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_pool.num_blocks
+
+    @property
+    def num_host_blocks(self) -> int:
+        return self.kv_pool.num_host_blocks
+
+    # --- one step ----------------------------------------------------------------------------
+
+    def execute(self, sched_out: Any, num_samples: Mapping[int, int] | None = None) -> ModelOutput:
+        """Run one SchedulerOutput: block moves, forward, sampling. `num_samples` maps seq_id to
+        how many tokens to sample from that sequence's row (default 1)."""
+        self.apply_block_moves(sched_out)
+        if not sched_out.scheduled:
+            return ModelOutput()
+        batch = self.prepare_input(sched_out.scheduled, num_samples)
+        logits = self.compute_logits(batch)
+        if not batch.sample_rows:  # only non-final prefill chunks this step
+            return ModelOutput()
+        with torch.inference_mode():
+            result = self.sampler(logits, batch.sample_rows)
+        output = ModelOutput()
+        for seq_id, token, logprob in zip(batch.sample_seq_ids, result.token_ids, result.logprobs,
+                                          strict=True):
+            output.sampled.setdefault(seq_id, []).append(token)
+            if logprob is not None:
+                output.logprobs.setdefault(seq_id, []).append(logprob)
+        return output
+
+    def apply_block_moves(self, sched_out: Any) -> None:
+        """Swap out first (frees device blocks that swap-ins or copies may then reuse)."""
+        self.kv_pool.swap_out(sched_out.blocks_to_swap_out)
+        self.kv_pool.swap_in(sched_out.blocks_to_swap_in)
+        self.kv_pool.copy_blocks(sched_out.blocks_to_copy)
+
+    def compute_logits(self, batch: ModelInput) -> torch.Tensor:
+        """Forward the flattened batch; float32 logits of the sampling rows only [R, vocab]."""
+        with torch.inference_mode():
+            hidden = self.model(batch.input_ids, batch.positions, batch.meta,
+                                self.kv_pool.layer_caches)
+            return self.model.compute_logits(hidden[batch.sample_indices])
+
+    def prepare_input(self, scheduled: list[Any],
+                      num_samples: Mapping[int, int] | None = None) -> ModelInput:
+        """Flatten ScheduledSequences (seq, num_new_tokens) into one device batch."""
+        num_samples = num_samples or {}
+        starts = np.array([s.seq.num_computed_tokens for s in scheduled], dtype=np.int64)
+        q_lens = np.array([s.num_new_tokens for s in scheduled], dtype=np.int64)
+        tokens: list[int] = []
+        for s, start in zip(scheduled, starts.tolist(), strict=True):
+            tokens += s.seq.token_ids[start:start + s.num_new_tokens]
+        query_start_loc = np.concatenate(([0], np.cumsum(q_lens)))
+        rows: list[SamplingRow] = []
+        seq_ids: list[int] = []
+        sample_indices: list[int] = []
+        for b, s in enumerate(scheduled):
+            if not s.samples:
+                continue
+            k = num_samples.get(s.seq.seq_id, 1)
+            row = self._sampling_row(s.seq)
+            rows += [row] * k
+            seq_ids += [s.seq.seq_id] * k
+            sample_indices += [int(query_start_loc[b + 1]) - 1] * k
+        return self._device_input(np.array(tokens, dtype=np.int64), starts, q_lens,
+                                  [s.seq.block_table for s in scheduled], sample_indices,
+                                  rows, seq_ids)
+
+    def _device_input(self, tokens: np.ndarray, starts: np.ndarray, q_lens: np.ndarray,
+                      block_tables: list[list[int]], sample_indices: list[int],
+                      rows: list[SamplingRow], seq_ids: list[int]) -> ModelInput:
+        bs = self.block_size
+        num_tokens, batch_size = len(tokens), len(q_lens)
+        query_start_loc = np.concatenate(([0], np.cumsum(q_lens)))
+        seq_lens = starts + q_lens
+        positions = np.arange(num_tokens) - np.repeat(query_start_loc[:-1] - starts, q_lens)
+        # Only the blocks the context covers; a table may already hold blocks for later tokens.
+        blocks_used = -(-seq_lens // bs)
+        tables = np.zeros((batch_size, int(blocks_used.max())), dtype=np.int64)
+        for b, (table, used) in enumerate(zip(block_tables, blocks_used.tolist(), strict=True)):
+            tables[b, :used] = table[:used]
+        token_rows = np.repeat(np.arange(batch_size), q_lens)
+        slot_mapping = tables[token_rows, positions // bs] * bs + positions % bs
+
+        longs = torch.from_numpy(np.concatenate(
+            (tokens, positions, slot_mapping, np.array(sample_indices, dtype=np.int64))))
+        ints = torch.from_numpy(np.concatenate(
+            (query_start_loc, seq_lens, tables.ravel())).astype(np.int32))
+        longs, ints = longs.to(self.device), ints.to(self.device)
+        input_ids, positions_t, slots, samples = longs.split(
+            [num_tokens, num_tokens, num_tokens, len(sample_indices)])
+        qsl_t, seq_lens_t, tables_t = ints.split([batch_size + 1, batch_size, tables.size])
+        meta = AttentionMetadata(qsl_t, seq_lens_t, tables_t.view(tables.shape), slots,
+                                 max_query_len=int(q_lens.max()), max_seq_len=int(seq_lens.max()))
+        return ModelInput(input_ids, positions_t, meta, samples, rows, seq_ids)
+
+    def _sampling_row(self, seq: Any) -> SamplingRow:
+        params = seq.sampling_params
+        if params.seed is not None and seq.generator is None:
+            seq.generator = torch.Generator(device=self.device)
+            seq.generator.manual_seed(params.seed)
+        return SamplingRow(params, seq.token_ids, seq.num_prompt_tokens, seq.generator)
+
+    # --- KV pool sizing ----------------------------------------------------------------------
+
+    def _allocate_kv_pool(self) -> KVPool:
+        c = self.config
+        if c.num_blocks > 0:
+            num_blocks, key, value = c.num_blocks, "num_blocks", c.num_blocks
+        elif self.device.type == "cuda":
+            num_blocks = self._gpu_num_blocks()
+            key, value = "gpu_memory_utilization", c.gpu_memory_utilization
+        else:
+            num_blocks = blocks_in(c.cpu_kv_cache_gb * GIB, self.kv_spec)
+            key, value = "cpu_kv_cache_gb", c.cpu_kv_cache_gb
+        check_fits_one_sequence(num_blocks, self.max_model_len, self.block_size, key, value)
+        num_host_blocks = (blocks_in(c.swap_space * GIB, self.kv_spec)
+                           if c.preemption_mode == "swap" else 0)
+        return KVPool(self.kv_spec, num_blocks, num_host_blocks, self.device)
+
+    def _gpu_num_blocks(self) -> int:
+        weights = torch.cuda.memory_allocated(self.device)
+        activation_peak = self._profile_activation_peak()
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        non_torch = (total - free) - torch.cuda.memory_reserved(self.device)
+        budget = gpu_kv_cache_bytes(total, self.config.gpu_memory_utilization, weights,
+                                    activation_peak, non_torch)
+        return blocks_in(budget, self.kv_spec)
+
+    def _profile_activation_peak(self) -> int:
+        """Peak memory (bytes) of a worst-case step: max_num_batched_tokens of prefill in
+        sequences of up to max_model_len, max_num_seqs logits rows, a sampler-like sort."""
+        budget, max_len = self.config.max_num_batched_tokens, self.max_model_len
+        lengths = [max_len] * (budget // max_len) + ([budget % max_len] if budget % max_len else [])
+        q_lens = np.array(lengths, dtype=np.int64)
+        blocks_per_seq = -(-q_lens // self.block_size)
+        first = np.concatenate(([0], np.cumsum(blocks_per_seq)))
+        tables = [list(range(first[i], first[i + 1])) for i in range(len(lengths))]
+        num_rows = min(self.config.max_num_seqs, budget)
+        ends = np.cumsum(q_lens) - 1
+        sample_indices = [int(ends[i % len(ends)]) for i in range(num_rows)]
+        scratch_pool = KVPool(self.kv_spec, int(first[-1]), 0, self.device)
+        batch = self._device_input(np.zeros(budget, dtype=np.int64), np.zeros_like(q_lens), q_lens,
+                                   tables, sample_indices, [], [])
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        with torch.inference_mode():
+            hidden = self.model(batch.input_ids, batch.positions, batch.meta, scratch_pool.layer_caches)
+            logits = self.model.compute_logits(hidden[batch.sample_indices])
+            logits.softmax(dim=-1).sort(dim=-1, descending=True)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - before
+        del scratch_pool, batch, hidden, logits
+        return peak

@@ -1,0 +1,380 @@
+"""Iteration-level continuous-batching scheduler over a paged KV cache.
+
+Every `schedule()` call builds one step within `max_num_batched_tokens` and `max_num_seqs`:
+
+1. running sequences (decodes and ongoing prefill chunks), oldest first; when blocks run out,
+   the most recently admitted sequence is preempted: recompute (blocks freed, full ones stay in
+   the prefix cache; back to the front of the waiting queue) or swap (blocks copied to the host
+   pool; recompute when that is full);
+2. then, only if nothing was preempted this step, swapped sequences are resumed, and only once
+   none is left swapped, waiting sequences are admitted first-come first-served, reusing their
+   longest cached prefix.
+
+After the runner executes the step, `update()` advances every scheduled sequence, appends the
+sampled tokens and finishes sequences on token-level stops: EOS (unless ignore_eos),
+stop_token_ids, max_tokens and max_model_len ("length"); stops other than length wait for
+`min_tokens`. Stop *strings* need the detokenizer: the engine detects them and calls
+`finish(seq, "stop", stop_reason=the_string)`, which may also turn a "length" finish of the same
+step into "stop" (a stop string takes precedence, as in vLLM).
+
+Parallel sampling (n > 1): on the step where the parent samples its first token, the engine
+passes n - 1 children (the prompt plus each child's own first token) to `update(..., forks=)`;
+they share the prompt's blocks, copied on first write.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+from backend_lib.config import require
+from backend_lib.errors import InputError, QueueFullError
+from backend_lib.llm.config import LLMConfig
+from backend_lib.llm.kv_cache_manager import KVCacheManager
+from backend_lib.llm.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSequence:
+    """One sequence's share of a step: compute positions
+    [seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens)."""
+
+    seq: Sequence
+    num_new_tokens: int
+    start_position: int = field(init=False)
+    """seq.num_computed_tokens when scheduled (update() advances the sequence afterwards)."""
+    _samples: bool = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.start_position = self.seq.num_computed_tokens
+        self._samples = self.start_position + self.num_new_tokens == self.seq.num_tokens
+
+    @property
+    def samples(self) -> bool:
+        """True iff this chunk reaches the end of the sequence (last prefill chunk or a decode)."""
+        return self._samples
+
+
+@dataclass
+class SchedulerOutput:
+    """One step. The runner applies, in this order, blocks_to_swap_out, blocks_to_swap_in and
+    blocks_to_copy, then runs the forward pass: a block freed by a swap-out this step may already
+    be the destination of a copy or of new K/V."""
+
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    """The runner builds one flattened batch from these, in this order."""
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    """(device block, host block)."""
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    """(host block, device block)."""
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    """(src device block, dst device block), copy-on-write."""
+    preempted: list[Sequence] = field(default_factory=list)
+    num_batched_tokens: int = 0
+
+
+@dataclass
+class SchedulerStats:
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    kv_usage: float
+    """Fraction of device blocks in use (ref_count > 0)."""
+    prefix_cache_queries: int
+    """Tokens looked up in the prefix cache at admission."""
+    prefix_cache_hits: int
+    """Tokens found there."""
+    num_preemptions: int
+
+
+class Scheduler:
+    """Admits, batches, preempts and retires sequences; see the module docstring for the policy."""
+
+    def __init__(self, config: LLMConfig, num_blocks: int, num_host_blocks: int,
+                 max_model_len: int, eos_token_ids: Iterable[int] = ()) -> None:
+        require(max_model_len >= 1, "max_model_len", max_model_len, "must be >= 1")
+        require(num_blocks * config.block_size >= max_model_len, "num_blocks", num_blocks,
+                f"the KV pool holds {num_blocks * config.block_size} tokens, fewer than "
+                f"max_model_len ({max_model_len})")
+        require(config.enable_chunked_prefill or config.max_num_batched_tokens >= max_model_len,
+                "max_num_batched_tokens", config.max_num_batched_tokens,
+                f"must be >= max_model_len ({max_model_len}) without chunked prefill")
+        self.config = config
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, num_host_blocks,
+                                               config.enable_prefix_caching)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        """Admission order: the last one is the first preemption victim."""
+        self.swapped: deque[Sequence] = deque()
+        self.num_preemptions = 0
+        self._seqs: dict[int, Sequence] = {}
+        self._requests: dict[str, list[Sequence]] = {}
+
+    # --- requests --------------------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence. Raises InputError (prompt too long) or QueueFullError."""
+        if seq.num_prompt_tokens < 1 or seq.num_tokens != seq.num_prompt_tokens:
+            raise InputError("the prompt must have at least one token")
+        if seq.num_prompt_tokens >= self.max_model_len:
+            raise InputError(f"the prompt has {seq.num_prompt_tokens} tokens, but max_model_len is "
+                             f"{self.max_model_len} (prompt plus output); at least one token must "
+                             "remain for the output")
+        if len(self.waiting) >= self.config.max_queue_size:
+            raise QueueFullError(f"queue full: {len(self.waiting)} requests waiting "
+                                 f"(max_queue_size={self.config.max_queue_size})")
+        if seq.seq_id in self._seqs:
+            raise ValueError(f"sequence id {seq.seq_id} is already scheduled")
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+        self._register(seq)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Start `child` as a running copy of `parent`, sharing its KV blocks (parallel sampling).
+
+        The child's token_ids must be the parent's computed tokens plus at least one more: usually
+        the prompt plus the child's own first sampled token, which is checked for stops like any
+        sampled token (the child may thus finish at once: check `child.is_finished`). Shared blocks
+        are copied on their first write (copy-on-write). Prefer `update(..., forks=...)`, which
+        forks before the parent's own token can finish (and free) the parent.
+        """
+        if parent.status is not SequenceStatus.RUNNING:
+            raise ValueError(f"can only fork a running sequence, got {parent.status.name}")
+        computed = parent.num_computed_tokens
+        if child.token_ids[:computed] != parent.token_ids[:computed] or child.num_tokens <= computed:
+            raise ValueError("the child must extend the parent's computed tokens")
+        if child.num_prompt_tokens != parent.num_prompt_tokens:
+            raise ValueError("the child must have the parent's prompt length")
+        if child.seq_id in self._seqs:
+            raise ValueError(f"sequence id {child.seq_id} is already scheduled")
+        self.kv_cache_manager.fork(parent, child)
+        child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
+        child.status = SequenceStatus.RUNNING
+        self.running.append(child)
+        self._register(child)
+        self._check_stop(child)
+
+    def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
+        """Retire a sequence ("stop", "length" or "abort") and free its blocks at once.
+
+        On an already finished sequence only the reasons are replaced (e.g. a stop string found
+        in the token that also reached max_tokens), except that an abort stays an abort.
+        """
+        if seq.is_finished:
+            if seq.finish_reason != "abort":
+                seq.finish_reason, seq.stop_reason = reason, stop_reason
+            return
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        else:
+            self.swapped.remove(seq)
+        self.kv_cache_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason, seq.stop_reason = reason, stop_reason
+        del self._seqs[seq.seq_id]
+        siblings = self._requests[seq.request_id]
+        siblings.remove(seq)
+        if not siblings:
+            del self._requests[seq.request_id]
+
+    def abort(self, request_id: str) -> list[Sequence]:
+        """Finish every unfinished sequence of the request with reason "abort"."""
+        seqs = list(self._requests.get(request_id, ()))
+        for seq in seqs:
+            self.finish(seq, "abort")
+        return seqs
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs)
+
+    @property
+    def stats(self) -> SchedulerStats:
+        kv = self.kv_cache_manager
+        return SchedulerStats(
+            num_running=len(self.running), num_waiting=len(self.waiting),
+            num_swapped=len(self.swapped), kv_usage=kv.usage,
+            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
+            num_preemptions=self.num_preemptions)
+
+    # --- one step --------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if not out.preempted:
+            budget = self._resume_swapped(out, budget)
+            if not self.swapped:
+                budget = self._admit_waiting(out, budget)
+        out.blocks_to_copy = self.kv_cache_manager.take_copies()
+        out.num_batched_tokens = self.config.max_num_batched_tokens - budget
+        return out
+
+    def update(self, output: SchedulerOutput, sampled: Mapping[int, Seq[int] | int],
+               forks: Mapping[int, Seq[Sequence]] | None = None) -> list[Sequence]:
+        """Advance the step's sequences after the runner; returns those finished by it.
+
+        `sampled` maps seq_id to the one token sampled (an int or a 1-element list) for each
+        scheduled sequence whose chunk `samples`. `forks` maps such a parent's seq_id to new
+        children (parallel sampling, see `fork`), forked once the parent's step is computed but
+        before its own token is appended (so a parent stopping at once still shares its prompt).
+        Finished children are included in the result. Sequences aborted meanwhile are skipped.
+        """
+        forks = forks or {}
+        tokens = self._sampled_tokens(output, sampled)  # validated before anything changes
+        if not {item.seq.seq_id for item in output.scheduled if item.samples}.issuperset(forks):
+            raise ValueError("forks must be keyed by sequences that sample in this step")
+        finished = []
+        for item in output.scheduled:
+            seq = item.seq
+            if seq.is_finished:
+                continue
+            seq.num_computed_tokens += item.num_new_tokens
+            self.kv_cache_manager.cache_full_blocks(seq)
+            if not item.samples:
+                continue
+            for child in forks.get(seq.seq_id, ()):
+                self.fork(seq, child)
+                if child.is_finished:
+                    finished.append(child)
+            seq.append_token(tokens[seq.seq_id])
+            if self._check_stop(seq):
+                finished.append(seq)
+        return finished
+
+    # --- internals -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _sampled_tokens(output: SchedulerOutput, sampled: Mapping[int, Seq[int] | int]
+                        ) -> dict[int, int]:
+        tokens = {}
+        for item in output.scheduled:
+            if not item.samples or item.seq.is_finished:
+                continue
+            value = sampled.get(item.seq.seq_id)
+            if value is not None and not isinstance(value, (list, tuple)):
+                value = [value]  # a bare token (int, numpy or 0-d tensor)
+            if value is None or len(value) != 1:
+                raise ValueError(f"expected one sampled token for sequence {item.seq.seq_id}, "
+                                 f"got {value!r} (for n > 1, pass the other samples as forks)")
+            tokens[item.seq.seq_id] = int(value[0])
+        return tokens
+
+    def _register(self, seq: Sequence) -> None:
+        self._seqs[seq.seq_id] = seq
+        self._requests.setdefault(seq.request_id, []).append(seq)
+
+    def _chunk_size(self, num_uncomputed: int, budget: int) -> int:
+        """Tokens to compute this step; 0 when a prefill does not fit and may not be chunked."""
+        if num_uncomputed <= budget:
+            return num_uncomputed
+        return budget if self.config.enable_chunked_prefill else 0
+
+    def _room_for_another(self, out: SchedulerOutput, budget: int) -> bool:
+        return (budget > 0 and len(self.running) < self.config.max_num_seqs
+                and len(out.scheduled) < self.config.max_num_seqs)
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        # Oldest first. A running prefill is never older than a running decode: a later sequence
+        # is only admitted with budget the earlier prefill left over, i.e. its last chunk. So
+        # decodes are never stalled behind a long prompt.
+        kv = self.kv_cache_manager
+        for seq in list(self.running):
+            if budget == 0 or len(out.scheduled) >= self.config.max_num_seqs:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = self._chunk_size(seq.num_uncomputed_tokens, budget)
+            if num_new == 0:
+                continue
+            while not kv.allocate_slots(seq, num_new):
+                # Victim: the most recently admitted; those before `seq` keep their place.
+                victim = self.running[-1]
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            else:
+                out.scheduled.append(ScheduledSequence(seq, num_new))
+                budget -= num_new
+        return budget
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        kv = self.kv_cache_manager
+        self.running.remove(seq)
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted.append(seq)
+        # Victims come newest first; prepending keeps the older ones in front.
+        if self.config.preemption_mode == "swap" and kv.can_swap_out(seq):
+            out.blocks_to_swap_out.extend(kv.swap_out(seq))
+            seq.status = SequenceStatus.SWAPPED
+            self.swapped.appendleft(seq)
+        else:  # recompute, also the fallback when the host pool is full
+            kv.free(seq)
+            seq.num_computed_tokens = 0
+            seq.status = SequenceStatus.WAITING
+            self.waiting.appendleft(seq)
+
+    def _resume_swapped(self, out: SchedulerOutput, budget: int) -> int:
+        while self.swapped and self._room_for_another(out, budget):
+            seq = self.swapped[0]
+            num_new = self._chunk_size(seq.num_uncomputed_tokens, budget)
+            if num_new == 0:
+                break
+            pairs = self.kv_cache_manager.swap_in(seq, num_new)
+            if pairs is None:
+                break
+            self.swapped.popleft()
+            out.blocks_to_swap_in.extend(pairs)
+            budget = self._start_running(seq, num_new, out, budget)
+        return budget
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> int:
+        kv = self.kv_cache_manager
+        while self.waiting and self._room_for_another(out, budget):
+            seq = self.waiting[0]
+            prefix = kv.find_cached_prefix(seq)
+            num_new = self._chunk_size(seq.num_tokens - prefix.num_tokens, budget)
+            if num_new == 0 or not kv.admit(seq, prefix, num_new):
+                break
+            self.waiting.popleft()
+            if seq.num_preemptions == 0:
+                seq.num_cached_prompt_tokens = prefix.num_tokens
+            budget = self._start_running(seq, num_new, out, budget)
+        return budget
+
+    def _start_running(self, seq: Sequence, num_new: int, out: SchedulerOutput, budget: int) -> int:
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        out.scheduled.append(ScheduledSequence(seq, num_new))
+        return budget - num_new
+
+    def _check_stop(self, seq: Sequence) -> bool:
+        """Finish the sequence if its last token stops it; returns whether it did."""
+        reason = self._stop_reason(seq)
+        if reason is None:
+            return False
+        # vLLM reports a stop token id as stop_reason, but None for EOS.
+        token = seq.last_token_id
+        is_stop_id = reason == "stop" and token in seq.sampling_params.stop_token_ids  # type: ignore[operator]
+        self.finish(seq, reason, token if is_stop_id else None)
+        return True
+
+    def _stop_reason(self, seq: Sequence) -> str | None:
+        """Token-level stop check after appending a token (vLLM's order: stops, then length)."""
+        params = seq.sampling_params
+        if seq.num_output_tokens >= params.min_tokens:
+            token = seq.last_token_id
+            if (token in self.eos_token_ids and not params.ignore_eos) or \
+                    token in params.stop_token_ids:  # type: ignore[operator]
+                return "stop"
+        if seq.num_tokens >= self.max_model_len:
+            return "length"
+        if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
+            return "length"
+        return None

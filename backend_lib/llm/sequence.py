@@ -1,0 +1,81 @@
+"""One generated sequence: its tokens, progress through the KV cache and lifecycle state."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from backend_lib.llm.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = enum.auto()
+    """Queued for admission (new, or preempted by recompute)."""
+    RUNNING = enum.auto()
+    """Admitted: holds device KV blocks and is scheduled every step the budget allows."""
+    SWAPPED = enum.auto()
+    """Preempted by swap: its KV blocks live in the host pool until it is resumed."""
+    FINISHED = enum.auto()
+
+
+@dataclass(eq=False)
+class Sequence:
+    """Plain state of one sequence; the scheduler and its KV-cache manager mutate it.
+
+    Request with n > 1 has n sequences sharing `request_id` (children made by `Scheduler.fork`).
+    """
+
+    seq_id: int
+    request_id: str
+    token_ids: list[int]
+    """Prompt followed by the tokens generated so far."""
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    arrival_time: float
+    num_computed_tokens: int = 0
+    """Leading tokens whose K/V are in the cache."""
+    block_table: list[int] = field(default_factory=list)
+    """Device KV block ids covering positions [0, num_computed_tokens + tokens scheduled)."""
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: str | None = None
+    """"stop" | "length" | "abort"."""
+    stop_reason: int | str | None = None
+    """The stop token id or stop string that finished the sequence, if any (vLLM's stop_reason)."""
+    num_cached_prompt_tokens: int = 0
+    """Prefix-cache hit, in tokens, at the first admission."""
+    num_preemptions: int = 0
+    generator: Any = None
+    """Per-sequence sampling state owned by the runner (e.g. a torch.Generator for seeded requests)."""
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def last_token_id(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens still to run through the model before the next sample."""
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)

@@ -1,0 +1,178 @@
+"""The llm model's request handling: Triton request tensors in, engine loop, response tensors out.
+
+Semantics follow Triton's vLLM backend: a streaming request gets one response per engine step with only
+the new text, the last one final; a non-streaming request gets exactly one (final) response, with the
+prompt prepended unless `exclude_input_in_output` is true. The extra outputs appear only when their
+`return_*` flag is set. model.py only moves these tensors in and out of `pb_utils`.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from backend_lib.config import from_parameters
+from backend_lib.errors import InputError
+from backend_lib.llm.config import LLMConfig
+from backend_lib.llm.engine import LLMEngine
+from backend_lib.llm.engine_loop import EngineLoop, OutputStream
+from backend_lib.llm.metrics import LLMMetrics
+from backend_lib.llm.outputs import CompletionOutput, RequestOutput
+from backend_lib.llm.triton_request import GenerateRequest, parse_generate_request
+from backend_lib.metrics import MetricsSink
+from backend_lib.model_context import ModelContext
+
+# How often a request waiting for output checks whether its client went away.
+CANCEL_POLL_SECONDS = 0.1
+
+Tensors = dict[str, np.ndarray]
+
+
+class RequestCancelled(Exception):
+    """The client cancelled or disconnected; the engine request was aborted and its blocks freed."""
+
+
+@dataclass
+class Job:
+    """One submitted request and what its responses have carried so far."""
+
+    request_id: str
+    request: GenerateRequest
+    stream: OutputStream
+    sent_text: dict[int, int] = field(default_factory=dict)
+    sent_tokens: dict[int, int] = field(default_factory=dict)
+    sent_logprobs: dict[int, int] = field(default_factory=dict)
+    responded: bool = False
+
+
+class LLMService:
+    """Owns the engine loop of one llm model instance."""
+
+    def __init__(self, engine: LLMEngine, metrics: LLMMetrics | None = None):
+        self.engine = engine
+        self.config = engine.config
+        self.loop = EngineLoop(engine, on_step=metrics.update if metrics else None)
+        self.loop.start()
+
+    @classmethod
+    def from_context(cls, context: ModelContext, sink: MetricsSink | None) -> LLMService:
+        """Load from the model's config.pbtxt parameters (ConfigError names a bad key)."""
+        config = from_parameters(LLMConfig, context.parameters)
+        engine = LLMEngine.from_config(config, context.model_dir, context.device)
+        metrics = LLMMetrics(sink, engine.max_model_len) if sink else None
+        return cls(engine, metrics)
+
+    def submit(self, inputs: dict[str, np.ndarray]) -> Job:
+        """Parse and queue one request; InputError / QueueFullError at once for this caller."""
+        request = parse_generate_request(
+            inputs, max_prompt_bytes=self.config.max_prompt_bytes,
+            max_logprobs=self.config.max_logprobs, max_n=self.config.max_n)
+        params = request.params
+        if params.max_tokens is not None and params.max_tokens > self.engine.max_model_len:
+            raise InputError(f"max_tokens must be <= max_model_len ({self.engine.max_model_len}), "
+                             f"got {params.max_tokens}")
+        if request.return_flags["return_cumulative_logprob"] and params.logprobs is None:
+            params.logprobs = 0  # the sampled token's logprob is needed for the running sum
+        request_id = uuid.uuid4().hex
+        stream = self.loop.submit(request_id, request.prompt, params)
+        return Job(request_id, request, stream)
+
+    def responses(self, job: Job, is_cancelled: Callable[[], bool] = lambda: False
+                  ) -> Iterator[tuple[Tensors | Exception, bool]]:
+        """(tensors or error, final) for each response to send, until the final one."""
+        cancelled = False
+        while True:
+            try:
+                output = job.stream.get(timeout=CANCEL_POLL_SECONDS)
+            except queue.Empty:
+                if not cancelled and is_cancelled():
+                    cancelled = True
+                    self.loop.abort(job.request_id)
+                continue
+            if not cancelled and is_cancelled():
+                cancelled = True
+                self.loop.abort(job.request_id)
+            if output.finished and cancelled:
+                yield RequestCancelled(f"request {job.request_id} was cancelled"), True
+                return
+            if output.error is not None:
+                yield RuntimeError(f"generation failed: {output.error}"), True
+                return
+            if output.finished or job.request.stream:
+                yield self.response_tensors(job, output), output.finished
+            if output.finished:
+                return
+
+    def response_tensors(self, job: Job, output: RequestOutput) -> Tensors:
+        """The tensors of one response (new text since the previous response of this job)."""
+        request, flags = job.request, job.request.return_flags
+        completions = output.outputs
+        prefix = output.prompt if request.prepend_input and not job.responded else ""
+        job.responded = True
+        tensors: Tensors = {"text_output": np.array(
+            [(prefix + c.text[_advance(job.sent_text, c.index, len(c.text)):]).encode("utf-8")
+             for c in completions], dtype=object)}
+        if flags["return_finish_reason"]:
+            tensors["finish_reason"] = np.array(
+                [str(c.finish_reason).encode() for c in completions], dtype=object)
+        if flags["return_cumulative_logprob"]:
+            tensors["cumulative_logprob"] = np.array(
+                [c.cumulative_logprob if c.cumulative_logprob is not None else np.nan
+                 for c in completions], dtype=np.float32)
+        if flags["return_logprobs"]:
+            tensors["logprobs"] = np.array(
+                [self._logprobs_json(job, c).encode("utf-8") for c in completions], dtype=object)
+        if flags["return_num_input_tokens"]:
+            tensors["num_input_tokens"] = np.array([len(output.prompt_token_ids)], dtype=np.uint32)
+        if flags["return_num_output_tokens"]:
+            tensors["num_output_tokens"] = np.array(
+                [len(c.token_ids) - _advance(job.sent_tokens, c.index, len(c.token_ids))
+                 for c in completions], dtype=np.uint32)
+        return tensors
+
+    def _logprobs_json(self, job: Job, completion: CompletionOutput) -> str:
+        """vLLM backend's shape: per new token, {token_id: {logprob, rank, decoded_token}}."""
+        if completion.logprobs is None:
+            return "null"
+        start = _advance(job.sent_logprobs, completion.index, len(completion.logprobs))
+        entries = []
+        for position in completion.logprobs[start:]:
+            ranked = sorted(position.items(), key=lambda item: -_value(item[1]))
+            entries.append({
+                str(token_id): {
+                    "logprob": _value(value),
+                    "rank": getattr(value, "rank", None) or rank,
+                    "decoded_token": self.engine.tokenizer.decode([token_id]),
+                }
+                for rank, (token_id, value) in enumerate(ranked, start=1)
+            })
+        return json.dumps(entries)
+
+    def abort(self, job: Job) -> None:
+        self.loop.abort(job.request_id)
+
+    def shutdown(self) -> None:
+        self.loop.stop(timeout=30)
+
+
+def _advance(sent: dict[int, int], index: int, new_length: int) -> int:
+    """Return how much of output `index` was sent before, and record `new_length` as sent."""
+    previous = sent.get(index, 0)
+    sent[index] = new_length
+    return previous
+
+
+def _value(entry) -> float:
+    return float(getattr(entry, "logprob", entry))
+
+
+def error_message(exc: Exception) -> str:
+    """Message for the client: input errors as they are, others with their type."""
+    if isinstance(exc, (InputError, RequestCancelled)):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"

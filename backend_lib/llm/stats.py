@@ -1,0 +1,115 @@
+"""Engine statistics for vLLM-style metrics.
+
+`LLMEngine.stats()` returns an `EngineStats` snapshot: gauges (current values), `counters`
+(cumulative totals; subtract the previous snapshot's to get increments for Prometheus counters),
+and the observations made since the previous call (latencies and finished-request records for
+histograms), which the call drains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from dataclasses import dataclass, field
+
+from backend_lib.llm.scheduler import SchedulerStats
+
+# Observations kept when no one drains them (an engine driven without a metrics consumer).
+MAX_PENDING_OBSERVATIONS = 100_000
+
+
+@dataclass(frozen=True)
+class EngineCounters:
+    """Cumulative totals since the engine started."""
+
+    prompt_tokens: int = 0
+    """Prompt tokens of requests that produced their first token."""
+    generation_tokens: int = 0
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    """Tokens looked up in the prefix cache."""
+    prefix_cache_hits: int = 0
+    """Of those, tokens found there."""
+    requests_finished: int = 0
+
+    def __sub__(self, other: EngineCounters) -> EngineCounters:
+        """Increments since `other` (an earlier snapshot)."""
+        return EngineCounters(*(getattr(self, f.name) - getattr(other, f.name)
+                                for f in dataclasses.fields(self)))
+
+
+@dataclass(frozen=True)
+class FinishedRequest:
+    """One finished request, for per-request histograms (latencies in seconds)."""
+
+    request_id: str
+    finish_reason: str
+    """Of its first sequence ("stop", "length", "abort", "error")."""
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    """Over all n sequences."""
+    n: int
+    max_tokens: int | None
+    e2e_latency: float
+    """Arrival to finish."""
+    queue_time: float | None
+    """Arrival to first scheduled (None if never scheduled)."""
+    time_to_first_token: float | None
+    """Arrival to first output token (None if none was produced)."""
+    prefill_time: float | None
+    """First scheduled to first token."""
+    decode_time: float | None
+    """First token to last token."""
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    """Running sequences (a request with n > 1 counts n once forked)."""
+    num_waiting: int
+    num_swapped: int
+    kv_cache_usage: float
+    """Fraction of device KV blocks in use, 0-1."""
+    counters: EngineCounters
+    time_to_first_token: list[float] = field(default_factory=list)
+    """Seconds, one per request that produced its first token since the previous snapshot."""
+    inter_token_latency: list[float] = field(default_factory=list)
+    """Seconds between consecutive tokens of a sequence, since the previous snapshot."""
+    finished: list[FinishedRequest] = field(default_factory=list)
+    """Requests finished since the previous snapshot."""
+
+
+class StatsCollector:
+    """Accumulates what the engine observes; `snapshot` drains the observations."""
+
+    def __init__(self, max_pending: int = MAX_PENDING_OBSERVATIONS) -> None:
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.requests_finished = 0
+        self._ttft: deque[float] = deque(maxlen=max_pending)
+        self._itl: deque[float] = deque(maxlen=max_pending)
+        self._finished: deque[FinishedRequest] = deque(maxlen=max_pending)
+
+    def first_token(self, time_to_first_token: float, num_prompt_tokens: int) -> None:
+        self._ttft.append(time_to_first_token)
+        self.prompt_tokens += num_prompt_tokens
+
+    def tokens(self, num_tokens: int, inter_token_latencies: list[float]) -> None:
+        self.generation_tokens += num_tokens
+        self._itl.extend(inter_token_latencies)
+
+    def finished(self, record: FinishedRequest) -> None:
+        self.requests_finished += 1
+        self._finished.append(record)
+
+    def snapshot(self, sched: SchedulerStats) -> EngineStats:
+        counters = EngineCounters(
+            prompt_tokens=self.prompt_tokens, generation_tokens=self.generation_tokens,
+            num_preemptions=sched.num_preemptions, prefix_cache_queries=sched.prefix_cache_queries,
+            prefix_cache_hits=sched.prefix_cache_hits, requests_finished=self.requests_finished)
+        stats = EngineStats(sched.num_running, sched.num_waiting, sched.num_swapped, sched.kv_usage,
+                            counters, list(self._ttft), list(self._itl), list(self._finished))
+        self._ttft.clear()
+        self._itl.clear()
+        self._finished.clear()
+        return stats

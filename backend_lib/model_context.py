@@ -1,0 +1,48 @@
+"""What Triton tells a Python-backend model at `initialize`, in typed form."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from backend_lib.config import triton_parameters
+from backend_lib.device import select_device
+from backend_lib.metrics import MetricsSink, TritonMetrics
+
+
+@dataclass
+class ModelContext:
+    """Name, version, directory, device and config parameters of one model instance."""
+
+    name: str
+    version: str
+    model_dir: Path
+    device: torch.device
+    parameters: dict[str, str]
+    model_config: dict[str, Any]
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, Any]) -> ModelContext:
+        model_config = json.loads(args["model_config"])
+        return cls(
+            name=str(args["model_name"]),
+            version=str(args["model_version"]),
+            # `model_repository` is the model's own directory (the parent of its version folders).
+            model_dir=Path(args["model_repository"]),
+            device=select_device(args),
+            parameters=triton_parameters(model_config),
+            model_config=model_config,
+        )
+
+    def metrics(self, pb_utils: Any) -> MetricsSink:
+        """Metrics exported on tritonserver's metrics port, labelled with this model and version."""
+        return TritonMetrics(pb_utils, {"model": self.name, "version": self.version})
+
+    @property
+    def max_batch_size(self) -> int:
+        return int(self.model_config.get("max_batch_size", 0))

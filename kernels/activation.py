@@ -1,0 +1,40 @@
+"""SiLU-and-mul, the gated activation of Llama-style MLPs: silu(gate) * up on a fused [gate | up] input."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+
+def silu_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
+    """x: [..., 2*I] -> silu(x[..., :I]) * x[..., I:], computed in float32, returned in x's dtype."""
+    gate, up = x.chunk(2, dim=-1)
+    return (F.silu(gate.float()) * up.float()).to(x.dtype)
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, inter_size, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < inter_size
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + inter_size + cols, mask=mask, other=0.0).to(tl.float32)
+    out = gate * tl.sigmoid(gate) * up
+    tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
+    """Triton version of `silu_and_mul_torch` (same contract)."""
+    inter_size = x.shape[-1] // 2
+    x2d = x.reshape(-1, x.shape[-1])
+    if x2d.stride(-1) != 1:
+        x2d = x2d.contiguous()
+    out = torch.empty((x2d.shape[0], inter_size), dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out.view(*x.shape[:-1], inter_size)
+    block = min(1024, triton.next_power_of_2(inter_size))
+    grid = (x2d.shape[0], triton.cdiv(inter_size, block))
+    _silu_and_mul_kernel[grid](x2d, out, x2d.stride(0), out.stride(0), inter_size, BLOCK=block)
+    return out.view(*x.shape[:-1], inter_size)

@@ -1,0 +1,447 @@
+"""Paged attention over a mixed batch of prefill chunks and decodes (KV read from the block cache).
+
+Inputs (shared by the PyTorch and Triton paths):
+  q [T, Hq, D]: new tokens of B sequences, flattened; sequence b owns rows
+      query_start_loc[b]:query_start_loc[b+1] (query_start_loc [B+1] int32).
+  seq_lens [B] int32: context length INCLUDING the new tokens; the new tokens of b sit at positions
+      seq_lens[b]-q_len_b ... seq_lens[b]-1, everything before comes from the cache.
+  k_cache, v_cache [num_blocks, block_size, Hkv, D]; block_tables [B, max_blocks] int32 maps
+      logical block i of sequence b to a cache block (entries past ceil(seq_len/block_size) are never used).
+The new tokens' K/V must already be in the cache (write_kv_cache first). Causal: position p attends keys
+<= p, and > p - sliding_window when set. GQA: query head h reads kv head h // (Hq // Hkv).
+Cache slots outside every context must hold finite values (allocate the pool zeroed): the torch
+decode path pads contexts with them and relies on 0 * value == 0.
+
+PyTorch path (CPU production, reference): all single-token queries share one batched gather and one
+masked SDPA call; each longer chunk gets its own SDPA call with a causal mask offset by its prefix.
+
+Triton path: ONE unified kernel for prefill chunks and decodes alike, so a mixed batch is one launch.
+A program owns one query tile of one sequence and one kv head: BLOCK_M rows = BLOCK_Q consecutive new
+tokens x the G query heads sharing that kv head, so each K/V tile is loaded once per GQA group. It
+walks the keys visible to the tile (causal, optional sliding window) BLOCK_N at a time, looking each
+key's cache block up in the block table (any block_size), with an online softmax in float32 (exp2
+domain: scale is pre-multiplied by log2 e). head_dim is padded to a power of two with masks.
+Tiles are numbered without a host sync: sequence b's tiles start at query_start_loc[b] // BLOCK_Q + b,
+an upper bound on the tiles before it, so the grid is T // BLOCK_Q + B tiles; a program finds its
+sequence by binary search and spare programs exit at once.
+Split-KV (flash decoding): when the tiles cannot fill the GPU and contexts may be long, a third grid
+axis splits each tile's key range into NUM_SPLITS parts. Each part writes its normalised partial
+output and log-sum-exp to float32 scratch; `_merge_splits_kernel` combines them. The split count is
+chosen from shapes only (block-table width), never from device data.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+
+def _gather_context(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """cache[block_ids] with the block axis folded into tokens: [..., n_blocks * block_size, Hkv, D]."""
+    # Unused table entries may hold -1 or stale ids; clamping keeps the gather in range and the
+    # attention mask discards those keys.
+    block_ids = block_ids.clamp(0, cache.shape[0] - 1)
+    return cache[block_ids].flatten(-4, -3)
+
+
+def _decode_attention_torch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    max_context: int,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """Single-token queries q [N, Hq, D], one per sequence: one batched gather of all contexts
+    (padded to the longest), then one masked SDPA call."""
+    num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
+    num_blocks = triton.cdiv(max_context, k_cache.shape[1])
+    keys = _gather_context(k_cache, block_tables[:, :num_blocks])  # [N, S, Hkv, D]
+    values = _gather_context(v_cache, block_tables[:, :num_blocks])
+
+    key_pos = torch.arange(keys.shape[1], device=q.device)
+    last_pos = (context_lens.to(key_pos.dtype) - 1)[:, None]
+    visible = key_pos[None, :] <= last_pos  # hides the padding of shorter contexts
+    if sliding_window is not None:
+        visible &= key_pos[None, :] > last_pos - sliding_window
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2),  # [N, Hq, 1, D]
+        keys.to(q.dtype).transpose(1, 2),  # [N, Hkv, S, D], a strided view: no copy
+        values.to(q.dtype).transpose(1, 2),
+        attn_mask=visible[:, None, None, :],
+        scale=scale,
+        enable_gqa=num_heads != num_kv_heads,
+    )
+    return out.squeeze(2)
+
+
+def _prefill_attention_torch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_len: int,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """One sequence's chunk q [L, Hq, D] whose last token is at position context_len - 1."""
+    query_len, num_heads, _ = q.shape
+    num_kv_heads = k_cache.shape[2]
+    num_blocks = triton.cdiv(context_len, k_cache.shape[1])
+    keys = _gather_context(k_cache, block_table[:num_blocks])[:context_len]  # [S, Hkv, D]
+    values = _gather_context(v_cache, block_table[:num_blocks])[:context_len]
+
+    mask = None
+    if sliding_window is not None or query_len != context_len:
+        # Causal mask offset by the cached prefix: query i sits at position context_len - L + i.
+        query_pos = torch.arange(context_len - query_len, context_len, device=q.device)[:, None]
+        key_pos = torch.arange(context_len, device=q.device)[None, :]
+        mask = key_pos <= query_pos
+        if sliding_window is not None:
+            mask &= key_pos > query_pos - sliding_window
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),
+        keys.to(q.dtype).transpose(0, 1).unsqueeze(0),
+        values.to(q.dtype).transpose(0, 1).unsqueeze(0),
+        attn_mask=mask,
+        is_causal=mask is None,
+        scale=scale,
+        enable_gqa=num_heads != num_kv_heads,
+    )
+    return out[0].transpose(0, 1)
+
+
+def paged_attention_torch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of the new tokens q [T, Hq, D] over their cached context; returns out [T, Hq, D]
+    in q's dtype (written into `out` when given). The engine's CPU path: all single-token queries
+    go through one batched gather + masked SDPA, every longer chunk through its own SDPA call with a
+    causal mask offset by its cached prefix."""
+    if out is None:
+        out = torch.empty_like(q)
+    num_seqs = seq_lens.shape[0]
+    # One host copy of the metadata: the per-chunk loop needs plain ints.
+    host = torch.cat((query_start_loc, seq_lens)).tolist()
+    starts, context_lens = host[: num_seqs + 1], host[num_seqs + 1 :]
+    query_lens = [starts[b + 1] - starts[b] for b in range(num_seqs)]
+
+    decode_seqs = [b for b in range(num_seqs) if query_lens[b] == 1]
+    if decode_seqs:
+        seq_idx = torch.tensor(decode_seqs, device=q.device)
+        rows = query_start_loc.to(seq_idx.dtype)[seq_idx]
+        out[rows] = _decode_attention_torch(
+            q[rows],
+            k_cache,
+            v_cache,
+            block_tables[seq_idx],
+            seq_lens[seq_idx],
+            max(context_lens[b] for b in decode_seqs),
+            scale,
+            sliding_window,
+        ).to(out.dtype)
+
+    for b in range(num_seqs):
+        if query_lens[b] > 1:
+            rows = slice(starts[b], starts[b + 1])
+            out[rows] = _prefill_attention_torch(
+                q[rows], k_cache, v_cache, block_tables[b], context_lens[b], scale, sliding_window
+            ).to(out.dtype)
+    return out
+
+
+# Triton path (design in the module docstring).
+
+_LOG2_E = 1.4426950408889634
+
+
+@triton.jit
+def _find_sequence(query_start_loc_ptr, num_seqs, tile, BLOCK_Q: tl.constexpr):
+    """Largest b with query_start_loc[b] // BLOCK_Q + b <= tile (binary search)."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi - 1:
+        mid = (lo + hi) // 2
+        mid_start = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        lo = tl.where(mid_start <= tile, mid, lo)
+        hi = tl.where(mid_start <= tile, hi, mid)
+    return lo
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    block_tables_ptr,
+    qk_scale,
+    num_seqs,
+    num_heads,
+    head_dim,
+    sliding_window,
+    stride_q_t,
+    stride_q_h,
+    stride_out_t,
+    stride_out_h,
+    stride_cache_block,
+    stride_cache_token,
+    stride_cache_head,
+    stride_block_table,
+    NUM_GROUPS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    seq = _find_sequence(query_start_loc_ptr, num_seqs, tile, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    q_tile = tile - (q_start // BLOCK_Q + seq)
+    if q_tile * BLOCK_Q >= q_len:
+        return
+    context_len = tl.load(seq_lens_ptr + seq)
+    first_pos = context_len - q_len  # position of the sequence's first new token
+
+    # Rows: token-major, the G heads of this kv head inner.
+    rows = tl.arange(0, BLOCK_M)
+    token = q_tile * BLOCK_Q + rows // NUM_GROUPS  # index among the sequence's new tokens
+    head = kv_head * NUM_GROUPS + rows % NUM_GROUPS
+    row_valid = (rows < BLOCK_Q * NUM_GROUPS) & (token < q_len)
+    query_pos = first_pos + token
+    dims = tl.arange(0, BLOCK_D)
+    dim_valid = dims < head_dim
+    row_offset = (q_start + token).to(tl.int64)
+    q = tl.load(
+        q_ptr + row_offset[:, None] * stride_q_t + head[:, None] * stride_q_h + dims[None, :],
+        mask=row_valid[:, None] & dim_valid[None, :],
+        other=0.0,
+    )
+
+    # Keys visible to any row of the tile, then this split's share of them.
+    kv_end = first_pos + tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len)
+    kv_begin = 0
+    if USE_WINDOW:
+        kv_begin = tl.maximum(first_pos + q_tile * BLOCK_Q - sliding_window + 1, 0)
+    if NUM_SPLITS > 1:
+        span = tl.cdiv(tl.cdiv(kv_end - kv_begin, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        kv_begin = kv_begin + split * span
+        kv_end = tl.minimum(kv_end, kv_begin + span)
+
+    # Finite start for the running max: a row with no visible key in a tile then gives
+    # exp2(-inf - m) = 0 instead of NaN.
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    table_row = block_tables_ptr + seq.to(tl.int64) * stride_block_table
+    for tile_start in range(kv_begin, kv_end, BLOCK_N):
+        key_pos = tile_start + tl.arange(0, BLOCK_N)
+        key_valid = key_pos < kv_end
+        block_id = tl.load(table_row + key_pos // BLOCK_SIZE, mask=key_valid, other=0).to(tl.int64)
+        kv_offset = (
+            block_id * stride_cache_block
+            + (key_pos % BLOCK_SIZE) * stride_cache_token
+            + kv_head * stride_cache_head
+        )
+        k = tl.load(
+            k_cache_ptr + kv_offset[None, :] + dims[:, None],
+            mask=key_valid[None, :] & dim_valid[:, None],
+            other=0.0,
+        )  # [BLOCK_D, BLOCK_N]
+        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+        visible = key_valid[None, :] & (key_pos[None, :] <= query_pos[:, None])
+        if USE_WINDOW:
+            visible = visible & (key_pos[None, :] > query_pos[:, None] - sliding_window)
+        scores = tl.where(visible, scores, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(
+            v_cache_ptr + kv_offset[:, None] + dims[None, :],
+            mask=key_valid[:, None] & dim_valid[None, :],
+            other=0.0,
+        )  # [BLOCK_N, BLOCK_D]
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    # Rows that saw no key (only possible in a split or a spare row) have l = 0 and acc = 0.
+    has_keys = l_i > 0.0
+    result = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    store_mask = row_valid[:, None] & dim_valid[None, :]
+    if NUM_SPLITS == 1:
+        out_offset = row_offset[:, None] * stride_out_t + head[:, None] * stride_out_h + dims[None, :]
+        tl.store(out_ptr + out_offset, result.to(out_ptr.dtype.element_ty), mask=store_mask)
+    else:
+        part = (row_offset * num_heads + head) * NUM_SPLITS + split
+        tl.store(part_out_ptr + part[:, None] * head_dim + dims[None, :], result, mask=store_mask)
+        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + part, lse, mask=row_valid)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    stride_out_t,
+    stride_out_h,
+    num_heads,
+    head_dim,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # out = sum_s w_s * o_s / sum_s w_s with w_s = 2^(lse_s - max lse); empty splits have lse -inf.
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    splits = tl.arange(0, BLOCK_S)
+    dims = tl.arange(0, BLOCK_D)
+    part = (token * num_heads + head) * NUM_SPLITS + splits
+    lse = tl.load(part_lse_ptr + part, mask=splits < NUM_SPLITS, other=float("-inf"))
+    weight = tl.exp2(lse - tl.max(lse, axis=0))
+    partial = tl.load(
+        part_out_ptr + part[:, None] * head_dim + dims[None, :],
+        mask=(splits[:, None] < NUM_SPLITS) & (dims[None, :] < head_dim),
+        other=0.0,
+    )
+    result = tl.sum(partial * weight[:, None], axis=0) / tl.sum(weight, axis=0)
+    tl.store(
+        out_ptr + token * stride_out_t + head * stride_out_h + dims,
+        result.to(out_ptr.dtype.element_ty),
+        mask=dims < head_dim,
+    )
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Launch shape of `_paged_attention_kernel` (see the module docstring)."""
+
+    block_m: int  # rows per program: block_q tokens x the GQA group
+    block_q: int
+    block_n: int  # keys per inner step
+    num_warps: int
+
+
+def tile_config(num_tokens: int, num_seqs: int, groups: int, dtype: torch.dtype) -> TileConfig:
+    """Tiles from shapes only. Sizes keep the H100 build free of register spills at head_dim <= 128:
+    the per-key block lookup makes K/V loads gathers, one 64-bit address per element."""
+    all_decodes = num_tokens == num_seqs  # one new token per sequence: small row tiles
+    block_m = max(16 if all_decodes else 64, triton.next_power_of_2(groups))
+    # fp32 dots run as IEEE FMAs (not tensor cores) and need more threads to hold their tiles.
+    num_warps = 8 if dtype == torch.float32 else 4
+    return TileConfig(block_m, block_m // groups, 32, num_warps)
+
+
+@functools.lru_cache
+def _multiprocessor_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _default_num_splits(num_programs: int, max_context: int, device: torch.device) -> int:
+    """Split the keys only when the tiles alone cannot fill the GPU and contexts may be long.
+    Decided from shapes (max_context = block-table width x block size), never from device data."""
+    if device.type != "cuda" or max_context < 1024:
+        return 1
+    free_slots = 2 * _multiprocessor_count(device)
+    if num_programs >= free_slots:
+        return 1
+    return max(1, min(triton.cdiv(free_slots, num_programs), max_context // 512, 32))
+
+
+def paged_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+    *,
+    num_kv_splits: int | None = None,
+) -> torch.Tensor:
+    """Triton version of `paged_attention_torch` (same contract). `num_kv_splits` forces the
+    split-KV path (>1) or turns it off (1); by default it is chosen from the shapes. No host sync."""
+    num_tokens, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    num_seqs = seq_lens.shape[0]
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
+        raise ValueError("k_cache and v_cache must share strides with a unit-stride head_dim")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if block_tables.stride(-1) != 1:
+        block_tables = block_tables.contiguous()
+    if out is None:
+        out = torch.empty_like(q)
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+
+    groups = num_heads // num_kv_heads
+    tiles = tile_config(num_tokens, num_seqs, groups, q.dtype)
+    num_tiles = num_tokens // tiles.block_q + num_seqs
+    num_splits = num_kv_splits or _default_num_splits(
+        num_tiles * num_kv_heads, block_tables.shape[1] * block_size, q.device
+    )
+    block_d = triton.next_power_of_2(head_dim)
+
+    part_out = part_lse = out  # unused placeholders when not splitting
+    if num_splits > 1:
+        part_out = torch.empty(
+            (num_tokens, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+        )
+        part_lse = torch.empty((num_tokens, num_heads, num_splits), dtype=torch.float32, device=q.device)
+
+    _paged_attention_kernel[(num_tiles, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, out, part_out, part_lse,
+        query_start_loc, seq_lens, block_tables,
+        scale * _LOG2_E, num_seqs, num_heads, head_dim, sliding_window or 0,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        NUM_GROUPS=groups,
+        BLOCK_SIZE=block_size,
+        BLOCK_M=tiles.block_m,
+        BLOCK_Q=tiles.block_q,
+        BLOCK_N=tiles.block_n,
+        BLOCK_D=block_d,
+        NUM_SPLITS=num_splits,
+        USE_WINDOW=sliding_window is not None,
+        # fp32 inputs would otherwise go through TF32 on Ampere+ (10-bit mantissa).
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=tiles.num_warps,
+    )  # fmt: skip
+    if num_splits > 1:
+        _merge_splits_kernel[(num_tokens, num_heads)](
+            part_out, part_lse, out, out.stride(0), out.stride(1), num_heads, head_dim,
+            NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+        )  # fmt: skip
+    return out

@@ -1,0 +1,59 @@
+"""Triton Python-backend entry point of the llm model (decoupled): requests in, engine loop, streamed
+responses out.
+
+Rendered from config_templates/llm_model.py.j2 by scripts/add_model.py. All logic lives in
+`backend_lib.llm` (tested without the server); this file only translates to and from `pb_utils`.
+"""
+
+import threading
+
+import triton_python_backend_utils as pb_utils
+
+from backend_lib.errors import InputError, QueueFullError
+from backend_lib.llm.service import LLMService, RequestCancelled, error_message
+from backend_lib.model_context import ModelContext
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        context = ModelContext.from_args(args)
+        self.service = LLMService.from_context(context, context.metrics(pb_utils))
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
+            try:
+                job = self.service.submit(inputs)
+            except Exception as exc:  # noqa: BLE001 - this request fails alone
+                sender.send(_error(exc), flags=FINAL)
+                continue
+            # One thread per request streams its responses while the engine loop runs.
+            threading.Thread(target=self._respond, args=(job, request, sender), daemon=True).start()
+        return None
+
+    def _respond(self, job, request, sender):
+        for result, final in self.service.responses(job, request.is_cancelled):
+            if isinstance(result, Exception):
+                response = _error(result)
+            else:
+                response = pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor(name, value) for name, value in result.items()])
+            sender.send(response, flags=FINAL if final else 0)
+
+    def finalize(self):
+        self.service.shutdown()
+
+
+def _error(exc):
+    if isinstance(exc, InputError):
+        code = pb_utils.TritonError.INVALID_ARG
+    elif isinstance(exc, QueueFullError):
+        code = pb_utils.TritonError.UNAVAILABLE
+    elif isinstance(exc, RequestCancelled):
+        code = pb_utils.TritonError.CANCELLED
+    else:
+        code = pb_utils.TritonError.INTERNAL
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(error_message(exc), code))

@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Add a model to a Triton model repository from a local Hugging Face checkpoint directory.
+
+The kind (llm, embedding, rerank) is detected from the checkpoint's architecture; `config.pbtxt` is rendered
+from config_templates/ and the versioned `model.py` wrapper is written next to it.
+
+    python scripts/add_model.py /models/bge-small --name bge --repository model_repository
+    python scripts/add_model.py /models/my-reranker --name my_rerank --param max_batch_tokens=8192
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from backend_lib.model_repository import ModelSpec, detect_kind, write_model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", type=Path, help="local HF checkpoint directory")
+    parser.add_argument("--name", required=True, help="model name in the repository")
+    parser.add_argument("--repository", type=Path, default=Path("model_repository"))
+    parser.add_argument("--kind", choices=["llm", "embedding", "rerank"],
+                        help="override the detected kind")
+    parser.add_argument("--version", type=int, default=1)
+    parser.add_argument("--instance-kind", default="KIND_AUTO",
+                        choices=["KIND_AUTO", "KIND_CPU", "KIND_GPU"])
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra config.pbtxt parameter (repeatable)")
+    args = parser.parse_args()
+
+    checkpoint = args.checkpoint.resolve()
+    kind = args.kind or detect_kind(checkpoint)
+    parameters = {"model": str(checkpoint)}
+    for item in args.param:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--param needs KEY=VALUE, got {item!r}")
+        parameters[key] = value
+    spec = ModelSpec(name=args.name, kind=kind, parameters=parameters, versions=(args.version,),
+                     instance_kind=args.instance_kind)
+    if kind == "llm":
+        spec.max_batch_size = 0
+    for path in write_model(spec, args.repository):
+        print(f"wrote {path}")
+    print(f"added {kind} model '{args.name}' to {args.repository}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Shared fixtures: a real tritonserver (session-wide on the default repository, or per test on a
+temporary one), whose log is printed when a test using it fails."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+# Triton-language kernels run through the interpreter when no GPU is present. Must be set before
+# the first `import triton` anywhere in the session.
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from backend_lib.server_harness import TritonServer  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
+
+_live_servers: list[TritonServer] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+
+
+@pytest.fixture(autouse=True)
+def _print_server_log_on_failure(request) -> Iterator[None]:
+    yield
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        for server in _live_servers:
+            print(f"\n===== tritonserver log ({server.repository}), last lines =====")
+            print(server.log_tail(150))
+
+
+def start_server(repository: Path, extra_args=(), env=None) -> TritonServer:
+    server = TritonServer(repository, extra_args=extra_args, env=env)
+    try:
+        server.start()
+    except Exception:
+        print(server.log_tail(300))
+        raise
+    _live_servers.append(server)
+    return server
+
+
+def stop_server(server: TritonServer) -> None:
+    server.stop()
+    if server in _live_servers:
+        _live_servers.remove(server)
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[TritonServer]:
+    """One tritonserver on the default repository, shared by all end-to-end tests."""
+    srv = start_server(DEFAULT_REPOSITORY)
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture
+def make_server() -> Iterator[Callable[..., TritonServer]]:
+    """Factory: start a tritonserver on another repository; stopped at the end of the test."""
+    started: list[TritonServer] = []
+
+    def factory(repository: Path, extra_args=(), env=None) -> TritonServer:
+        srv = start_server(repository, extra_args, env)
+        started.append(srv)
+        return srv
+
+    yield factory
+    for srv in started:
+        stop_server(srv)

@@ -1,0 +1,173 @@
+"""Encoder settings from Triton parameters, checkpoint-file reading, and the fused linear."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from backend_lib.config import ConfigError, from_parameters
+from backend_lib.encoder.config import EmbeddingConfig, RerankConfig
+from backend_lib.encoder.embedder import Embedder
+from backend_lib.encoder.linear import Linear
+from backend_lib.encoder.st_config import read_cross_encoder_activation
+
+CPU = torch.device("cpu")
+
+
+def test_parameters_fill_the_dataclasses():
+    config = from_parameters(
+        EmbeddingConfig,
+        {
+            "model": "/m",
+            "dtype": "bfloat16",
+            "max_batch_tokens": "4096",
+            "normalize": "false",
+            "truncate": "no",
+        },
+    )
+    assert (
+        config.model,
+        config.dtype,
+        config.max_batch_tokens,
+        config.normalize,
+        config.truncate,
+    ) == (
+        "/m",
+        "bfloat16",
+        4096,
+        False,
+        False,
+    )
+    assert from_parameters(EmbeddingConfig, {}).normalize is None
+    rerank = from_parameters(RerankConfig, {"mode": "cross_encoder", "apply_sigmoid": "true"})
+    assert (rerank.mode, rerank.apply_sigmoid) == ("cross_encoder", True)
+
+
+@pytest.mark.parametrize(
+    "cls,params,key",
+    [
+        (EmbeddingConfig, {"max_batch_tokens": "0"}, "max_batch_tokens"),
+        (EmbeddingConfig, {"max_batch_size": "-1"}, "max_batch_size"),
+        (EmbeddingConfig, {"max_seq_length": "-5"}, "max_seq_length"),
+        (EmbeddingConfig, {"max_seq_length": "512", "max_batch_tokens": "256"}, "max_seq_length"),
+        (EmbeddingConfig, {"max_text_bytes": "10"}, "max_text_bytes"),
+        (EmbeddingConfig, {"dtype": "int8"}, "dtype"),
+        (EmbeddingConfig, {"model": " "}, "model"),
+        (RerankConfig, {"mode": "colbert"}, "mode"),
+        (RerankConfig, {"normalize": "true"}, "normalize"),  # an embedding-only key
+    ],
+)
+def test_bad_parameters_name_key_and_value(cls, params, key):
+    with pytest.raises(ConfigError) as info:
+        from_parameters(cls, params)
+    assert info.value.key == key
+
+
+def test_limits_checked_against_the_checkpoint(enc):
+    with pytest.raises(ConfigError, match="position embeddings hold at most 512") as info:
+        Embedder.from_config(EmbeddingConfig(max_seq_length=1000), CPU, Path("."))
+    assert info.value.key == "max_seq_length"
+    with pytest.raises(ConfigError) as info:
+        Embedder.from_config(EmbeddingConfig(max_batch_tokens=100), CPU, Path("."))
+    assert info.value.key == "max_batch_tokens"
+    assert (
+        Embedder.from_config(EmbeddingConfig(max_seq_length=32), CPU, Path(".")).max_seq_length
+        == 32
+    )
+
+
+def test_unsupported_sentence_transformers_module_is_refused(tiny_bert_dir, tmp_path, enc):
+    for item in tiny_bert_dir.iterdir():
+        (tmp_path / item.name).symlink_to(item)
+    enc.write_json(
+        tmp_path / "modules.json",
+        [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {
+                "idx": 1,
+                "name": "1",
+                "path": "1_Dense",
+                "type": "sentence_transformers.models.Dense",
+            },
+        ],
+    )
+    with pytest.raises(ConfigError, match="unsupported sentence-transformers modules"):
+        Embedder.from_config(EmbeddingConfig(model=str(tmp_path)), CPU, Path("."))
+
+
+ST_CONFIG = "config_sentence_transformers.json"
+MODULES = [
+    {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.Transformer"}
+]
+SIGMOID, IDENTITY, TANH = (
+    "torch.nn.modules.activation.Sigmoid",
+    "torch.nn.modules.linear.Identity",
+    "torch.nn.modules.activation.Tanh",
+)
+
+
+@pytest.mark.parametrize(
+    "config_section,legacy,st_file,expected",
+    [
+        (None, None, None, "sigmoid"),  # one label, nothing saved
+        ({"activation_fn": IDENTITY}, None, None, "identity"),
+        (None, TANH, None, "tanh"),  # pre-v4 key
+        ({"activation_fn": IDENTITY}, None, SIGMOID, "sigmoid"),  # saved CrossEncoder wins
+        ({"activation_fn": "my_pkg.Custom"}, None, None, "sigmoid"),  # untrusted path ignored
+    ],
+)
+def test_cross_encoder_activation_as_sentence_transformers_resolves_it(
+    tmp_path, enc, config_section, legacy, st_file, expected
+):
+    from sentence_transformers import CrossEncoder
+    from transformers import BertForSequenceClassification
+
+    config = enc.tiny_bert_config(num_labels=1, num_hidden_layers=1)
+    if config_section:
+        config.sentence_transformers = config_section
+    if legacy:
+        config.sbert_ce_default_activation_function = legacy
+    BertForSequenceClassification(config).save_pretrained(tmp_path)
+    enc.copy_minilm_tokenizer(tmp_path)
+    if st_file:
+        enc.write_json(tmp_path / "modules.json", MODULES)
+        enc.write_json(
+            tmp_path / ST_CONFIG, {"model_type": "CrossEncoder", "activation_fn": st_file}
+        )
+    ours = read_cross_encoder_activation(tmp_path, str(tmp_path), num_labels=1)
+    reference = CrossEncoder(str(tmp_path), device="cpu", local_files_only=True).activation_fn
+    assert ours == expected == type(reference).__name__.lower()
+
+
+@pytest.mark.parametrize("activation", ["none", "gelu", "gelu_tanh", "relu", "tanh"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_linear_matches_torch(activation, dtype):
+    torch.manual_seed(0)
+    weight, bias = torch.randn(48, 40, dtype=dtype), torch.randn(48, dtype=dtype)
+    x, residual = torch.randn(37, 40, dtype=dtype), torch.randn(37, 48, dtype=dtype)
+    eager = {
+        "none": lambda y: y,
+        "gelu": F.gelu,
+        "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+        "relu": F.relu,
+        "tanh": torch.tanh,
+    }[activation]
+    plain = F.linear(x.float(), weight.float(), bias.float())
+    layer = Linear(weight, bias, activation)
+    # oneDNN on CPU for float32/bfloat16; float16 takes the F.linear path.
+    assert layer.uses_onednn == (torch.backends.mkldnn.is_available() and dtype != torch.float16)
+    tolerance = 1e-5 if dtype == torch.float32 else 0.1
+    torch.testing.assert_close(layer(x).float(), eager(plain), atol=tolerance, rtol=tolerance)
+    if activation == "none":
+        torch.testing.assert_close(
+            layer(x, residual=residual).float(),
+            plain + residual.float(),
+            atol=tolerance,
+            rtol=tolerance,
+        )
+    else:
+        with pytest.raises(ValueError):
+            layer(x, residual=residual)
