@@ -143,3 +143,15 @@ def test_bad_input_gets_clear_error_while_others_carry_on(server, body, fragment
             http_generate(server.http_url, body)
         assert fragment in http_error_text(info.value)
         assert good.result().error is None
+
+
+def test_cli_client_streams_the_completion(server, direct_engine):
+    import subprocess
+    import sys
+
+    expected = direct_text(direct_engine, "JULIET:", max_tokens=12)
+    completed = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "client.py"), "JULIET:", "--url", server.grpc_url,
+         "--temperature", "0", "--max-tokens", "12"],
+        capture_output=True, text=True, timeout=120, check=True)
+    assert completed.stdout == "JULIET:" + expected + "\n"
