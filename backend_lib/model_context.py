@@ -29,13 +29,18 @@ class ModelContext:
     @classmethod
     def from_args(cls, args: Mapping[str, Any]) -> ModelContext:
         model_config = json.loads(args["model_config"])
+        version = str(args["model_version"])
+        # `{version}` in a parameter lets versions served side by side use their own files,
+        # e.g. model: "{version}/checkpoint" -> <model dir>/2/checkpoint for version 2.
+        parameters = {key: value.replace("{version}", version)
+                      for key, value in triton_parameters(model_config).items()}
         return cls(
             name=str(args["model_name"]),
-            version=str(args["model_version"]),
+            version=version,
             # `model_repository` is the model's own directory (the parent of its version folders).
             model_dir=Path(args["model_repository"]),
             device=select_device(args),
-            parameters=triton_parameters(model_config),
+            parameters=parameters,
             model_config=model_config,
         )
 

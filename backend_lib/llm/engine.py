@@ -34,7 +34,7 @@ from backend_lib.errors import InputError
 from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.detokenizer import IncrementalDetokenizer
 from backend_lib.llm.model_runner import ModelOutput, ModelRunner
-from backend_lib.llm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from backend_lib.llm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from backend_lib.llm.sampler import TokenLogprobs
 from backend_lib.llm.sampling_params import SamplingParams
 from backend_lib.llm.scheduler import Scheduler, SchedulerOutput
@@ -317,8 +317,9 @@ class LLMEngine:
                 state = self._track(request, self._new_seq_state(seq, len(request.seqs)))
                 request.forked = True
             if logprobs is not None and state.logprobs is not None:
-                entry = dict(zip(logprobs.top_token_ids, logprobs.top_logprobs, strict=True))
-                entry[logprobs.token_id] = logprobs.logprob
+                entry = {token: Logprob(value, rank) for rank, (token, value) in enumerate(
+                    zip(logprobs.top_token_ids, logprobs.top_logprobs, strict=True), start=1)}
+                entry[logprobs.token_id] = Logprob(logprobs.logprob, logprobs.rank)
                 state.logprobs.append(entry)
                 state.cumulative_logprob += logprobs.logprob
             delta = ""

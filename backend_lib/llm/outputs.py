@@ -9,6 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+@dataclass(frozen=True)
+class Logprob:
+    """One token's log-probability (from the raw logits) and its rank (1 = most likely)."""
+
+    logprob: float
+    rank: int
+
+
 @dataclass
 class CompletionOutput:
     """One of the request's n sampled sequences."""
@@ -23,8 +31,8 @@ class CompletionOutput:
     delta_token_ids: list[int]
     cumulative_logprob: float | None
     """Sum of the sampled tokens' logprobs; None unless the request asked for logprobs."""
-    logprobs: list[dict[int, float]] | None
-    """Per output token: {token_id: logprob} of the top `logprobs` tokens plus the sampled one;
+    logprobs: list[dict[int, Logprob]] | None
+    """Per output token: {token_id: Logprob} of the top `logprobs` tokens plus the sampled one;
     None unless the request asked for logprobs."""
     finish_reason: str | None = None
     """None while running, else "stop", "length", "abort" or "error"."""

@@ -142,15 +142,10 @@ class LLMService:
         start = _advance(job.sent_logprobs, completion.index, len(completion.logprobs))
         entries = []
         for position in completion.logprobs[start:]:
-            ranked = sorted(position.items(), key=lambda item: -_value(item[1]))
             entries.append({
-                str(token_id): {
-                    "logprob": _value(value),
-                    "rank": getattr(value, "rank", None) or rank,
-                    "decoded_token": self.engine.tokenizer.decode([token_id]),
-                }
-                for rank, (token_id, value) in enumerate(ranked, start=1)
-            })
+                str(token_id): {"logprob": entry.logprob, "rank": entry.rank,
+                                "decoded_token": self.engine.tokenizer.decode([token_id])}
+                for token_id, entry in position.items()})
         return json.dumps(entries)
 
     def abort(self, job: Job) -> None:
@@ -165,10 +160,6 @@ def _advance(sent: dict[int, int], index: int, new_length: int) -> int:
     previous = sent.get(index, 0)
     sent[index] = new_length
     return previous
-
-
-def _value(entry) -> float:
-    return float(getattr(entry, "logprob", entry))
 
 
 def error_message(exc: Exception) -> str:

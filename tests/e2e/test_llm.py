@@ -76,6 +76,10 @@ def test_vllm_backend_client_payload_works_unchanged(server):
     positions = [p for chunk in logprobs for p in chunk]
     assert len(positions) == 12
     assert all(2 <= len(p) <= 3 for p in positions)
+    for position in positions:  # greedy: the sampled token is the top one, rank 1
+        best = max(position.values(), key=lambda v: v["logprob"])
+        assert best["rank"] == 1 and isinstance(best["decoded_token"], str)
+        assert sorted(v["rank"] for v in position.values())[:2] == [1, 2]
     total = sum(max(v["logprob"] for v in p.values()) for p in positions)  # greedy: the top token
     assert float(last["cumulative_logprob"][0]) == pytest.approx(total, abs=1e-3)
 
@@ -155,3 +159,25 @@ def test_cli_client_streams_the_completion(server, direct_engine):
          "--temperature", "0", "--max-tokens", "12"],
         capture_output=True, text=True, timeout=120, check=True)
     assert completed.stdout == "JULIET:" + expected + "\n"
+
+
+def test_http_stream_disconnect_frees_blocks(server):
+    import http.client
+
+    aborted_before = metric(server, "vllm:request_success_total", finished_reason="abort")
+    connection = http.client.HTTPConnection(*server.http_url.split(":"), timeout=60)
+    body = json.dumps({"text_input": "ROMEO:", "stream": True, "sampling_parameters": json.dumps(
+        {"max_tokens": 600, "ignore_eos": True, "temperature": 0})})
+    connection.request("POST", "/v2/models/llm/generate_stream", body,
+                       {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.readline().startswith(b"data:")  # streaming has begun
+    connection.sock.close()  # the client goes away mid-stream
+    connection.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (metric(server, "vllm:kv_cache_usage_perc") > 0
+                                           or metric(server, "vllm:num_requests_running") > 0):
+        time.sleep(0.2)
+    assert metric(server, "vllm:kv_cache_usage_perc") == 0
+    assert metric(server, "vllm:num_requests_running") == 0
+    assert metric(server, "vllm:request_success_total", finished_reason="abort") > aborted_before

@@ -254,7 +254,8 @@ def test_logprobs_match_hf_log_softmax(temperature):
         top = ref[j].topk(3)
         assert set(top.indices.tolist()) | {token} == set(entry)
         for token_id, logprob in entry.items():
-            assert math.isclose(logprob, ref[j, token_id].item(), abs_tol=1e-4)
+            assert math.isclose(logprob.logprob, ref[j, token_id].item(), abs_tol=1e-4)
+            assert logprob.rank == 1 + int((ref[j] > ref[j, token_id] + 1e-6).sum())
         total += ref[j, token].item()
     assert math.isclose(completion.cumulative_logprob, total, abs_tol=1e-3)
 
