@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import secrets
 import sys
 from pathlib import Path
 
@@ -44,8 +45,8 @@ def model_kind(config_text: str) -> str | None:
     return None
 
 
-def usage(repository: Path, http_port: int, metrics_port: int) -> str:
-    lines = [f"Serving {repository} (HTTP :{http_port}, gRPC :{http_port + 1}, metrics :{metrics_port})",
+def usage(repository: Path, http_port: int, grpc_port: int, metrics_port: int) -> str:
+    lines = [f"Serving {repository} (HTTP :{http_port}, gRPC :{grpc_port}, metrics :{metrics_port})",
              "Models and example calls:"]
     for config in sorted(repository.glob("*/config.pbtxt")):
         kind = model_kind(config.read_text())
@@ -57,6 +58,17 @@ def usage(repository: Path, http_port: int, metrics_port: int) -> str:
     return "\n".join(lines)
 
 
+ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
+ADMIN_HEADER = "triton-admin-key"
+
+
+def restricted_api_args(key: str) -> list[str]:
+    """Restrict the repository-control API (index, load, unload) to clients that send `key` in
+    the `triton-admin-key` header."""
+    return [f"--http-restricted-api=model-repository:{ADMIN_HEADER}={key}",
+            f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={key}"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
@@ -65,7 +77,9 @@ def main() -> None:
     parser.add_argument("--metrics-port", type=int, default=8002)
     args, extra = parser.parse_known_args()
 
-    print(usage(args.model_repository, args.http_port, args.metrics_port), flush=True)
+    print(usage(args.model_repository, args.http_port, args.grpc_port, args.metrics_port), flush=True)
+    # Without $TRITON_ADMIN_KEY a random key that nobody knows locks repository control.
+    admin_key = os.environ.get(ADMIN_KEY_ENV) or secrets.token_hex(16)
     command = [
         tritonserver_command(),
         f"--model-repository={args.model_repository}",
@@ -74,9 +88,10 @@ def main() -> None:
         f"--metrics-port={args.metrics_port}",
         # One model failing to load (a bad config.pbtxt value) must not take the others down.
         "--exit-on-error=false",
+        *restricted_api_args(admin_key),
         *extra,
     ]
-    print("$ " + " ".join(command), flush=True)
+    print("$ " + " ".join(command).replace(admin_key, "<key>"), flush=True)
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     os.execv(command[0], command)
 

@@ -1,0 +1,57 @@
+"""`make serve`'s script: prints how to call each model, serves the repository, and restricts the
+repository-control API to the admin key."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from backend_lib.model_repository import REPO_ROOT
+from backend_lib.server_harness import free_port
+
+pytestmark = pytest.mark.e2e
+
+
+def status(url: str, method: str = "GET", headers: dict | None = None) -> int | None:
+    request = urllib.request.Request(url, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+def test_serve_prints_usage_and_restricts_repository_control(tmp_path):
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    log = (tmp_path / "serve.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "scripts" / "serve.py"), f"--http-port={http}",
+         f"--grpc-port={grpc}", f"--metrics-port={metrics}"],
+        cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "TRITON_ADMIN_KEY": "test-key"})
+    try:
+        deadline = time.monotonic() + 300
+        while status(f"http://127.0.0.1:{http}/v2/health/ready") != 200:
+            assert process.poll() is None and time.monotonic() < deadline, (
+                tmp_path / "serve.log").read_text()
+            time.sleep(0.5)
+        index = f"http://127.0.0.1:{http}/v2/repository/index"
+        assert status(index, "POST") == 403
+        assert status(index, "POST", {"triton-admin-key": "wrong"}) == 403
+        assert status(index, "POST", {"triton-admin-key": "test-key"}) == 200
+        output = (tmp_path / "serve.log").read_text()
+        for model in ("embedding", "rerank", "llm"):
+            assert f"/v2/models/{model}/" in output
+        assert "test-key" not in output  # the key is never printed
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=60)
