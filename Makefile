@@ -32,6 +32,8 @@ lint: setup
 
 bench: setup
 	$(PY) scripts/bench_embedding.py
+	$(PY) scripts/bench_embedding_served.py
+	$(PY) scripts/bench_engine.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

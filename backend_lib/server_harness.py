@@ -26,6 +26,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def http_status(url: str, method: str = "GET", headers: dict[str, str] | None = None) -> int | None:
+    """The HTTP status of a request to `url`, or None when nothing answers."""
+    request = urllib.request.Request(url, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
 def tritonserver_command() -> str:
     """The launcher beside this interpreter, else whatever `tritonserver` is on PATH."""
     beside = Path(sys.executable).parent / "tritonserver"
@@ -90,27 +102,18 @@ class TritonServer:
             if self.process.poll() is not None:
                 raise RuntimeError(
                     f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}")
-            if self._get(f"http://{self.http_url}/v2/health/live") == 200:
+            if http_status(f"http://{self.http_url}/v2/health/live") == 200:
                 return
             time.sleep(0.5)
         self.stop()
         raise TimeoutError(f"tritonserver not live after {self.startup_timeout}s:\n{self.log_tail()}")
 
-    def _get(self, url: str) -> int | None:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                return response.status
-        except urllib.error.HTTPError as exc:
-            return exc.code
-        except OSError:
-            return None
-
     def is_ready(self) -> bool:
-        return self._get(f"http://{self.http_url}/v2/health/ready") == 200
+        return http_status(f"http://{self.http_url}/v2/health/ready") == 200
 
     def is_alive(self) -> bool:
         return self.process is not None and self.process.poll() is None and \
-            self._get(f"http://{self.http_url}/v2/health/live") == 200
+            http_status(f"http://{self.http_url}/v2/health/live") == 200
 
     def metrics_text(self) -> str:
         with urllib.request.urlopen(self.metrics_url, timeout=10) as response:

@@ -42,6 +42,16 @@ def metric(server, name: str, **labels: str) -> float:
     return samples.get((name, LABELS | frozenset(labels.items())), 0.0)
 
 
+def assert_engine_idle(server, timeout: float = 30) -> None:
+    """Once requests end, nothing runs and every KV block is free again."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and (metric(server, "vllm:kv_cache_usage_perc") > 0
+                                           or metric(server, "vllm:num_requests_running") > 0):
+        time.sleep(0.2)
+    assert metric(server, "vllm:kv_cache_usage_perc") == 0
+    assert metric(server, "vllm:num_requests_running") == 0
+
+
 def test_greedy_output_is_the_same_over_grpc_stream_http_and_direct(server, direct_engine):
     for prompt in PROMPTS:
         expected = direct_text(direct_engine, prompt)
@@ -121,12 +131,7 @@ def test_cancel_mid_stream_frees_blocks(server):
     result = grpc_stream(server.grpc_url, "ROMEO:", {"max_tokens": 400, "ignore_eos": True,
                                                       "temperature": 0}, cancel_after=3)
     assert len(result.responses) == 3
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (metric(server, "vllm:kv_cache_usage_perc") > 0
-                                           or metric(server, "vllm:num_requests_running") > 0):
-        time.sleep(0.2)
-    assert metric(server, "vllm:kv_cache_usage_perc") == 0
-    assert metric(server, "vllm:num_requests_running") == 0
+    assert_engine_idle(server)
     assert grpc_stream(server.grpc_url, "JULIET:", GREEDY).error is None
 
 
@@ -174,10 +179,5 @@ def test_http_stream_disconnect_frees_blocks(server):
     assert response.readline().startswith(b"data:")  # streaming has begun
     connection.sock.close()  # the client goes away mid-stream
     connection.close()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (metric(server, "vllm:kv_cache_usage_perc") > 0
-                                           or metric(server, "vllm:num_requests_running") > 0):
-        time.sleep(0.2)
-    assert metric(server, "vllm:kv_cache_usage_perc") == 0
-    assert metric(server, "vllm:num_requests_running") == 0
+    assert_engine_idle(server)
     assert metric(server, "vllm:request_success_total", finished_reason="abort") > aborted_before

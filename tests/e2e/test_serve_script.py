@@ -8,26 +8,14 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
 from backend_lib.model_repository import REPO_ROOT
 from backend_lib.server_harness import free_port
+from backend_lib.server_harness import http_status as status
 
 pytestmark = pytest.mark.e2e
-
-
-def status(url: str, method: str = "GET", headers: dict | None = None) -> int | None:
-    request = urllib.request.Request(url, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
 
 
 def test_serve_prints_usage_and_restricts_repository_control(tmp_path):
