@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_embedding import machine_info  # noqa: E402
+from bench_common import machine_info, progress, spread, write_result  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,9 @@ FULL = Sizes(hidden=512, intermediate=1536, layers=8, heads=8, kv_heads=2, vocab
              requests=64, prompt_len=(32, 512), output_len=(32, 256), static_batch=16)
 QUICK = Sizes(hidden=128, intermediate=256, layers=2, heads=4, kv_heads=2, vocab=1024,
               requests=16, prompt_len=(8, 64), output_len=(8, 32), static_batch=4)
+# GPU mode: a ~0.5B-parameter model and a workload big enough to fill the device.
+GPU = Sizes(hidden=1536, intermediate=4096, layers=16, heads=12, kv_heads=4, vocab=32000,
+            requests=256, prompt_len=(32, 512), output_len=(32, 256), static_batch=32)
 
 
 @dataclass
@@ -118,11 +121,11 @@ class EngineRunner:
     """Runs a workload on a fresh LLMEngine each time (an empty prefix cache, as the other
     systems start with), timing each phase of its steps."""
 
-    def __init__(self, model_dir: Path, dtype: str, device):
+    def __init__(self, model_dir: Path, dtype: str, device, max_num_seqs: int = 64):
         from backend_lib.llm.config import LLMConfig
 
         self.config = LLMConfig(model=str(model_dir), dtype=dtype, max_model_len=1024,
-                                max_num_seqs=64)
+                                max_num_seqs=max_num_seqs)
         self.config.validate()
         self.model_dir, self.device = model_dir, device
         self.phase_seconds: dict[str, float] = defaultdict(float)
@@ -275,7 +278,7 @@ def time_interleaved(systems: dict[str, Callable[[], tuple[list[list[int]], floa
         for name in order:
             outputs[name], elapsed = systems[name]()
             seconds[name].append(elapsed)
-            print(f"  {name}: {elapsed:.2f} s", flush=True)
+            progress(f"repeat {rep + 1}/{repeats} {name}: {elapsed:.2f} s")
     return seconds, outputs
 
 
@@ -295,14 +298,14 @@ def run_in(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = resolve_dtype(args.dtype, device)
     dtype_name = str(dtype).removeprefix("torch.")
-    sizes = QUICK if args.quick else FULL
+    sizes = QUICK if args.quick else GPU if device.type == "cuda" else FULL
     workload = make_workload(sizes, args.seed)
     num_params = build_checkpoint(sizes, model_dir, args.seed)
     print(f"model: {num_params / 1e6:.1f}M parameters, {dtype_name} on {device}; "
           f"{sizes.requests} requests, {sum(map(len, workload.prompts))} prompt tokens, "
           f"{workload.num_output_tokens} output tokens", flush=True)
 
-    engine = EngineRunner(model_dir, dtype_name, device)
+    engine = EngineRunner(model_dir, dtype_name, device, max_num_seqs=max(64, sizes.requests))
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=dtype, attn_implementation="sdpa", local_files_only=True).to(device).eval()
 
@@ -349,11 +352,17 @@ def run_in(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
         "repeats": args.repeats,
         "seconds": seconds,
         "output_tokens_per_second": {name: tokens / t for name, t in median.items()},
+        "output_tokens_per_second_spread": {name: spread([tokens / t for t in s])
+                                            for name, s in seconds.items()},
         "ratio_vs_hf_static": median["hf_static"] / median["engine"],
         "ratio_vs_hf_continuous": (median["hf_continuous"] / median["engine"]
                                    if "hf_continuous" in median else None),
         "engine_time_share": phases,
         "model_forward_share": phases["model_forward"],
+        "summary": {"engine_vs_hf_static": median["hf_static"] / median["engine"],
+                    **({"engine_vs_hf_generate_batch": median["hf_continuous"] / median["engine"]}
+                       if "hf_continuous" in median else {}),
+                    "forward_time_share": phases["model_forward"]},
         "fidelity_vs_generate": fidelity,
         "agreement_with_engine": {name: agreement(outputs["engine"], out)
                                   for name, out in outputs.items() if name != "engine"},
@@ -361,6 +370,68 @@ def run_in(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
                      "hf_attn_implementation": "sdpa", "torch_threads": torch.get_num_threads()},
         "machine": machine_info(),
     }
+
+
+def report(result: dict) -> list[str]:
+    """Markdown section of the benchmark report."""
+    model, work = result["model"], result["workload"]
+    rates = result["output_tokens_per_second_spread"]
+    names = {"engine": "our engine (continuous batching, paged KV)",
+             "hf_static": f"transformers `generate`, static batches of {model['static_batch']}",
+             "hf_continuous": "transformers `generate_batch` (its continuous batching)"}
+    lines = [
+        "### LLM engine vs transformers",
+        "",
+        f"Random-weight Llama, {model['parameters'] / 1e6:.1f}M parameters ({model['layers']} layers, "
+        f"hidden {model['hidden']}, GQA {model['heads']}/{model['kv_heads']}), {result['dtype']} on "
+        f"{result['device']}, {result['settings']['torch_threads']} torch thread(s). {work['requests']} "
+        f"requests, prompts {model['prompt_len'][0]}-{model['prompt_len'][1]} tokens, outputs "
+        f"{model['output_len'][0]}-{model['output_len'][1]} tokens (ignore_eos, greedy): "
+        f"{work['prompt_tokens']} prompt and {work['output_tokens']} output tokens. Greedy tokens of "
+        "every system agree with plain `generate` before timing "
+        f"({result['fidelity_vs_generate']}); {result['repeats']} repeat(s), interleaved.",
+        "",
+        "| system | output tokens/s (median) | min | max |",
+        "|---|---|---|---|",
+    ]
+    for name, rate in rates.items():
+        lines.append(f"| {names[name]} | {rate['median']:.1f} | {rate['min']:.1f} | {rate['max']:.1f} |")
+    summary = result["summary"]
+    lines += ["",
+              f"- engine / static `generate`: **{summary['engine_vs_hf_static']:.2f}x** (target >= 3x)"]
+    if "engine_vs_hf_generate_batch" in summary:
+        lines.append(f"- engine / `generate_batch`: **{summary['engine_vs_hf_generate_batch']:.2f}x** "
+                     "(target >= 5x)")
+    shares = ", ".join(f"{k} {v:.3f}" for k, v in result["engine_time_share"].items())
+    lines.append(f"- share of engine wall time in the model forward: "
+                 f"**{summary['forward_time_share']:.3f}** (target >= 0.8); all phases: {shares}")
+    return lines
+
+
+def plot(result: dict, out_dir: Path) -> list[Path]:
+    """Bar chart of output tokens/s per system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = result["output_tokens_per_second_spread"]
+    names = list(rates)
+    medians = [rates[n]["median"] for n in names]
+    errors = [[rates[n]["median"] - rates[n]["min"] for n in names],
+              [rates[n]["max"] - rates[n]["median"] for n in names]]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar(names, medians, yerr=errors, color=["tab:green", "tab:gray", "tab:blue"][: len(names)])
+    ax.set_ylabel("output tokens/s")
+    ax.set_title(f"LLM engine vs transformers ({result['workload']['requests']} requests, "
+                 f"{result['dtype']}, {result['device']})")
+    for x, y in enumerate(medians):
+        ax.annotate(f"{y:.0f}", (x, y), ha="center", va="bottom")
+    fig.tight_layout()
+    path = out_dir / "engine_throughput.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -388,9 +459,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"engine vs hf_static: {result['ratio_vs_hf_static']:.2f}x, vs hf_continuous: "
           f"{result['ratio_vs_hf_continuous'] or float('nan'):.2f}x; model forward share of engine "
           f"time: {result['model_forward_share']:.2f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,9 @@ import torch.nn.functional as F
 
 from backend_lib.config import ConfigError
 from backend_lib.encoder.attention import PaddedAttention, RunAttention
-from backend_lib.encoder.linear import Linear
 from backend_lib.encoder.packed_tokens import PackedTokens
 from backend_lib.encoder.weights import CheckpointWeights
+from backend_lib.linear import Linear
 
 _FAMILIES = {"bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta", "camembert": "roberta"}
 _DEFAULT_PAD = {"bert": 0, "roberta": 1}

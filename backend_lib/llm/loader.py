@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 
 from backend_lib.config import ConfigError
+from backend_lib.linear import pack_linear_layers
 from backend_lib.llm.models import MODEL_REGISTRY, supported_architectures
 from kernels import KernelOps
 
@@ -72,10 +73,12 @@ def iter_safetensors(files: list[Path], device: torch.device) -> Iterator[tuple[
 
 
 def load_model(model_dir: str | Path, device: torch.device, dtype: torch.dtype, ops: KernelOps,
-               max_position: int | None = None) -> torch.nn.Module:
+               max_position: int | None = None, pack_linear_weights: bool = True) -> torch.nn.Module:
     """Build the checkpoint's model on `device` in `dtype` and load its weights.
 
     `max_position` sizes the rotary table (default: the checkpoint's max_position_embeddings).
+    On CPU the projections' weights are then pre-packed for oneDNN (`backend_lib.linear`) unless
+    `pack_linear_weights` is False.
     """
     cfg = load_hf_config(model_dir)
     model_cls = model_class_for(cfg, model_dir)
@@ -90,4 +93,6 @@ def load_model(model_dir: str | Path, device: torch.device, dtype: torch.dtype, 
     model = model.to(dtype).to_empty(device=device)
     model.tie_weights()  # to_empty gives tied parameters separate storage
     model.load_weights(iter_safetensors(files, device))
+    if pack_linear_weights:
+        pack_linear_layers(model)
     return model.eval()

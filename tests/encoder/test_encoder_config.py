@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from backend_lib.config import ConfigError, from_parameters
 from backend_lib.encoder.config import EmbeddingConfig, RerankConfig
 from backend_lib.encoder.embedder import Embedder
-from backend_lib.encoder.linear import Linear
 from backend_lib.encoder.st_config import read_cross_encoder_activation
+from backend_lib.linear import Linear
 
 CPU = torch.device("cpu")
 

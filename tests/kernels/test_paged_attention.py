@@ -144,3 +144,15 @@ def test_triton_reads_strided_queries(device, run_poisoned, assert_close):
     inputs.q = fused[:, : case.num_heads]
     got = run_poisoned(paged_attention_triton, *inputs.args())
     assert_close(got, paged_attention_torch(*inputs.args()), torch.float32)
+
+
+def test_decode_length_groups_cover_every_sequence_once_with_little_padding():
+    from kernels.paged_attention import _length_groups
+
+    lengths = [torch.randint(1, 2000, ()).item() for _ in range(200)]
+    groups = _length_groups(lengths, max_waste=0.25)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for group in groups:
+        longest = lengths[group[0]]
+        assert all(lengths[i] <= longest for i in group)
+        assert all(lengths[i] >= 0.75 * longest for i in group)  # padding <= 25% per member

@@ -128,7 +128,8 @@ def test_bfloat16_on_cpu_close_to_float32(checkpoint, session):
     s = session(model_dir, dtype="bfloat16")
     seqs = [s.add(_prompt(n, seed=n)) for n in (7, 18)]
     logits = s.logits([(q, None) for q in seqs])
-    assert logits.dtype == torch.float32 and s.runner.model.lm_head.weight.dtype == torch.bfloat16
+    assert logits.dtype == torch.float32
+    assert s.runner.model.model.embed_tokens.weight.dtype == torch.bfloat16
     for row, q in zip(logits, seqs, strict=True):
         ref = hf_next_logits(hf, q.token_ids)
         err = (row - ref).abs().max().item()
@@ -138,8 +139,25 @@ def test_bfloat16_on_cpu_close_to_float32(checkpoint, session):
 
 # --- loader -----------------------------------------------------------------------------------
 
-def _load(model_dir, dtype=torch.float32):
-    return load_model(model_dir, torch.device("cpu"), dtype, select_kernel_ops("torch", "cpu"))
+def _load(model_dir, dtype=torch.float32, pack=False):
+    # Unpacked by default: these tests inspect the loaded weights themselves.
+    return load_model(model_dir, torch.device("cpu"), dtype, select_kernel_ops("torch", "cpu"),
+                      pack_linear_weights=pack)
+
+
+def test_packed_projections_compute_what_the_checkpoint_weights_do(checkpoint):
+    """On CPU the loader swaps every projection for a oneDNN-packed one; outputs stay the same."""
+    from backend_lib.linear import PackedLinear
+
+    model_dir, _ = checkpoint("Qwen2ForCausalLM")  # q/k/v biases too
+    plain, packed = _load(model_dir), _load(model_dir, pack=True)
+    pairs = [(name, module, packed.get_submodule(name)) for name, module in plain.named_modules()
+             if isinstance(module, torch.nn.Linear)]
+    assert pairs and all(isinstance(p, PackedLinear) for _, _, p in pairs)
+    for name, linear, packed_linear in pairs:
+        x_in = torch.randn(3, 5, linear.in_features)
+        torch.testing.assert_close(packed_linear(x_in), linear(x_in), rtol=1e-5, atol=1e-5,
+                                   msg=name)
 
 
 def test_fused_weights_and_tied_head_come_from_checkpoint(checkpoint):

@@ -1,16 +1,18 @@
-"""Inference-only linear layer with an optional fused activation or residual add.
+"""Inference-only linear layers, shared by the encoders and the LLM.
 
 On CPU the weight is pre-packed once into oneDNN's blocked layout, and the activation
-(or the residual add) runs in the GEMM epilogue: on the AMD EPYC (AVX-512) development
-machine that is ~10-15% faster than `F.linear` (MKL) and saves a pass over the output.
-Everywhere else (CUDA, float16, a torch build without oneDNN) it is `F.linear` followed
-by the activation or add.
+(or the residual add) runs in the GEMM epilogue. On the AMD EPYC (AVX-512) development
+machine that is 10-15% faster than `F.linear` (MKL) for the encoders' large GEMMs and
+1.3-2.5x faster for the LLM's small-batch decode GEMMs (8-64 rows), and saves a pass over
+the output. Everywhere else (CUDA, float16, a torch build without oneDNN) it is `F.linear`
+followed by the activation or add.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 # Activation name -> (eager function, oneDNN post-op attr, oneDNN algorithm).
 _ACTIVATIONS = {
@@ -73,3 +75,32 @@ class Linear:
         if residual is not None:
             return y.add_(residual)
         return y if self._eager_act is None else self._eager_act(y)
+
+
+class PackedLinear(nn.Module):
+    """Drop-in inference replacement of an `nn.Linear` (no activation) backed by `Linear`."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        bias = None if linear.bias is None else linear.bias.detach()
+        self.inner = Linear(linear.weight.detach(), bias)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        leading = x.shape[:-1]
+        return self.inner(x.reshape(-1, self.in_features)).view(*leading, self.out_features)
+
+
+def pack_linear_layers(module: nn.Module) -> int:
+    """Replace every `nn.Linear` under `module` whose weight oneDNN can pack (CPU, float32 or
+    bfloat16) by a `PackedLinear`; returns how many were replaced. For inference only: the packed
+    weights are no longer parameters (no state dict entries, no gradients)."""
+    replaced = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear) and _onednn_usable(child.weight):
+                packed = PackedLinear(child)
+                if packed.inner.uses_onednn:
+                    setattr(parent, name, packed)
+                    replaced += 1
+    return replaced
