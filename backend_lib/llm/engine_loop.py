@@ -141,15 +141,27 @@ class EngineLoop:
 
     def _iteration(self, new: list[PreparedRequest], aborts: list[str]) -> None:
         engine = self.engine
+        deferred: dict[str, PreparedRequest] = {}
         for prepared in new:
             try:
                 engine.add_prepared(prepared)
-            except (InputError, QueueFullError) as exc:
+            except QueueFullError:
+                # `submit` admitted it on the previous step's count, but sequences preempted
+                # since then refilled the engine's queue: an admitted request is never refused
+                # late, it enters after a later step.
+                deferred[prepared.request_id] = prepared
+            except InputError as exc:
                 self._deliver(_unserved(prepared.request_id, "error", str(exc), prepared))
         for request_id in aborts:
+            if request_id in deferred:
+                self._deliver(_unserved(request_id, "abort", None, deferred.pop(request_id)))
+                continue
             output = engine.abort_request(request_id)
             if output is not None:
                 self._deliver(output)
+        if deferred:
+            with self._cond:
+                self._new[:0] = deferred.values()
         if engine.has_unfinished_requests():
             for output in engine.step():
                 self._deliver(output)
@@ -174,6 +186,7 @@ class EngineLoop:
         close the rest."""
         with self._cond:
             request_ids = list(self._streams)
+            self._new = []  # their streams close below; none may reach the engine afterwards
         for request_id in request_ids:
             if error is None:
                 output = self.engine.abort_request(request_id)

@@ -9,7 +9,9 @@ prompt prepended unless `exclude_input_in_output` is true. The extra outputs app
 from __future__ import annotations
 
 import json
+import os
 import queue
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,6 +31,11 @@ from backend_lib.model_context import ModelContext
 
 # How often a request waiting for output checks whether its client went away.
 CANCEL_POLL_SECONDS = 0.1
+
+FAULT_INJECTION_ENV = "BACKEND_LIB_FAULT_INJECTION"
+"""TEST-ONLY: when set, prompts containing its value fail inside the engine step (see
+`LLMService.fault_marker`). Never set it in production."""
+_FAULT_ID_PREFIX = "fault-"
 
 Tensors = dict[str, np.ndarray]
 
@@ -53,19 +60,27 @@ class Job:
 class LLMService:
     """Owns the engine loop of one llm model instance."""
 
-    def __init__(self, engine: LLMEngine, metrics: LLMMetrics | None = None):
+    def __init__(self, engine: LLMEngine, metrics: LLMMetrics | None = None,
+                 fault_marker: str | None = None):
+        """`fault_marker` is a TEST-ONLY hook: a request whose prompt contains it fails with an
+        "injected fault" error raised inside the engine step (through `engine.fault_injector`),
+        so tests can check that one failing request leaves the others and the engine intact."""
         self.engine = engine
         self.config = engine.config
+        self.fault_marker = fault_marker or None
+        if self.fault_marker:
+            engine.fault_injector = _inject_fault
         self.loop = EngineLoop(engine, on_step=metrics.update if metrics else None)
         self.loop.start()
 
     @classmethod
     def from_context(cls, context: ModelContext, sink: MetricsSink | None) -> LLMService:
-        """Load from the model's config.pbtxt parameters (ConfigError names a bad key)."""
+        """Load from the model's config.pbtxt parameters (ConfigError names a bad key).
+        The environment variable BACKEND_LIB_FAULT_INJECTION sets the test-only `fault_marker`."""
         config = from_parameters(LLMConfig, context.parameters)
         engine = LLMEngine.from_config(config, context.model_dir, context.device)
         metrics = LLMMetrics(sink, engine.max_model_len) if sink else None
-        return cls(engine, metrics)
+        return cls(engine, metrics, fault_marker=os.environ.get(FAULT_INJECTION_ENV))
 
     def submit(self, inputs: dict[str, np.ndarray]) -> Job:
         """Parse and queue one request; InputError / QueueFullError at once for this caller."""
@@ -79,24 +94,34 @@ class LLMService:
         if request.return_flags["return_cumulative_logprob"] and params.logprobs is None:
             params.logprobs = 0  # the sampled token's logprob is needed for the running sum
         request_id = uuid.uuid4().hex
+        if self.fault_marker and self.fault_marker in request.prompt:
+            request_id = _FAULT_ID_PREFIX + request_id  # the test-only hook fails it in a step
         stream = self.loop.submit(request_id, request.prompt, params)
         return Job(request_id, request, stream)
 
     def responses(self, job: Job, is_cancelled: Callable[[], bool] = lambda: False
                   ) -> Iterator[tuple[Tensors | Exception, bool]]:
-        """(tensors or error, final) for each response to send, until the final one."""
+        """(tensors or error, final) for each response to send, until the final one.
+
+        Outputs are cumulative, so when the sender falls behind the engine, the queued ones are
+        merged into one response (fewer, larger responses under load). `is_cancelled` (a round
+        trip to the server process inside Triton) is asked at most every CANCEL_POLL_SECONDS."""
         cancelled = False
+        next_cancel_check = 0.0
         while True:
             try:
-                output = job.stream.get(timeout=CANCEL_POLL_SECONDS)
+                output: RequestOutput | None = job.stream.get(timeout=CANCEL_POLL_SECONDS)
             except queue.Empty:
-                if not cancelled and is_cancelled():
+                output = None
+            now = time.monotonic()
+            if not cancelled and now >= next_cancel_check:
+                next_cancel_check = now + CANCEL_POLL_SECONDS
+                if is_cancelled():
                     cancelled = True
                     self.loop.abort(job.request_id)
+            if output is None:
                 continue
-            if not cancelled and is_cancelled():
-                cancelled = True
-                self.loop.abort(job.request_id)
+            output = _newest(job.stream, output)
             if output.finished and cancelled:
                 yield RequestCancelled(f"request {job.request_id} was cancelled"), True
                 return
@@ -155,11 +180,27 @@ class LLMService:
         self.loop.stop(timeout=30)
 
 
+def _newest(stream: OutputStream, output: RequestOutput) -> RequestOutput:
+    """The newest output already queued after `output` (up to the final one)."""
+    while not output.finished and output.error is None:
+        try:
+            output = stream.get(timeout=0)
+        except queue.Empty:
+            break
+    return output
+
+
 def _advance(sent: dict[int, int], index: int, new_length: int) -> int:
     """Return how much of output `index` was sent before, and record `new_length` as sent."""
     previous = sent.get(index, 0)
     sent[index] = new_length
     return previous
+
+
+def _inject_fault(request_id: str) -> None:
+    """TEST-ONLY engine.fault_injector: fail the requests `submit` marked (see fault_marker)."""
+    if request_id.startswith(_FAULT_ID_PREFIX):
+        raise RuntimeError(f"injected fault (test hook {FAULT_INJECTION_ENV})")
 
 
 def error_message(exc: Exception) -> str:

@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""`make bench`: every benchmark in one run, then `summary.json`, a Markdown report and PNG plots.
+
+Each benchmark runs alone in its own process (`python scripts/bench_<name>.py --out ...`), one
+after another, so none competes with another for the CPU. Then each module's `report(result)` and
+`plot(result, out_dir)` build the report. Results land in `--out-dir` (default bench/results/):
+
+    <name>.json     one per benchmark (raw repeats, settings, machine)
+    summary.json    the headline figures (the keys below), machine and versions
+    report.md       summary table against the targets, then one section per benchmark
+    <name>_*.png    plots
+
+    python scripts/bench_suite.py [--quick] [--gpu] [--only engine,prefix_cache] [--out-dir DIR]
+                                  [--report-only]
+
+--quick runs every benchmark at tiny sizes (what `make test` checks: it runs and writes valid
+results; its figures mean nothing). --gpu runs the GPU mode: CUDA, bfloat16, the scripts' larger
+models and the Triton kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import machine_info, progress, write_result  # noqa: E402
+
+SCRIPTS_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    """scripts/bench_<name>.py writes <name>.json."""
+    title: str
+    full_args: tuple[str, ...] = ()
+    """Arguments of the full (CPU) run, chosen so that the whole suite fits in 20 minutes on 2 cores."""
+
+
+# Every benchmark runs with one torch thread (the servers too, through OMP_NUM_THREADS): on a
+# 2-core machine two OpenMP threads stall whenever anything else takes a core, which made repeated
+# runs differ several-fold; one thread gives steady ratios, and both sides of each ratio get it.
+BENCHMARKS = (
+    Benchmark("engine", "LLM engine vs transformers", ("--repeats", "1")),
+    Benchmark("batching_spread", "Continuous vs static batching"),
+    Benchmark("prefix_cache", "Prefix caching"),
+    Benchmark("kv_memory", "KV memory"),
+    Benchmark("preemption", "Preemption: recompute vs swap"),
+    Benchmark("serving", "Serving through tritonserver"),
+    Benchmark("embedding", "Embedding vs sentence-transformers", ("--texts", "250", "--repeats", "3")),
+    Benchmark("rerank", "Rerank vs CrossEncoder"),
+    Benchmark("encoders_served", "Embedding and rerank through tritonserver"),
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    key: str
+    minimum: float
+    claim: str
+    when_missed: str = ""
+    """What limits this figure (from profiling), printed in the report when the target is missed."""
+
+
+TARGETS = (
+    Target("engine_vs_hf_static", 3.0, "engine output tokens/s vs transformers static-batch generate",
+           "On CPU the model forward is ~98% of the engine's time and its projections are the same "
+           "GEMMs transformers runs: the gain is the padding we do not compute plus oneDNN-packed "
+           "weights. Decode attention is ~30% of the forward and memory-bound: the paged KV cache is "
+           "gathered per step on CPU (the Triton kernel reads blocks in place on GPU)."),
+    Target("engine_vs_hf_generate_batch", 5.0,
+           "engine output tokens/s vs transformers generate_batch (continuous batching)",
+           "As for engine_vs_hf_static: the forward's GEMMs bound both systems on CPU."),
+    Target("forward_time_share", 0.8, "share of engine wall time inside the model forward"),
+    Target("prefix_cache_ttft_reduction", 0.8,
+           "time-to-first-token cut by prefix caching (shared system prompt)"),
+    Target("kv_slot_utilization", 0.95, "tokens held / KV slots allocated at the engine's peak"),
+    Target("concurrency_gain_vs_preallocation", 3.0,
+           "sequences fitting a KV budget, paged vs preallocating max_model_len (2048)"),
+    Target("served_vs_direct", 0.9, "output tokens/s through tritonserver vs the engine in-process",
+           "Inside the Python backend the engine steps slower under many streams: one responder "
+           "thread per stream contends for the GIL with the engine thread, and client, server "
+           "frontend and stub share the CPU cores (see the inter-token latencies below)."),
+    Target("embedding_vs_sentence_transformers", 1.5, "items/s vs SentenceTransformer.encode",
+           "GEMMs are ~80% of both systems' time and ours already run on packed weights without "
+           "padding; sentence-transformers sorts by length too, so there is little padding to save."),
+    Target("rerank_vs_cross_encoder", 1.5, "items/s vs CrossEncoder.predict"),
+)
+
+
+def benchmark_args(bench: Benchmark, quick: bool, gpu: bool) -> list[str]:
+    args = ["--quick"] if quick else list(bench.full_args)
+    if gpu:
+        args += ["--device", "cuda", "--dtype", "bfloat16"]
+    else:
+        args += ["--threads", "1"]
+    return args
+
+
+def run_benchmark(bench: Benchmark, out: Path, args: list[str], timeout: float) -> str | None:
+    """Run one benchmark script; None on success, else what went wrong."""
+    command = [sys.executable, str(SCRIPTS_DIR / f"bench_{bench.name}.py"), "--out", str(out), *args]
+    progress(f"{bench.name}: {' '.join(command[1:])}")
+    log_path = out.with_suffix(".log")
+    with log_path.open("w", encoding="utf-8") as log:
+        # Output goes to the log and, line by line, to our stderr: progress stays visible.
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                cwd=SCRIPTS_DIR.parent)
+        # A silent, hung benchmark must not hang the suite: a timer kills it.
+        watchdog = threading.Timer(timeout, proc.kill)
+        watchdog.start()
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            print(f"  {bench.name}| {line}", end="", file=sys.stderr, flush=True)
+        code = proc.wait()
+        timed_out = not watchdog.is_alive()
+        watchdog.cancel()
+    if timed_out:
+        return f"timed out after {timeout:.0f} s (log: {log_path})"
+    if code != 0:
+        return f"exited with {code} (log: {log_path})"
+    if not out.exists():
+        return f"wrote no result (log: {log_path})"
+    return None
+
+
+def load_module(name: str):
+    """The benchmark script as a module (for its report() and plot())."""
+    if str(SCRIPTS_DIR) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS_DIR))
+    return importlib.import_module(f"bench_{name}")
+
+
+def collect_summary(results: dict[str, dict]) -> tuple[dict[str, float], dict[str, str]]:
+    """Merge every result's "summary" dict; returns (figures, key -> benchmark that gave it)."""
+    figures: dict[str, float] = {}
+    sources: dict[str, str] = {}
+    for name, result in results.items():
+        for key, value in (result.get("summary") or {}).items():
+            if isinstance(value, int | float) and math.isfinite(value):
+                figures[key] = float(value)
+                sources[key] = name
+    return figures, sources
+
+
+def summary_table(figures: dict[str, float]) -> list[str]:
+    lines = ["| figure | measured | target | met | what |", "|---|---|---|---|---|"]
+    for target in TARGETS:
+        value = figures.get(target.key)
+        shown = "n/a" if value is None else f"{value:.3g}"
+        met = "n/a" if value is None else ("yes" if value >= target.minimum else "**no**")
+        lines.append(f"| `{target.key}` | {shown} | >= {target.minimum:g} | {met} | {target.claim} |")
+    extra = sorted(set(figures) - {t.key for t in TARGETS})
+    lines += [f"| `{key}` | {figures[key]:.3g} | | | |" for key in extra]
+    return lines
+
+
+def missed_targets(figures: dict[str, float]) -> list[str]:
+    """Report lines explaining each missed target."""
+    lines = []
+    for target in TARGETS:
+        value = figures.get(target.key)
+        if value is not None and value < target.minimum and target.when_missed:
+            lines.append(f"- `{target.key}` ({value:.3g} < {target.minimum:g}): {target.when_missed}")
+    return ["### Targets not met", "", *lines, ""] if lines else []
+
+
+def write_report(out_dir: Path, results: dict[str, dict], failures: dict[str, str],
+                 figures: dict[str, float], plots: dict[str, list[Path]], args: argparse.Namespace,
+                 machine: dict) -> Path:
+    mode = "quick (tiny sizes: the figures mean nothing)" if args.quick else "full"
+    lines = [
+        "# Benchmark report",
+        "",
+        f"Produced by `python scripts/bench_suite.py{' --quick' if args.quick else ''}"
+        f"{' --gpu' if args.gpu else ''}` ({mode}) on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        f"Machine: {machine.get('gpu') or machine.get('cpu')}, {machine.get('cpu_count')} CPUs, "
+        f"torch {machine['versions'].get('torch')}, transformers {machine['versions'].get('transformers')}.",
+        "",
+        "## Summary",
+        "",
+        *summary_table(figures),
+        "",
+        *missed_targets(figures),
+    ]
+    if failures:
+        lines += ["## Failed benchmarks", ""]
+        lines += [f"- `{name}`: {why}" for name, why in failures.items()]
+        lines.append("")
+    for bench in BENCHMARKS:
+        if bench.name not in results:
+            continue
+        try:
+            section = load_module(bench.name).report(results[bench.name])
+        except Exception as exc:  # a broken report of one benchmark must not lose the others
+            section = [f"### {bench.title}", "", f"report() failed: {exc!r}"]
+        lines += [*section, ""]
+        lines += [f"![{p.stem}]({p.name})" for p in plots.get(bench.name, [])]
+        lines.append("")
+    path = out_dir / "report.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def make_plots(out_dir: Path, results: dict[str, dict]) -> dict[str, list[Path]]:
+    plots: dict[str, list[Path]] = {}
+    for name, result in results.items():
+        try:
+            plots[name] = list(load_module(name).plot(result, out_dir))
+        except Exception as exc:
+            progress(f"{name}: plot() failed: {exc!r}")
+    return plots
+
+
+def run(args: argparse.Namespace) -> dict:
+    out_dir: Path = args.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    selected = [b for b in BENCHMARKS if not args.only or b.name in args.only]
+    results: dict[str, dict] = {}
+    failures: dict[str, str] = {}
+    seconds: dict[str, float] = {}
+    suite_started = time.monotonic()
+    for index, bench in enumerate(selected, 1):
+        out = out_dir / f"{bench.name}.json"
+        if args.report_only:
+            error = None if out.exists() else f"no result {out}"
+        else:
+            progress(f"[{index}/{len(selected)}] {bench.title}")
+            started = time.monotonic()
+            error = run_benchmark(bench, out, benchmark_args(bench, args.quick, args.gpu),
+                                  args.timeout)
+            seconds[bench.name] = time.monotonic() - started
+        if error is None:
+            results[bench.name] = json.loads(out.read_text(encoding="utf-8"))
+        else:
+            failures[bench.name] = error
+            progress(f"{bench.name} FAILED: {error}")
+    if args.report_only and (out_dir / "summary.json").exists():
+        seconds = json.loads((out_dir / "summary.json").read_text(encoding="utf-8"))["seconds"]
+    figures, sources = collect_summary(results)
+    plots = make_plots(out_dir, results)
+    machine = machine_info()
+    summary = {
+        **figures,
+        "machine": machine,
+        "versions": machine["versions"],
+        "quick": args.quick,
+        "gpu": args.gpu,
+        "targets": {t.key: t.minimum for t in TARGETS},
+        "sources": sources,
+        "failed": failures,
+        "seconds": seconds if args.report_only else {**seconds,
+                                                     "total": time.monotonic() - suite_started},
+    }
+    write_result(out_dir / "summary.json", summary)
+    report = write_report(out_dir, results, failures, figures, plots, args, machine)
+    print(f"wrote {report}")
+    print("\n".join(summary_table(figures)))
+    return summary
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, for tests")
+    parser.add_argument("--gpu", action="store_true", help="CUDA, bfloat16, larger models")
+    parser.add_argument("--only", type=lambda s: set(s.split(",")), default=None,
+                        help="comma-separated benchmark names (default: all): "
+                             + ",".join(b.name for b in BENCHMARKS))
+    parser.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per benchmark")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: rebuild summary, report and plots from the JSONs in --out-dir")
+    args = parser.parse_args(argv)
+    unknown = (args.only or set()) - {b.name for b in BENCHMARKS}
+    if unknown:
+        parser.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    summary = run(parse_args(argv))
+    if summary["failed"]:
+        raise SystemExit(f"failed: {', '.join(summary['failed'])}")
+
+
+if __name__ == "__main__":
+    main()
