@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import machine_info, progress, spread, write_result  # noqa: E402
+from bench_common import bench_main, machine_info, progress, spread  # noqa: E402
 from bench_engine import (  # noqa: E402
     Sizes,
     Workload,
@@ -345,10 +345,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    result = run(args)
-    print("\n".join(report(result)))
-    write_result(args.out, result)
+    bench_main(parse_args, run, report, argv)
 
 
 if __name__ == "__main__":

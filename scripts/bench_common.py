@@ -110,6 +110,17 @@ def machine_info() -> dict[str, object]:
     return info
 
 
+def bench_main(parse_args: Callable, run: Callable, report: Callable,
+               argv: list[str] | None = None) -> dict:
+    """A benchmark script's `main`: parse its arguments, run it, print its report section and
+    write its JSON result to `--out`."""
+    args = parse_args(argv)
+    result = run(args)
+    print("\n".join(report(result)))
+    write_result(args.out, result)
+    return result
+
+
 def write_result(path: Path, result: dict) -> None:
     """Write one benchmark's result as indented JSON (NaN refused: results must be valid JSON)."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -26,12 +26,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import (  # noqa: E402, F401
-    Timing,
+from bench_common import (  # noqa: E402
+    bench_main,
     machine_info,
     progress,
     time_repeats,
-    write_result,
 )
 
 NAME = "embedding"
@@ -270,10 +269,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    result = run(args)
-    print("\n".join(report(result)))
-    write_result(args.out, result)
+    bench_main(parse_args, run, report, argv)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import machine_info, percentile, progress, time_repeats, write_result  # noqa: E402
+from bench_common import bench_main, machine_info, percentile, progress, time_repeats  # noqa: E402
 from bench_embedding import DEFAULT_MODEL, min_cosine, mixed_texts  # noqa: E402
 from bench_rerank import (  # noqa: E402
     DOCUMENTS_PER_QUERY,
@@ -337,10 +337,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    result = run(args)
-    print("\n".join(report(result)))
-    write_result(args.out, result)
+    bench_main(parse_args, run, report, argv)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from bench_batching_spread import (  # noqa: E402
     setup_torch,
     time_to_first_token,
 )
-from bench_common import machine_info, percentile, progress, spread, write_result  # noqa: E402
+from bench_common import bench_main, machine_info, percentile, progress, spread  # noqa: E402
 from bench_engine import Sizes, Workload, make_workload  # noqa: E402
 
 NAME = "preemption"
@@ -225,10 +225,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    result = run(args)
-    print("\n".join(report(result)))
-    write_result(args.out, result)
+    bench_main(parse_args, run, report, argv)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import machine_info, progress, time_repeats, write_result  # noqa: E402
+from bench_common import bench_main, machine_info, progress, time_repeats  # noqa: E402
 from bench_embedding import DEFAULT_MODEL, mixed_texts  # noqa: E402
 
 NAME = "rerank"
@@ -220,10 +220,7 @@ def _has_cuda() -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    result = run(args)
-    print("\n".join(report(result)))
-    write_result(args.out, result)
+    bench_main(parse_args, run, report, argv)
 
 
 if __name__ == "__main__":

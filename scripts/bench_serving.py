@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import machine_info, percentile, progress, spread, write_result  # noqa: E402
+from bench_common import bench_main, machine_info, percentile, progress, spread  # noqa: E402
 from bench_engine import Sizes, build_checkpoint  # noqa: E402
 
 T = TypeVar("T")
@@ -579,10 +579,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    result = run(args)
-    print("\n".join(report(result)))
-    write_result(args.out, result)
+    bench_main(parse_args, run, report, argv)
 
 
 if __name__ == "__main__":

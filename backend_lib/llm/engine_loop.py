@@ -35,10 +35,14 @@ class OutputStream:
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         self._queue: queue.Queue[RequestOutput] = queue.Queue()
+        self.on_output: Callable[[], None] | None = None
+        """Called (on the loop thread) after each output is queued, e.g. to wake a responder."""
 
     def put(self, output: RequestOutput) -> None:
         """Called by the loop thread."""
         self._queue.put(output)
+        if self.on_output is not None:
+            self.on_output()
 
     def get(self, timeout: float | None = None) -> RequestOutput:
         """The next output; raises queue.Empty after `timeout` seconds without one."""

@@ -8,9 +8,12 @@ prompt prepended unless `exclude_input_in_output` is true. The extra outputs app
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import queue
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,6 +32,8 @@ from backend_lib.llm.triton_request import GenerateRequest, parse_generate_reque
 from backend_lib.metrics import MetricsSink
 from backend_lib.model_context import ModelContext
 
+logger = logging.getLogger(__name__)
+
 # How often a request waiting for output checks whether its client went away.
 CANCEL_POLL_SECONDS = 0.1
 
@@ -38,6 +43,8 @@ FAULT_INJECTION_ENV = "BACKEND_LIB_FAULT_INJECTION"
 _FAULT_ID_PREFIX = "fault-"
 
 Tensors = dict[str, np.ndarray]
+SendFn = Callable[["Tensors | Exception", bool], None]
+"""Sends one response (tensors or an error) to the client; the bool says it is the final one."""
 
 
 class RequestCancelled(Exception):
@@ -55,6 +62,7 @@ class Job:
     sent_tokens: dict[int, int] = field(default_factory=dict)
     sent_logprobs: dict[int, int] = field(default_factory=dict)
     responded: bool = False
+    cancelled: bool = False
 
 
 class LLMService:
@@ -72,6 +80,7 @@ class LLMService:
             engine.fault_injector = _inject_fault
         self.loop = EngineLoop(engine, on_step=metrics.update if metrics else None)
         self.loop.start()
+        self.responder = Responder(self)
 
     @classmethod
     def from_context(cls, context: ModelContext, sink: MetricsSink | None) -> LLMService:
@@ -99,39 +108,64 @@ class LLMService:
         stream = self.loop.submit(request_id, request.prompt, params)
         return Job(request_id, request, stream)
 
+    def start(self, inputs: dict[str, np.ndarray], send: SendFn,
+              is_cancelled: Callable[[], bool]) -> Job:
+        """Submit one request whose responses the responder thread passes to `send(tensors or
+        error, final)`; `is_cancelled` is polled. InputError / QueueFullError at once here."""
+        job = self.submit(inputs)
+        self.responder.add(job, send, is_cancelled)
+        return job
+
     def responses(self, job: Job, is_cancelled: Callable[[], bool] = lambda: False
                   ) -> Iterator[tuple[Tensors | Exception, bool]]:
-        """(tensors or error, final) for each response to send, until the final one.
-
-        Outputs are cumulative, so when the sender falls behind the engine, the queued ones are
-        merged into one response (fewer, larger responses under load). `is_cancelled` (a round
-        trip to the server process inside Triton) is asked at most every CANCEL_POLL_SECONDS."""
-        cancelled = False
+        """(tensors or error, final) for each response to send, until the final one: the same
+        responses as `start` sends, pulled by the caller's thread (for in-process use and tests).
+        `is_cancelled` is asked at most every CANCEL_POLL_SECONDS."""
         next_cancel_check = 0.0
         while True:
-            try:
-                output: RequestOutput | None = job.stream.get(timeout=CANCEL_POLL_SECONDS)
-            except queue.Empty:
-                output = None
             now = time.monotonic()
-            if not cancelled and now >= next_cancel_check:
+            if not job.cancelled and now >= next_cancel_check:
                 next_cancel_check = now + CANCEL_POLL_SECONDS
                 if is_cancelled():
-                    cancelled = True
-                    self.loop.abort(job.request_id)
-            if output is None:
+                    self.cancel(job)
+            try:
+                output = job.stream.get(timeout=CANCEL_POLL_SECONDS)
+            except queue.Empty:
                 continue
-            output = _newest(job.stream, output)
-            if output.finished and cancelled:
-                yield RequestCancelled(f"request {job.request_id} was cancelled"), True
-                return
-            if output.error is not None:
-                yield RuntimeError(f"generation failed: {output.error}"), True
-                return
-            if output.finished or job.request.stream:
-                yield self.response_tensors(job, output), output.finished
-            if output.finished:
-                return
+            response = self.response_for(job, _newest(job.stream, output))
+            if response is not None:
+                yield response
+                if response[1]:
+                    return
+
+    def next_response(self, job: Job) -> tuple[Tensors | Exception, bool] | None:
+        """The response for everything `job` has queued now, or None when there is nothing to
+        send. Outputs are cumulative, so queued ones merge into one (fewer, larger responses when
+        the sender falls behind the engine)."""
+        while True:
+            try:
+                output = job.stream.get(timeout=0)
+            except queue.Empty:
+                return None
+            response = self.response_for(job, _newest(job.stream, output))
+            if response is not None:
+                return response
+
+    def response_for(self, job: Job, output: RequestOutput
+                     ) -> tuple[Tensors | Exception, bool] | None:
+        """(tensors or error, final) for `output`, or None (a non-streaming request's partial)."""
+        if output.finished and job.cancelled:
+            return RequestCancelled(f"request {job.request_id} was cancelled"), True
+        if output.error is not None:
+            return RuntimeError(f"generation failed: {output.error}"), True
+        if output.finished or job.request.stream:
+            return self.response_tensors(job, output), output.finished
+        return None
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: abort the request (its final response says so)."""
+        job.cancelled = True
+        self.loop.abort(job.request_id)
 
     def response_tensors(self, job: Job, output: RequestOutput) -> Tensors:
         """The tensors of one response (new text since the previous response of this job)."""
@@ -173,11 +207,9 @@ class LLMService:
                 for token_id, entry in position.items()})
         return json.dumps(entries)
 
-    def abort(self, job: Job) -> None:
-        self.loop.abort(job.request_id)
-
     def shutdown(self) -> None:
-        self.loop.stop(timeout=30)
+        self.loop.stop(timeout=30)  # running requests get their final (abort) outputs first
+        self.responder.stop(timeout=30)
 
 
 def _newest(stream: OutputStream, output: RequestOutput) -> RequestOutput:
@@ -208,3 +240,99 @@ def error_message(exc: Exception) -> str:
     if isinstance(exc, (InputError, RequestCancelled)):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
+
+
+@dataclass
+class _Pending:
+    job: Job
+    send: SendFn
+    is_cancelled: Callable[[], bool]
+
+
+class Responder:
+    """One thread that sends the responses of every running request of a model instance.
+
+    A thread per request would wake once per token and request; at 16 streams those wake-ups
+    contended for the GIL with the engine thread and slowed its steps. The responder wakes when any
+    request has new output, sends one merged response per request, and polls client cancellation
+    for all of them at most every CANCEL_POLL_SECONDS (each poll is a round trip to the server)."""
+
+    def __init__(self, service: LLMService, poll_seconds: float = CANCEL_POLL_SECONDS):
+        self._service, self._poll_seconds = service, poll_seconds
+        self._ready: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._pending: dict[str, _Pending] = {}
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="llm-responder", daemon=True)
+        self._thread.start()
+
+    def add(self, job: Job, send: SendFn, is_cancelled: Callable[[], bool]) -> None:
+        with self._lock:
+            self._pending[job.request_id] = _Pending(job, send, is_cancelled)
+        job.stream.on_output = lambda: self._ready.put(job.request_id)
+        self._ready.put(job.request_id)  # outputs queued before on_output was set
+
+    @property
+    def num_pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Send what is queued, then end the thread."""
+        self._stopping = True
+        self._ready.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        next_poll = 0.0
+        while True:
+            try:
+                ready = {self._ready.get(timeout=self._poll_seconds)}
+            except queue.Empty:
+                ready = set()
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    ready.add(self._ready.get_nowait())
+            for request_id in ready - {None}:
+                self._send_ready(request_id)
+            if self._stopping:
+                return
+            now = time.monotonic()
+            if now >= next_poll:
+                next_poll = now + self._poll_seconds
+                self._poll_cancellations()
+
+    def _send_ready(self, request_id: str) -> None:
+        with self._lock:
+            pending = self._pending.get(request_id)
+        if pending is None:
+            return
+        try:
+            response = self._service.next_response(pending.job)
+        except Exception as exc:  # a bug building this response: fail this request alone
+            logger.exception("building a response of request %s failed", request_id)
+            self._service.cancel(pending.job)
+            response = (RuntimeError(f"building the response failed: {exc}"), True)
+        if response is None:
+            return
+        try:
+            pending.send(*response)
+        except Exception:  # the client's connection is gone: nothing more can reach it
+            logger.exception("sending a response of request %s failed", request_id)
+            self._service.cancel(pending.job)
+            response = (None, True)
+        if response[1]:
+            with self._lock:
+                del self._pending[request_id]
+
+    def _poll_cancellations(self) -> None:
+        with self._lock:
+            pending = [p for p in self._pending.values() if not p.job.cancelled]
+        for item in pending:
+            try:
+                cancelled = item.is_cancelled()
+            except Exception:  # the request object is unusable: treat the client as gone
+                logger.exception("is_cancelled of request %s failed", item.job.request_id)
+                cancelled = True
+            if cancelled:
+                self._service.cancel(item.job)

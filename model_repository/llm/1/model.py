@@ -5,7 +5,7 @@ Rendered from config_templates/llm_model.py.j2 by scripts/add_model.py. All logi
 `backend_lib.llm` (tested without the server); this file only translates to and from `pb_utils`.
 """
 
-import threading
+import functools
 
 import triton_python_backend_utils as pb_utils
 
@@ -26,25 +26,23 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
             try:
-                job = self.service.submit(inputs)
+                # One responder thread of the service sends every request's responses.
+                self.service.start(inputs, functools.partial(_send, sender), request.is_cancelled)
             except Exception as exc:  # noqa: BLE001 - this request fails alone
                 sender.send(_error(exc), flags=FINAL)
-                continue
-            # One thread per request streams its responses while the engine loop runs.
-            threading.Thread(target=self._respond, args=(job, request, sender), daemon=True).start()
         return None
-
-    def _respond(self, job, request, sender):
-        for result, final in self.service.responses(job, request.is_cancelled):
-            if isinstance(result, Exception):
-                response = _error(result)
-            else:
-                response = pb_utils.InferenceResponse(
-                    output_tensors=[pb_utils.Tensor(name, value) for name, value in result.items()])
-            sender.send(response, flags=FINAL if final else 0)
 
     def finalize(self):
         self.service.shutdown()
+
+
+def _send(sender, result, final):
+    if isinstance(result, Exception):
+        response = _error(result)
+    else:
+        response = pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor(name, value) for name, value in result.items()])
+    sender.send(response, flags=FINAL if final else 0)
 
 
 def _error(exc):
