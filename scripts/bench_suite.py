@@ -87,9 +87,9 @@ TARGETS = (
     Target("concurrency_gain_vs_preallocation", 3.0,
            "sequences fitting a KV budget, paged vs preallocating max_model_len (2048)"),
     Target("served_vs_direct", 0.9, "output tokens/s through tritonserver vs the engine in-process",
-           "Inside the Python backend the engine steps slower under many streams: one responder "
-           "thread per stream contends for the GIL with the engine thread, and client, server "
-           "frontend and stub share the CPU cores (see the inter-token latencies below)."),
+           "Inside the Python backend the engine steps slower under many streams: the client, the "
+           "server frontend, the stub's responder thread and the engine share the CPU cores, and "
+           "every response is a round trip to the server process (see the inter-token latencies)."),
     Target("embedding_vs_sentence_transformers", 1.5, "items/s vs SentenceTransformer.encode",
            "GEMMs are ~80% of both systems' time and ours already run on packed weights without "
            "padding; sentence-transformers sorts by length too, so there is little padding to save."),
