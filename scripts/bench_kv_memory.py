@@ -33,7 +33,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_batching_spread import PRESETS as SPREAD_PRESETS  # noqa: E402
-from bench_batching_spread import (  # noqa: E402
+from bench_common import bench_main, machine_info, progress, spread  # noqa: E402
+from bench_engine import Sizes, make_workload  # noqa: E402
+from bench_llm_common import (  # noqa: E402
     add_common_args,
     build_model,
     greedy,
@@ -41,8 +43,6 @@ from bench_batching_spread import (  # noqa: E402
     setup_torch,
     summary_line,
 )
-from bench_common import bench_main, machine_info, progress, spread  # noqa: E402
-from bench_engine import Sizes, make_workload  # noqa: E402
 
 NAME = "kv_memory"
 UTILIZATION_TARGET = 0.95

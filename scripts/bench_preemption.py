@@ -29,7 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_batching_spread import PRESETS as SPREAD_PRESETS  # noqa: E402
-from bench_batching_spread import (  # noqa: E402
+from bench_common import bench_main, machine_info, percentile, progress, spread  # noqa: E402
+from bench_engine import Sizes, Workload, make_workload  # noqa: E402
+from bench_llm_common import (  # noqa: E402
     add_common_args,
     build_model,
     check_same,
@@ -38,8 +40,6 @@ from bench_batching_spread import (  # noqa: E402
     setup_torch,
     time_to_first_token,
 )
-from bench_common import bench_main, machine_info, percentile, progress, spread  # noqa: E402
-from bench_engine import Sizes, Workload, make_workload  # noqa: E402
 
 NAME = "preemption"
 MODES = ("baseline", "recompute", "swap")

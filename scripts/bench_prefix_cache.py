@@ -28,7 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_batching_spread import (  # noqa: E402
     PRESETS as SPREAD_PRESETS,
 )
-from bench_batching_spread import (  # noqa: E402
+from bench_common import bench_main, machine_info, percentile, progress, spread  # noqa: E402
+from bench_engine import Sizes  # noqa: E402
+from bench_llm_common import (  # noqa: E402
     add_common_args,
     build_model,
     check_same,
@@ -38,8 +40,6 @@ from bench_batching_spread import (  # noqa: E402
     summary_line,
     time_to_first_token,
 )
-from bench_common import bench_main, machine_info, percentile, progress, spread  # noqa: E402
-from bench_engine import Sizes  # noqa: E402
 
 NAME = "prefix_cache"
 TARGET = 0.8
