@@ -14,7 +14,11 @@ import torch
 from backend_lib.config import ConfigError
 from kernels.activation import silu_and_mul_torch, silu_and_mul_triton
 from kernels.kv_cache import write_kv_cache_torch, write_kv_cache_triton
-from kernels.paged_attention import paged_attention_torch, paged_attention_triton
+from kernels.paged_attention import (
+    paged_attention_torch,
+    paged_attention_triton,
+    plan_paged_attention_torch,
+)
 from kernels.rmsnorm import rms_norm_torch, rms_norm_triton
 from kernels.rotary import apply_rotary_torch, apply_rotary_triton, rope_cos_sin_cache
 
@@ -30,6 +34,9 @@ class KernelOps:
     rms_norm: Callable
     apply_rotary: Callable
     silu_and_mul: Callable
+    plan_attention: Callable | None = None
+    """Builds a batch's host-side attention plan once per step, passed to every layer's
+    paged_attention as `plan=` (backends that need none leave it None)."""
 
 
 _BACKENDS = {
@@ -39,6 +46,7 @@ _BACKENDS = {
         rms_norm=rms_norm_torch,
         apply_rotary=apply_rotary_torch,
         silu_and_mul=silu_and_mul_torch,
+        plan_attention=plan_paged_attention_torch,
     ),
     "triton": KernelOps(
         paged_attention=paged_attention_triton,

@@ -19,13 +19,12 @@ def write_kv_cache_torch(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Scatter key/value [T, Hkv, D] into the caches at slot_mapping [T] (in place; -1 skipped)."""
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
+    if bool((slot_mapping < 0).any()):  # rare: boolean masking costs 3 more ops per call
+        keep = slot_mapping >= 0
+        slot_mapping, key, value = slot_mapping[keep], key[keep], value[keep]
     # view (not reshape): a copy would silently drop the writes.
-    k_flat = k_cache.view(-1, *k_cache.shape[2:])
-    v_flat = v_cache.view(-1, *v_cache.shape[2:])
-    k_flat[slots] = key[keep].to(k_cache.dtype)
-    v_flat[slots] = value[keep].to(v_cache.dtype)
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
 
 @triton.jit

@@ -8,6 +8,7 @@ is `seq_lens[b]` long and lives in the blocks `block_tables[b]`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,6 +33,8 @@ class AttentionMetadata:
     """[T] int64: cache slot (block_id * block_size + offset) each new token's K/V is written to."""
     max_query_len: int
     max_seq_len: int
+    plan: Any = None
+    """The kernel backend's per-step plan (`KernelOps.plan_attention`), shared by all layers."""
 
 
 def select_kernel_ops(setting: str, device: torch.device) -> KernelOps:
@@ -55,6 +58,7 @@ class PagedAttention(nn.Module):
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]."""
         k_cache, v_cache = kv_cache
         self.ops.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        plan = {} if meta.plan is None else {"plan": meta.plan}
         return self.ops.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
                                         meta.block_tables, self.scale,
-                                        sliding_window=self.sliding_window)
+                                        sliding_window=self.sliding_window, **plan)

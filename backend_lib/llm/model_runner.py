@@ -81,6 +81,14 @@ def checkpoint_eos_token_ids(model_dir: str | Path, hf_config: Mapping[str, Any]
     return [eos] if isinstance(eos, int) else list(eos)
 
 
+def row_layout(scheduled: list[Any]) -> list[Any]:
+    """The order of a step's sequences in the flattened batch: decodes first, longest context
+    first, then longer chunks. The CPU attention then takes each group of similar-length decodes
+    as a slice of consecutive rows (no gather of q, no scatter of the output)."""
+    return sorted(scheduled, key=lambda s: (
+        s.num_new_tokens > 1, -(s.seq.num_computed_tokens + s.num_new_tokens)))
+
+
 class ModelRunner:
     """Owns the model, the KV pool and the sampler of one engine."""
 
@@ -149,26 +157,33 @@ class ModelRunner:
                       num_samples: Mapping[int, int] | None = None) -> ModelInput:
         """Flatten ScheduledSequences (seq, num_new_tokens) into one device batch."""
         num_samples = num_samples or {}
-        starts = np.array([s.seq.num_computed_tokens for s in scheduled], dtype=np.int64)
-        q_lens = np.array([s.num_new_tokens for s in scheduled], dtype=np.int64)
+        # Sampling rows (and so the logits rows) keep the scheduled order; token rows do not.
+        layout = row_layout(scheduled)
+        starts = np.array([s.seq.num_computed_tokens for s in layout], dtype=np.int64)
+        q_lens = np.array([s.num_new_tokens for s in layout], dtype=np.int64)
         tokens: list[int] = []
-        for s, start in zip(scheduled, starts.tolist(), strict=True):
+        for s, start in zip(layout, starts.tolist(), strict=True):
             tokens += s.seq.token_ids[start:start + s.num_new_tokens]
-        query_start_loc = np.concatenate(([0], np.cumsum(q_lens)))
+        last_row = {id(s): int(end) - 1 for s, end in zip(layout, np.cumsum(q_lens), strict=True)}
         rows: list[SamplingRow] = []
         seq_ids: list[int] = []
         sample_indices: list[int] = []
-        for b, s in enumerate(scheduled):
+        for s in scheduled:
             if not s.samples:
                 continue
             k = num_samples.get(s.seq.seq_id, 1)
             row = self._sampling_row(s.seq)
             rows += [row] * k
             seq_ids += [s.seq.seq_id] * k
-            sample_indices += [int(query_start_loc[b + 1]) - 1] * k
-        return self._device_input(np.array(tokens, dtype=np.int64), starts, q_lens,
-                                  [s.seq.block_table for s in scheduled], sample_indices,
-                                  rows, seq_ids)
+            sample_indices += [last_row[id(s)]] * k
+        batch = self._device_input(np.array(tokens, dtype=np.int64), starts, q_lens,
+                                   [s.seq.block_table for s in layout], sample_indices,
+                                   rows, seq_ids)
+        if self.ops.plan_attention is not None:
+            meta = batch.meta
+            meta.plan = self.ops.plan_attention(meta.query_start_loc, meta.seq_lens,
+                                                meta.block_tables, self.kv_pool.layer_caches[0][0])
+        return batch
 
     def _device_input(self, tokens: np.ndarray, starts: np.ndarray, q_lens: np.ndarray,
                       block_tables: list[list[int]], sample_indices: list[int],

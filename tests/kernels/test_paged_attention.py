@@ -156,3 +156,32 @@ def test_decode_length_groups_cover_every_sequence_once_with_little_padding():
         longest = lengths[group[0]]
         assert all(lengths[i] <= longest for i in group)
         assert all(lengths[i] >= 0.75 * longest for i in group)  # padding <= 25% per member
+
+
+def test_torch_plan_built_once_serves_every_layer_and_window(device, assert_close):
+    # The engine builds one plan per step and passes it to every layer (of any sliding window);
+    # a layer's own caches differ, so the plan may hold only metadata-derived tensors.
+    from kernels.paged_attention import plan_paged_attention_torch
+
+    case = CASES["sliding-window"]
+    inputs = _make_inputs(case, torch.float32, device)
+    plan = plan_paged_attention_torch(inputs.query_start_loc, inputs.seq_lens, inputs.block_tables,
+                                      inputs.k_cache)
+    for window in (case.sliding_window, None, case.sliding_window):
+        inputs.sliding_window = window
+        for k_cache, v_cache in ((inputs.k_cache, inputs.v_cache),
+                                 (inputs.v_cache.clone(), inputs.k_cache.clone())):
+            layer = Inputs(**{**vars(inputs), "k_cache": k_cache, "v_cache": v_cache})
+            got = paged_attention_torch(*layer.args(), plan=plan)
+            assert_close(got, _naive_attention(layer).float(), torch.float32)
+
+
+def test_torch_consecutive_decodes_from_strided_queries(device, assert_close):
+    # Decodes sorted longest first (as the engine orders a batch) become one slice of rows; q as
+    # a view into a fused qkv output must still be read correctly.
+    case = Case((1, 1, 1, 1, 6), (40, 38, 36, 9, 6), 8, 2, 64, 8)
+    inputs = _make_inputs(case, torch.float32, device)
+    fused = torch.randn(inputs.q.shape[0], 2 * case.num_heads, case.head_dim, device=device)
+    fused[:, : case.num_heads] = inputs.q
+    inputs.q = fused[:, : case.num_heads]
+    assert_close(paged_attention_torch(*inputs.args()), _naive_attention(inputs).float(), torch.float32)

@@ -166,3 +166,24 @@ def test_steps_from_the_real_scheduler_reproduce_generate(checkpoint, make_runne
     assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
     for seq, prompt in zip(seqs, prompts, strict=True):
         assert seq.token_ids[len(prompt):] == hf_greedy(hf, prompt, num_new), seq.seq_id
+
+
+def test_batch_rows_put_decodes_first_longest_first_and_logits_keep_scheduled_order(
+        checkpoint, session):
+    # The CPU attention relies on the layout (similar-length decodes in consecutive rows); the
+    # engine relies on logits rows in scheduled order.
+    model_dir, hf = checkpoint("LlamaForCausalLM")
+    s = session(model_dir)
+    short, long, mid, late = (s.add(_prompt(n, seed=n)) for n in (3, 21, 9, 6))
+    s.logits([(short, None), (long, None), (mid, None)])
+    for q in (short, long, mid):
+        q.append_token(5)
+    plan = s.plan([(late, None), (short, 1), (long, 1), (mid, 1)])
+    batch = s.runner.prepare_input(plan.scheduled)
+    assert batch.meta.seq_lens.tolist() == [22, 10, 4, 6]  # long, mid, short decodes; late chunk
+    assert batch.meta.query_start_loc.tolist() == [0, 1, 2, 3, 9]
+    assert batch.sample_seq_ids == [late.seq_id, short.seq_id, long.seq_id, mid.seq_id]
+    assert batch.sample_indices.tolist() == [8, 2, 0, 1]
+    logits = s.runner.compute_logits(batch)
+    for row, q in zip(logits, (late, short, long, mid), strict=True):
+        torch.testing.assert_close(row, hf_next_logits(hf, q.token_ids), atol=1e-4, rtol=1e-4)
