@@ -73,10 +73,11 @@ class Target:
 
 TARGETS = (
     Target("engine_vs_hf_static", 3.0, "engine output tokens/s vs transformers static-batch generate",
-           "On CPU the model forward is ~98% of the engine's time and its projections are the same "
-           "GEMMs transformers runs: the gain is the padding we do not compute plus oneDNN-packed "
-           "weights. Decode attention is ~30% of the forward and memory-bound: the paged KV cache is "
-           "gathered per step on CPU (the Triton kernel reads blocks in place on GPU)."),
+           "On CPU the model forward is ~97% of the engine's time; its projections (~60%) are the "
+           "same GEMMs transformers runs, already at the core's float32 peak (~100-110 GFLOP/s), so "
+           "the gain is the padding we do not compute. Attention is ~27%: decode attention gathers "
+           "the paged KV blocks per step on CPU (memory-bound; the Triton kernel reads blocks in "
+           "place on GPU). Transformers' time varies more between runs than ours."),
     Target("engine_vs_hf_generate_batch", 5.0,
            "engine output tokens/s vs transformers generate_batch (continuous batching)",
            "As for engine_vs_hf_static: the forward's GEMMs bound both systems on CPU."),
