@@ -18,8 +18,8 @@ finished before their batch's longest, so it needs more engine steps (counted) f
 tokens as the spread grows. Greedy outputs
 are compared on a small workload before timing and on every timed run (the requested tokens).
 
-Also home of the helpers the other LLM-engine benchmarks import (bench_prefix_cache,
-bench_kv_memory, bench_preemption).
+Its model presets (PRESETS) are shared by bench_prefix_cache, bench_kv_memory and
+bench_preemption; the helpers of all LLM-engine benchmarks live in bench_llm_common.
 
     python scripts/bench_batching_spread.py [--quick] [--threads 1] [--repeats 1]
 """

@@ -25,9 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_batching_spread import (  # noqa: E402
-    PRESETS as SPREAD_PRESETS,
-)
+from bench_batching_spread import PRESETS as SPREAD_PRESETS  # noqa: E402
 from bench_common import bench_main, machine_info, percentile, progress, spread  # noqa: E402
 from bench_engine import Sizes  # noqa: E402
 from bench_llm_common import (  # noqa: E402
