@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from backend_lib.model_repository import ModelSpec, detect_kind, write_model
+from tooling.repository import ModelSpec, detect_kind, write_model
 
 
 def main() -> None:

@@ -186,8 +186,8 @@ def run_with(args: argparse.Namespace, cross_encoder_dir: Path, repository: Path
 
     from backend_lib.checkpoint import resolve_model_path
     from backend_lib.device import resolve_dtype
-    from backend_lib.model_repository import ModelSpec, write_model
-    from backend_lib.server_harness import TritonServer
+    from tooling.repository import ModelSpec, write_model
+    from tooling.tritonserver import TritonServer
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -132,7 +132,7 @@ class EngineRunner:
 
     def run(self, workload: Workload) -> tuple[list[list[int]], float]:
         """Greedy outputs and the seconds of `generate` (the engine's construction not counted)."""
-        from backend_lib.llm.sampling_params import SamplingParams
+        from backend_lib.llm.core.sampling_params import SamplingParams
 
         engine = self._new_engine()
         params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
@@ -143,7 +143,7 @@ class EngineRunner:
         return [out.outputs[0].token_ids for out in outputs], seconds
 
     def _new_engine(self):
-        from backend_lib.llm.engine import LLMEngine
+        from backend_lib.llm.core.engine import LLMEngine
 
         engine = LLMEngine(self.config, self.model_dir, self.device)
         runner, scheduler = engine.runner, engine.scheduler

@@ -52,7 +52,7 @@ def build_model(sizes: Sizes, out_dir: Path, seed: int, max_positions: int = 102
 def new_engine(model_dir: Path, device, dtype: str, **settings):
     """A fresh LLMEngine (empty prefix cache) with these LLMConfig settings."""
     from backend_lib.llm.config import LLMConfig
-    from backend_lib.llm.engine import LLMEngine
+    from backend_lib.llm.core.engine import LLMEngine
 
     config = LLMConfig(model=str(model_dir), dtype=dtype, **settings)
     config.validate()
@@ -60,7 +60,7 @@ def new_engine(model_dir: Path, device, dtype: str, **settings):
 
 
 def greedy(max_tokens: int):
-    from backend_lib.llm.sampling_params import SamplingParams
+    from backend_lib.llm.core.sampling_params import SamplingParams
 
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 

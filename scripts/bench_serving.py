@@ -271,7 +271,7 @@ def direct_closed_loop(engine, prompts: list[str], max_tokens: int,
 
 def _direct_closed_loop(engine, prompts: list[str], max_tokens: int,
                         concurrency: int) -> list[RequestTiming]:
-    from backend_lib.llm.sampling_params import SamplingParams
+    from backend_lib.llm.core.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     results: dict[str, RequestTiming] = {}
@@ -359,9 +359,9 @@ def run_with(args: argparse.Namespace, preset: Preset, model_dir: Path, model: d
 
     from backend_lib.config import from_parameters
     from backend_lib.llm.config import LLMConfig
-    from backend_lib.llm.engine import LLMEngine
-    from backend_lib.model_repository import ModelSpec, write_model
-    from backend_lib.server_harness import TritonServer
+    from backend_lib.llm.core.engine import LLMEngine
+    from tooling.repository import ModelSpec, write_model
+    from tooling.tritonserver import TritonServer
 
     parameters = engine_parameters(model_dir, dtype, preset)
     write_model(ModelSpec("llm", "llm", parameters, max_batch_size=0,

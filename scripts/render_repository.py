@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Render the default model repository from config_templates/ (backend_lib.model_repository.DEFAULT_MODELS).
+"""Render the default model repository from config_templates/ (tooling.repository.DEFAULT_MODELS).
 
     python scripts/render_repository.py                 # rewrite model_repository/
     python scripts/render_repository.py --out /tmp/repo # render elsewhere
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from backend_lib.model_repository import DEFAULT_MODELS, REPO_ROOT, write_model
+from tooling.repository import DEFAULT_MODELS, REPO_ROOT, write_model
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ import secrets
 import sys
 from pathlib import Path
 
-from backend_lib.server_harness import tritonserver_command
+from tooling.tritonserver import tritonserver_command
 
 EXAMPLES = {
     "embedding": """\

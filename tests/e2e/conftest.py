@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from backend_lib.llm.service import FAULT_INJECTION_ENV
-from backend_lib.model_repository import DEFAULT_MODELS, REPO_ROOT, ModelSpec, write_model
-from backend_lib.server_harness import TritonServer
+from backend_lib.llm.serving.service import FAULT_INJECTION_ENV
 from tests.conftest import start_server, stop_server
+from tooling.repository import DEFAULT_MODELS, REPO_ROOT, ModelSpec, write_model
+from tooling.tritonserver import TritonServer
 
 FAULT_MARKER = "<<inject-fault>>"
 """A prompt holding this fails inside the engine step on the reliability server."""

@@ -13,7 +13,7 @@ from tritonclient.utils import InferenceServerException
 
 from backend_lib.checkpoint import resolve_model_path
 from backend_lib.metrics import parse_prometheus_text
-from backend_lib.model_repository import ModelSpec, write_model
+from tooling.repository import ModelSpec, write_model
 
 pytestmark = pytest.mark.e2e
 

@@ -12,11 +12,11 @@ import torch
 
 from backend_lib.config import from_parameters
 from backend_lib.llm.config import LLMConfig
-from backend_lib.llm.engine import LLMEngine
-from backend_lib.llm.sampling_params import SamplingParams
+from backend_lib.llm.core.engine import LLMEngine
+from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.metrics import parse_prometheus_text
-from backend_lib.model_repository import DEFAULT_MODELS, REPO_ROOT
 from tests.e2e.llm_client import grpc_stream, http_error_text, http_generate, http_generate_stream
+from tooling.repository import DEFAULT_MODELS, REPO_ROOT
 
 pytestmark = pytest.mark.e2e
 

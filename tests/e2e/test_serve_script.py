@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from backend_lib.model_repository import REPO_ROOT
-from backend_lib.server_harness import free_port
-from backend_lib.server_harness import http_status as status
+from tooling.repository import REPO_ROOT
+from tooling.tritonserver import free_port
+from tooling.tritonserver import http_status as status
 
 pytestmark = pytest.mark.e2e
 

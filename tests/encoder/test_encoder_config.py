@@ -157,8 +157,12 @@ def test_linear_matches_torch(activation, dtype):
     }[activation]
     plain = F.linear(x.float(), weight.float(), bias.float())
     layer = Linear(weight, bias, activation)
-    # oneDNN on CPU for float32/bfloat16; float16 takes the F.linear path.
-    assert layer.uses_onednn == (torch.backends.mkldnn.is_available() and dtype != torch.float16)
+    # oneDNN on CPU for float32, and for bfloat16 where the CPU has native bf16 support (AVX512-BF16,
+    # AMX); float16, and bfloat16 on other CPUs, take the F.linear path.
+    onednn_dtypes = {torch.float32}
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        onednn_dtypes.add(torch.bfloat16)
+    assert layer.uses_onednn == (torch.backends.mkldnn.is_available() and dtype in onednn_dtypes)
     tolerance = 1e-5 if dtype == torch.float32 else 0.1
     torch.testing.assert_close(layer(x).float(), eager(plain), atol=tolerance, rtol=tolerance)
     if activation == "none":

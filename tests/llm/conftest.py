@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from backend_lib.llm.config import LLMConfig
-from backend_lib.llm.model_runner import ModelOutput, ModelRunner
-from backend_lib.llm.sampling_params import SamplingParams
-from backend_lib.llm.scheduler import ScheduledSequence, SchedulerOutput
-from backend_lib.llm.sequence import Sequence
-from tests.llm.tiny_checkpoints import build_checkpoint
+from backend_lib.llm.core.sampling_params import SamplingParams
+from backend_lib.llm.core.scheduler import ScheduledSequence, SchedulerOutput
+from backend_lib.llm.core.sequence import Sequence
+from backend_lib.llm.execution.model_runner import ModelOutput, ModelRunner
+from tooling.checkpoints import build_checkpoint
 
 torch.set_num_threads(2)
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend_lib.llm.block_pool import BlockPool, hash_block
+from backend_lib.llm.core.block_pool import BlockPool, hash_block
 
 
 def test_hash_chains_parent_and_tokens():

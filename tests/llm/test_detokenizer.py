@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from backend_lib.llm.detokenizer import IncrementalDetokenizer
-from backend_lib.llm.sampling_params import SamplingParams
+from backend_lib.llm.core.detokenizer import IncrementalDetokenizer
+from backend_lib.llm.core.sampling_params import SamplingParams
 
 ALPHABET = "ab cdé漢字😀\n"
 CORPUS = ["héllo wörld café naïve 漢字 漢字テスト emoji 😀🎉 the quick brown fox",

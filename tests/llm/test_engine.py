@@ -26,10 +26,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 from backend_lib.config import ConfigError
 from backend_lib.errors import InputError, QueueFullError
-from backend_lib.llm.engine import LLMEngine
-from backend_lib.llm.sampling_params import SamplingParams
+from backend_lib.llm.core.engine import LLMEngine
+from backend_lib.llm.core.sampling_params import SamplingParams
 from tests.llm.conftest import llm_config
-from tests.llm.tiny_checkpoints import ARCHITECTURES, build_checkpoint, hf_greedy
+from tooling.checkpoints import ARCHITECTURES, build_checkpoint
+from tooling.hf_reference import hf_greedy
 
 VOCAB = 256  # tiny_checkpoints' vocab_size
 _SYLLABLES = ["ka", "ro", "mi", "te", "lu", "sa", "ven", "tor", "al", "is", "qu", "bre", "on",

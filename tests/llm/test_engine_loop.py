@@ -11,9 +11,9 @@ import threading
 import pytest
 
 from backend_lib.errors import InputError, QueueFullError
-from backend_lib.llm.engine_loop import EngineLoop
-from backend_lib.llm.sampling_params import SamplingParams
-from backend_lib.llm.stats import EngineStats
+from backend_lib.llm.core.sampling_params import SamplingParams
+from backend_lib.llm.core.stats import EngineStats
+from backend_lib.llm.serving.engine_loop import EngineLoop
 from tests.llm.test_engine import (  # noqa: F401 (single_torch_thread is a fixture)
     assert_pool_released,
     engine_checkpoint,
@@ -22,7 +22,7 @@ from tests.llm.test_engine import (  # noqa: F401 (single_torch_thread is a fixt
     random_prompt,
     single_torch_thread,
 )
-from tests.llm.tiny_checkpoints import hf_greedy
+from tooling.hf_reference import hf_greedy
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 TIMEOUT = 60  # seconds; a hang fails the test instead of blocking the suite

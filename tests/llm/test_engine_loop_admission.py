@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from backend_lib.llm.engine_loop import EngineLoop
+from backend_lib.llm.serving.engine_loop import EngineLoop
 from tests.llm.test_engine import (  # noqa: F401 (single_torch_thread is a fixture)
     assert_pool_released,
     engine_checkpoint,

@@ -19,7 +19,7 @@ from tests.llm.test_engine import (  # noqa: F401 (single_torch_thread is a fixt
     random_prompt,
     single_torch_thread,
 )
-from tests.llm.tiny_checkpoints import hf_greedy
+from tooling.hf_reference import hf_greedy
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 ARCH = "Qwen3ForCausalLM"

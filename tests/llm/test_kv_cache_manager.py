@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
-from backend_lib.llm.kv_cache_manager import KVCacheManager
-from backend_lib.llm.sampling_params import SamplingParams
-from backend_lib.llm.sequence import Sequence
+from backend_lib.llm.core.kv_cache_manager import KVCacheManager
+from backend_lib.llm.core.sampling_params import SamplingParams
+from backend_lib.llm.core.sequence import Sequence
 
 BS = 8
 _ids = itertools.count()

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from backend_lib.config import ConfigError
-from backend_lib.llm.kv_pool import GIB, KVCacheSpec, KVPool, gpu_kv_cache_bytes
-from backend_lib.llm.model_runner import resolve_max_model_len
-from backend_lib.llm.sampling_params import SamplingParams
-from backend_lib.llm.scheduler import Scheduler
-from backend_lib.llm.sequence import Sequence
+from backend_lib.llm.core.sampling_params import SamplingParams
+from backend_lib.llm.core.scheduler import Scheduler
+from backend_lib.llm.core.sequence import Sequence
+from backend_lib.llm.execution.kv_pool import GIB, KVCacheSpec, KVPool, gpu_kv_cache_bytes
+from backend_lib.llm.execution.model_runner import resolve_max_model_len
 from tests.llm.conftest import BLOCK_SIZE
-from tests.llm.tiny_checkpoints import hf_greedy, hf_next_logits
+from tooling.hf_reference import hf_greedy, hf_next_logits
 
 SPEC = KVCacheSpec(num_layers=3, num_kv_heads=2, head_dim=4, block_size=BLOCK_SIZE,
                    dtype=torch.float32)

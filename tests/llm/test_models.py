@@ -9,11 +9,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from backend_lib.config import ConfigError
-from backend_lib.llm.attention import select_kernel_ops
-from backend_lib.llm.loader import load_model
-from backend_lib.llm.models import supported_architectures
+from backend_lib.llm.execution.attention import select_kernel_ops
+from backend_lib.llm.execution.loader import load_model
+from backend_lib.llm.execution.models import supported_architectures
 from tests.llm.conftest import BLOCK_SIZE
-from tests.llm.tiny_checkpoints import build_checkpoint, hf_greedy, hf_next_logits
+from tooling.checkpoints import build_checkpoint
+from tooling.hf_reference import hf_greedy, hf_next_logits
 
 ATOL = RTOL = 1e-4
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
-from backend_lib.llm.sampler import Sampler, SamplingRow, apply_penalties
-from backend_lib.llm.sampling_params import SamplingParams
+from backend_lib.llm.core.sampling_params import SamplingParams
+from backend_lib.llm.execution.sampler import Sampler, SamplingRow, apply_penalties
 
 CPU = torch.device("cpu")
 EOS = 3

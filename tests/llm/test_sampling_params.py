@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend_lib.errors import InputError
-from backend_lib.llm.sampling_params import SamplingParams, SamplingType
+from backend_lib.llm.core.sampling_params import SamplingParams, SamplingType
 
 
 def test_defaults_are_vllms():

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from backend_lib.config import ConfigError
 from backend_lib.errors import InputError, QueueFullError
 from backend_lib.llm.config import LLMConfig
-from backend_lib.llm.sampling_params import SamplingParams
-from backend_lib.llm.scheduler import Scheduler, SchedulerOutput
-from backend_lib.llm.sequence import Sequence, SequenceStatus
+from backend_lib.llm.core.sampling_params import SamplingParams
+from backend_lib.llm.core.scheduler import Scheduler, SchedulerOutput
+from backend_lib.llm.core.sequence import Sequence, SequenceStatus
 
 BS = 8
 _seq_ids = itertools.count()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from backend_lib.llm.service import FAULT_INJECTION_ENV, LLMService
+from backend_lib.llm.serving.service import FAULT_INJECTION_ENV, LLMService
 from backend_lib.model_context import ModelContext
 from tests.llm.test_engine import (  # noqa: F401 (single_torch_thread is a fixture)
     assert_pool_released,

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend_lib.errors import InputError
-from backend_lib.llm.triton_request import parse_generate_request
+from backend_lib.llm.serving.triton_request import parse_generate_request
 
 LIMITS = dict(max_prompt_bytes=1000, max_logprobs=20, max_n=8)
 

@@ -10,7 +10,7 @@ import functools
 import triton_python_backend_utils as pb_utils
 
 from backend_lib.errors import InputError, QueueFullError
-from backend_lib.llm.service import LLMService, RequestCancelled, error_message
+from backend_lib.llm.serving.service import LLMService, RequestCancelled, error_message
 from backend_lib.model_context import ModelContext
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL

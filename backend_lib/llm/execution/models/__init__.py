@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from backend_lib.llm.models.llama import (
+from backend_lib.llm.execution.models.llama import (
     LlamaForCausalLM,
     MistralForCausalLM,
     Qwen2ForCausalLM,

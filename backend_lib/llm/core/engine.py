@@ -32,14 +32,14 @@ from transformers import AutoTokenizer
 from backend_lib.checkpoint import HF_OFFLINE_KWARGS, resolve_model_path
 from backend_lib.errors import InputError
 from backend_lib.llm.config import LLMConfig
-from backend_lib.llm.detokenizer import IncrementalDetokenizer
-from backend_lib.llm.model_runner import ModelOutput, ModelRunner
-from backend_lib.llm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from backend_lib.llm.sampler import TokenLogprobs
-from backend_lib.llm.sampling_params import SamplingParams
-from backend_lib.llm.scheduler import Scheduler, SchedulerOutput
-from backend_lib.llm.sequence import Sequence, SequenceStatus
-from backend_lib.llm.stats import EngineStats, FinishedRequest, StatsCollector
+from backend_lib.llm.core.detokenizer import IncrementalDetokenizer
+from backend_lib.llm.core.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from backend_lib.llm.core.sampling_params import SamplingParams
+from backend_lib.llm.core.scheduler import Scheduler, SchedulerOutput
+from backend_lib.llm.core.sequence import Sequence, SequenceStatus
+from backend_lib.llm.core.stats import EngineStats, FinishedRequest, StatsCollector
+from backend_lib.llm.execution.model_runner import ModelOutput, ModelRunner
+from backend_lib.llm.execution.sampler import TokenLogprobs
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ Names, kinds and buckets follow vLLM (and Triton's vLLM backend) so existing das
 
 from __future__ import annotations
 
-from backend_lib.llm.stats import EngineCounters, EngineStats
+from backend_lib.llm.core.stats import EngineCounters, EngineStats
 from backend_lib.metrics import MetricsSink
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from backend_lib.llm.attention import AttentionMetadata, KVCache, PagedAttention
+from backend_lib.llm.execution.attention import AttentionMetadata, KVCache, PagedAttention
 from kernels import KernelOps
 from kernels.rotary import rope_cos_sin_cache
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import tokenizers
 
-from backend_lib.llm.sampling_params import SamplingParams
+from backend_lib.llm.core.sampling_params import SamplingParams
 
 # Prompt tokens decoded with the output so the first output token gets its context (leading space).
 _PROMPT_CONTEXT_TOKENS = 5

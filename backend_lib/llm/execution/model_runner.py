@@ -23,9 +23,9 @@ import torch
 
 from backend_lib.config import require
 from backend_lib.device import resolve_dtype
-from backend_lib.llm.attention import AttentionMetadata, select_kernel_ops
 from backend_lib.llm.config import LLMConfig
-from backend_lib.llm.kv_pool import (
+from backend_lib.llm.execution.attention import AttentionMetadata, select_kernel_ops
+from backend_lib.llm.execution.kv_pool import (
     GIB,
     KVCacheSpec,
     KVPool,
@@ -33,8 +33,8 @@ from backend_lib.llm.kv_pool import (
     check_fits_one_sequence,
     gpu_kv_cache_bytes,
 )
-from backend_lib.llm.loader import load_hf_config, load_model
-from backend_lib.llm.sampler import Sampler, SamplingRow, TokenLogprobs
+from backend_lib.llm.execution.loader import load_hf_config, load_model
+from backend_lib.llm.execution.sampler import Sampler, SamplingRow, TokenLogprobs
 
 
 @dataclass

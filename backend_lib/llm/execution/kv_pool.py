@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from backend_lib.config import ConfigError
-from backend_lib.llm.attention import KVCache
+from backend_lib.llm.execution.attention import KVCache
 
 GIB = 1 << 30
 _BLOCK_DIM = 2

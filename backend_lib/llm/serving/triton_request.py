@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from backend_lib.errors import InputError
-from backend_lib.llm.sampling_params import SamplingParams
+from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.triton_io import Inputs, read_scalar, read_strings
 
 RETURN_FLAGS = (

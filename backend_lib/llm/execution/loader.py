@@ -17,7 +17,7 @@ from safetensors import safe_open
 
 from backend_lib.config import ConfigError
 from backend_lib.linear import pack_linear_layers
-from backend_lib.llm.models import MODEL_REGISTRY, supported_architectures
+from backend_lib.llm.execution.models import MODEL_REGISTRY, supported_architectures
 from kernels import KernelOps
 
 _INDEX_FILE = "model.safetensors.index.json"

@@ -1,4 +1,5 @@
-"""Tiny random-weight Hugging Face checkpoints of each supported architecture, saved to a dir.
+"""Random-weight Hugging Face checkpoints for tests and benchmarks: tiny ones of each supported
+architecture, saved to a dir.
 
 Every parameter is drawn at random (norm weights around 1, biases non-zero) so that each
 variant feature (biases, q/k norm, tied head, ...) visibly changes the output.
@@ -67,17 +68,3 @@ def build_checkpoint(arch: str, out_dir: str | Path, seed: int = 0,
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(out_dir, **kwargs)
     return model.eval()
-
-
-@torch.no_grad()
-def hf_next_logits(model: transformers.PreTrainedModel, token_ids: list[int]) -> torch.Tensor:
-    """Reference: HF's float32 logits for the token after `token_ids` (full forward, no cache)."""
-    return model(torch.tensor([token_ids])).logits[0, -1].float()
-
-
-@torch.no_grad()
-def hf_greedy(model: transformers.PreTrainedModel, token_ids: list[int], num_tokens: int) -> list[int]:
-    """Reference: `generate` greedy continuation, EOS disabled so it runs num_tokens steps."""
-    out = model.generate(torch.tensor([token_ids]), max_new_tokens=num_tokens, min_new_tokens=num_tokens,
-                         do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(token_ids):].tolist()

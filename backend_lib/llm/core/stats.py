@@ -12,7 +12,7 @@ import dataclasses
 from collections import deque
 from dataclasses import dataclass, field
 
-from backend_lib.llm.scheduler import SchedulerStats
+from backend_lib.llm.core.scheduler import SchedulerStats
 
 # Observations kept when no one drains them (an engine driven without a metrics consumer).
 MAX_PENDING_OBSERVATIONS = 100_000

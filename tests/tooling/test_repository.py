@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from backend_lib.model_repository import (
+from tooling.repository import (
     DEFAULT_MODELS,
     REPO_ROOT,
     ModelSpec,

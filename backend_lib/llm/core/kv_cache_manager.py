@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backend_lib.llm.block_pool import BlockHash, BlockPool, hash_block
-from backend_lib.llm.sequence import Sequence
+from backend_lib.llm.core.block_pool import BlockHash, BlockPool, hash_block
+from backend_lib.llm.core.sequence import Sequence
 
 
 @dataclass

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend_lib.llm.sampling_params import SamplingParams
+from backend_lib.llm.core.sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):

@@ -24,11 +24,11 @@ import numpy as np
 from backend_lib.config import from_parameters
 from backend_lib.errors import InputError
 from backend_lib.llm.config import LLMConfig
-from backend_lib.llm.engine import LLMEngine
-from backend_lib.llm.engine_loop import EngineLoop, OutputStream
-from backend_lib.llm.metrics import LLMMetrics
-from backend_lib.llm.outputs import CompletionOutput, RequestOutput
-from backend_lib.llm.triton_request import GenerateRequest, parse_generate_request
+from backend_lib.llm.core.engine import LLMEngine
+from backend_lib.llm.core.outputs import CompletionOutput, RequestOutput
+from backend_lib.llm.serving.engine_loop import EngineLoop, OutputStream
+from backend_lib.llm.serving.metrics import LLMMetrics
+from backend_lib.llm.serving.triton_request import GenerateRequest, parse_generate_request
 from backend_lib.metrics import MetricsSink
 from backend_lib.model_context import ModelContext
 

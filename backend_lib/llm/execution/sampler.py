@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from backend_lib.llm.sampling_params import SAMPLING_EPS
+from backend_lib.llm.core.sampling_params import SAMPLING_EPS
 
 
 @dataclass

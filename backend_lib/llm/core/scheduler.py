@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from backend_lib.config import require
 from backend_lib.errors import InputError, QueueFullError
 from backend_lib.llm.config import LLMConfig
-from backend_lib.llm.kv_cache_manager import KVCacheManager
-from backend_lib.llm.sequence import Sequence, SequenceStatus
+from backend_lib.llm.core.kv_cache_manager import KVCacheManager
+from backend_lib.llm.core.sequence import Sequence, SequenceStatus
 
 
 @dataclass

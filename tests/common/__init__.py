@@ -1,0 +1,1 @@
+"""Tests of the modules every model shares: configuration, request-tensor reading, metrics."""

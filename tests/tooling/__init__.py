@@ -1,0 +1,1 @@
+"""Tests of the tooling around the runtime: repository rendering, the tritonserver launcher."""
