@@ -10,7 +10,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 
-.PHONY: setup serve test lint bench clean
+.PHONY: setup serve test test-fast lint format bench clean
 
 setup: $(STAMP)
 
@@ -24,11 +24,22 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml scripts/tritonserver
 serve: setup
 	@$(PY) scripts/serve.py --model-repository=$(REPO) --http-port=$(HTTP_PORT) --grpc-port=$(GRPC_PORT) --metrics-port=$(METRICS_PORT)
 
-test: setup
+# Everything: lint, unit and kernel tests, end-to-end tests against a real tritonserver, the
+# benchmark suite in --quick mode.
+test: setup lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The inner loop: unit and kernel tests only, no tritonserver, no benchmarks.
+test-fast: setup
+	$(PY) -m pytest -m "not e2e and not bench" $(PYTEST_ARGS)
+
 lint: setup
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 
 # The benchmark suite (<= 20 min on 2 cores): bench/results/{*.json,summary.json,report.md,*.png}.
 # BENCH_ARGS=--gpu for the GPU mode, BENCH_ARGS="--only engine,prefix_cache" for a subset.

@@ -45,7 +45,9 @@ def _convert(key: str, raw: Any, annotation: Any) -> Any:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
-        empty = raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none", "null"))
+        empty = raw is None or (
+            isinstance(raw, str) and raw.strip().lower() in ("", "none", "null")
+        )
         if empty and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]

@@ -108,8 +108,12 @@ class PrometheusMetrics:
     Extra per-call label names must be declared up front: `extra_labels` maps a metric name to them.
     """
 
-    def __init__(self, labels: Mapping[str, str], registry: Any = None,
-                 extra_labels: Mapping[str, Sequence[str]] | None = None):
+    def __init__(
+        self,
+        labels: Mapping[str, str],
+        registry: Any = None,
+        extra_labels: Mapping[str, Sequence[str]] | None = None,
+    ):
         import prometheus_client
 
         self._prom = prometheus_client
@@ -131,8 +135,9 @@ class PrometheusMetrics:
         return _PrometheusSeries(metric, self._labels)
 
     def histogram(self, name: str, description: str, buckets: Sequence[float]) -> Histogram:
-        metric = self._prom.Histogram(name, description, self._names(name),
-                                      buckets=list(buckets), registry=self.registry)
+        metric = self._prom.Histogram(
+            name, description, self._names(name), buckets=list(buckets), registry=self.registry
+        )
         return _PrometheusSeries(metric, self._labels)
 
 

@@ -32,8 +32,10 @@ class ModelContext:
         version = str(args["model_version"])
         # `{version}` in a parameter lets versions served side by side use their own files,
         # e.g. model: "{version}/checkpoint" -> <model dir>/2/checkpoint for version 2.
-        parameters = {key: value.replace("{version}", version)
-                      for key, value in triton_parameters(model_config).items()}
+        parameters = {
+            key: value.replace("{version}", version)
+            for key, value in triton_parameters(model_config).items()
+        }
         return cls(
             name=str(args["model_name"]),
             version=version,

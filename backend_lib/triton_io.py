@@ -42,15 +42,19 @@ def read_strings(inputs: Inputs, name: str, *, max_bytes: int | None = None) -> 
         elif isinstance(value, (bytes, np.bytes_)):
             raw = bytes(value)
         else:
-            raise InputError(f"input '{name}' must be TYPE_STRING (bytes), got {type(value).__name__}")
+            raise InputError(
+                f"input '{name}' must be TYPE_STRING (bytes), got {type(value).__name__}"
+            )
         if max_bytes is not None and len(raw) > max_bytes:
             raise InputError(
-                f"input '{name}'[{index}] is {len(raw)} bytes, over the limit of {max_bytes} bytes")
+                f"input '{name}'[{index}] is {len(raw)} bytes, over the limit of {max_bytes} bytes"
+            )
         try:
             texts.append(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
             raise InputError(
-                f"input '{name}'[{index}] is not valid UTF-8 (byte {exc.start}: {exc.reason})") from None
+                f"input '{name}'[{index}] is not valid UTF-8 (byte {exc.start}: {exc.reason})"
+            ) from None
     return texts
 
 

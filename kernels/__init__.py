@@ -77,9 +77,10 @@ def resolve_kernel_backend(setting: str, device: torch.device | str) -> str:
     if setting == "triton":
         if device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ConfigError(
-                "kernel_backend", setting,
+                "kernel_backend",
+                setting,
                 f"needs a CUDA device (this instance runs on {device_type!r}); use 'torch' or "
                 "'auto' there (Triton's CPU interpreter, TRITON_INTERPRET=1, is for tests only)",
-            )  # fmt: skip
+            )
         return "triton"
     raise ConfigError("kernel_backend", setting, "expected one of auto, triton, torch")

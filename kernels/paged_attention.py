@@ -103,8 +103,9 @@ class TorchAttentionPlan:
         if sliding_window not in self._masks:
             masks = []
             for group in self.decode_groups:
-                key_pos = torch.arange(group.block_ids.shape[1] * self.block_size,
-                                       device=group.last_pos.device)
+                key_pos = torch.arange(
+                    group.block_ids.shape[1] * self.block_size, device=group.last_pos.device
+                )
                 visible = key_pos[None, :] <= group.last_pos
                 if sliding_window is not None:
                     visible &= key_pos[None, :] > group.last_pos - sliding_window
@@ -114,7 +115,9 @@ class TorchAttentionPlan:
 
 
 def plan_paged_attention_torch(
-    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
     k_cache: torch.Tensor,
 ) -> TorchAttentionPlan:
     """The SDPA calls of `paged_attention_torch` for this batch (arguments as there; any layer's
@@ -137,17 +140,25 @@ def plan_paged_attention_torch(
         index = torch.tensor(seqs, device=device)
         rows = [starts[b] for b in seqs]
         consecutive = rows == list(range(rows[0], rows[0] + len(rows)))
-        groups.append(_DecodeGroup(
-            rows=slice(rows[0], rows[0] + len(rows)) if consecutive else torch.tensor(rows, device=device),
-            block_ids=tables[index, : triton.cdiv(longest, block_size)],
-            last_pos=torch.tensor([context_lens[b] - 1 for b in seqs], device=device)[:, None],
-        ))  # fmt: skip
+        groups.append(
+            _DecodeGroup(
+                rows=slice(rows[0], rows[0] + len(rows))
+                if consecutive
+                else torch.tensor(rows, device=device),
+                block_ids=tables[index, : triton.cdiv(longest, block_size)],
+                last_pos=torch.tensor([context_lens[b] - 1 for b in seqs], device=device)[:, None],
+            )
+        )
     prefills = [
-        _Prefill(starts[b], starts[b + 1], context_lens[b],
-                 tables[b, : triton.cdiv(context_lens[b], block_size)])
+        _Prefill(
+            starts[b],
+            starts[b + 1],
+            context_lens[b],
+            tables[b, : triton.cdiv(context_lens[b], block_size)],
+        )
         for b in range(num_seqs)
         if starts[b + 1] - starts[b] > 1
-    ]  # fmt: skip
+    ]
     return TorchAttentionPlan(groups, prefills, block_size)
 
 
@@ -380,7 +391,9 @@ def _paged_attention_kernel(
     result = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     store_mask = row_valid[:, None] & dim_valid[None, :]
     if NUM_SPLITS == 1:
-        out_offset = row_offset[:, None] * stride_out_t + head[:, None] * stride_out_h + dims[None, :]
+        out_offset = (
+            row_offset[:, None] * stride_out_t + head[:, None] * stride_out_h + dims[None, :]
+        )
         tl.store(out_ptr + out_offset, result.to(out_ptr.dtype.element_ty), mask=store_mask)
     else:
         part = (row_offset * num_heads + head) * NUM_SPLITS + split
@@ -501,14 +514,33 @@ def paged_attention_triton(
         part_out = torch.empty(
             (num_tokens, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
         )
-        part_lse = torch.empty((num_tokens, num_heads, num_splits), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(
+            (num_tokens, num_heads, num_splits), dtype=torch.float32, device=q.device
+        )
 
     _paged_attention_kernel[(num_tiles, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, out, part_out, part_lse,
-        query_start_loc, seq_lens, block_tables,
-        scale * _LOG2_E, num_seqs, num_heads, head_dim, sliding_window or 0,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        q,
+        k_cache,
+        v_cache,
+        out,
+        part_out,
+        part_lse,
+        query_start_loc,
+        seq_lens,
+        block_tables,
+        scale * _LOG2_E,
+        num_seqs,
+        num_heads,
+        head_dim,
+        sliding_window or 0,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
         NUM_GROUPS=groups,
         BLOCK_SIZE=block_size,
         BLOCK_M=tiles.block_m,
@@ -520,10 +552,18 @@ def paged_attention_triton(
         # fp32 inputs would otherwise go through TF32 on Ampere+ (10-bit mantissa).
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=tiles.num_warps,
-    )  # fmt: skip
+    )
     if num_splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](
-            part_out, part_lse, out, out.stride(0), out.stride(1), num_heads, head_dim,
-            NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
-        )  # fmt: skip
+            part_out,
+            part_lse,
+            out,
+            out.stride(0),
+            out.stride(1),
+            num_heads,
+            head_dim,
+            NUM_SPLITS=num_splits,
+            BLOCK_S=triton.next_power_of_2(num_splits),
+            BLOCK_D=block_d,
+        )
     return out

@@ -52,7 +52,11 @@ def _rms_norm_kernel(
     xf = x.to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(xf * xf, axis=0) / hidden_size + eps)
     weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_out + cols, (xf * inv_rms * weight).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        out_ptr + row * stride_out + cols,
+        (xf * inv_rms * weight).to(out_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -73,11 +77,20 @@ def rms_norm_triton(
     if x2d.shape[0] > 0:
         block = triton.next_power_of_2(hidden_size)
         _rms_norm_kernel[(x2d.shape[0],)](
-            x2d, res2d, weight, out, summed,
-            x2d.stride(0), res2d.stride(0), out.stride(0), summed.stride(0),
-            hidden_size, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=block,
+            x2d,
+            res2d,
+            weight,
+            out,
+            summed,
+            x2d.stride(0),
+            res2d.stride(0),
+            out.stride(0),
+            summed.stride(0),
+            hidden_size,
+            eps,
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=block,
             num_warps=min(max(block // 256, 1), 16),
-        )  # fmt: skip
+        )
     out = out.view(x.shape)
     return out if residual is None else (out, summed.view(x.shape))

@@ -47,7 +47,9 @@ def rope_cos_sin_cache(
     rope_type = "default"
     if rope_scaling is not None:
         rope_type = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
-    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float)
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(
+        device=device, dtype=torch.float
+    )
     inv_freq = 1.0 / (base ** (exponents / rotary_dim))
     if rope_type == "llama3":
         inv_freq = _llama3_inv_freq(inv_freq, rope_scaling)
@@ -112,7 +114,9 @@ def _rotary_kernel(
     tl.store(out_row + ROT_HALF, (x2 * cos[None, :] + x1 * sin[None, :]).to(out_ty), mask=mask)
 
 
-def _rotate_triton(positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tensor) -> torch.Tensor:
+def _rotate_triton(
+    positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> torch.Tensor:
     """Rotated copy of x [T, H, D]; dims past rotary_dim are copied through unchanged."""
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -124,13 +128,20 @@ def _rotate_triton(positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torc
         out.copy_(x)
     if num_tokens > 0:
         _rotary_kernel[(num_tokens,)](
-            x, out, positions, cos_sin_cache,
-            x.stride(0), x.stride(1), out.stride(0), out.stride(1), cos_sin_cache.stride(0),
+            x,
+            out,
+            positions,
+            cos_sin_cache,
+            x.stride(0),
+            x.stride(1),
+            out.stride(0),
+            out.stride(1),
+            cos_sin_cache.stride(0),
             num_heads,
             ROT_HALF=rot_half,
             BLOCK_H=triton.next_power_of_2(num_heads),
             BLOCK_HALF=triton.next_power_of_2(rot_half),
-        )  # fmt: skip
+        )
     return out
 
 

@@ -21,13 +21,20 @@ def main() -> None:
     parser.add_argument("checkpoint", type=Path, help="local HF checkpoint directory")
     parser.add_argument("--name", required=True, help="model name in the repository")
     parser.add_argument("--repository", type=Path, default=Path("model_repository"))
-    parser.add_argument("--kind", choices=["llm", "embedding", "rerank"],
-                        help="override the detected kind")
+    parser.add_argument(
+        "--kind", choices=["llm", "embedding", "rerank"], help="override the detected kind"
+    )
     parser.add_argument("--version", type=int, default=1)
-    parser.add_argument("--instance-kind", default="KIND_AUTO",
-                        choices=["KIND_AUTO", "KIND_CPU", "KIND_GPU"])
-    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra config.pbtxt parameter (repeatable)")
+    parser.add_argument(
+        "--instance-kind", default="KIND_AUTO", choices=["KIND_AUTO", "KIND_CPU", "KIND_GPU"]
+    )
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra config.pbtxt parameter (repeatable)",
+    )
     args = parser.parse_args()
 
     checkpoint = args.checkpoint.resolve()
@@ -38,8 +45,13 @@ def main() -> None:
         if not sep:
             parser.error(f"--param needs KEY=VALUE, got {item!r}")
         parameters[key] = value
-    spec = ModelSpec(name=args.name, kind=kind, parameters=parameters, versions=(args.version,),
-                     instance_kind=args.instance_kind)
+    spec = ModelSpec(
+        name=args.name,
+        kind=kind,
+        parameters=parameters,
+        versions=(args.version,),
+        instance_kind=args.instance_kind,
+    )
     if kind == "llm":
         spec.max_batch_size = 0
     for path in write_model(spec, args.repository):

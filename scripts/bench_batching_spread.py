@@ -65,11 +65,28 @@ class Preset:
     spreads: tuple[float, ...]
 
 
-def _sizes(hidden: int, layers: int, heads: int, vocab: int, requests: int, prompt: tuple[int, int],
-           mean: int, batch: int) -> Sizes:
-    return Sizes(hidden=hidden, intermediate=3 * hidden, layers=layers, heads=heads, kv_heads=2,
-                 vocab=vocab, requests=requests, prompt_len=prompt, output_len=(1, 2 * mean),
-                 static_batch=batch)
+def _sizes(
+    hidden: int,
+    layers: int,
+    heads: int,
+    vocab: int,
+    requests: int,
+    prompt: tuple[int, int],
+    mean: int,
+    batch: int,
+) -> Sizes:
+    return Sizes(
+        hidden=hidden,
+        intermediate=3 * hidden,
+        layers=layers,
+        heads=heads,
+        kv_heads=2,
+        vocab=vocab,
+        requests=requests,
+        prompt_len=prompt,
+        output_len=(1, 2 * mean),
+        static_batch=batch,
+    )
 
 
 PRESETS = {  # about 9M parameters on CPU, 0.2B on CUDA
@@ -96,12 +113,22 @@ class Systems:
         self.steps: dict[str, int] = {}
         """Engine steps of each engine system's latest run."""
         # No KV pressure: the pool holds B sequences of max_model_len.
-        self.settings = {"max_model_len": max_len, "max_num_seqs": batch,
-                         "num_blocks": batch * -(-max_len // 16)}
+        self.settings = {
+            "max_model_len": max_len,
+            "max_num_seqs": batch,
+            "num_blocks": batch * -(-max_len // 16),
+        }
         self.new_engine = lambda: new_engine(model_dir, device, dtype, **self.settings)
-        self.hf = transformers.AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=getattr(torch, dtype), attn_implementation="sdpa",
-            local_files_only=True).to(device).eval()
+        self.hf = (
+            transformers.AutoModelForCausalLM.from_pretrained(
+                model_dir,
+                dtype=getattr(torch, dtype),
+                attn_implementation="sdpa",
+                local_files_only=True,
+            )
+            .to(device)
+            .eval()
+        )
 
     def engine(self, name: str):
         """A fresh engine whose steps are counted in self.steps[name]."""
@@ -126,8 +153,10 @@ class Systems:
         results = []
         started = time.perf_counter()
         for start in range(0, len(workload.prompts), self.batch):
-            lens = workload.output_lens[start:start + self.batch]
-            outputs = engine.generate(workload.prompts[start:start + self.batch], greedy(max(lens)))
+            lens = workload.output_lens[start : start + self.batch]
+            outputs = engine.generate(
+                workload.prompts[start : start + self.batch], greedy(max(lens))
+            )
             results += [o.outputs[0].token_ids[:n] for o, n in zip(outputs, lens, strict=True)]
         return results, time.perf_counter() - started
 
@@ -137,14 +166,18 @@ class Systems:
         return outputs, time.perf_counter() - started
 
     def all(self, workload: Workload) -> dict:
-        return {"continuous": lambda: self.continuous(workload),
-                "static_engine": lambda: self.static_engine(workload),
-                "hf_static": lambda: self.hf_static(workload)}
+        return {
+            "continuous": lambda: self.continuous(workload),
+            "static_engine": lambda: self.static_engine(workload),
+            "hf_static": lambda: self.hf_static(workload),
+        }
 
 
 def static_slots(lens: list[int], batch: int) -> int:
     """Output slots a static batch occupies: every request to its batch's longest output."""
-    return sum(len(lens[i:i + batch]) * max(lens[i:i + batch]) for i in range(0, len(lens), batch))
+    return sum(
+        len(lens[i : i + batch]) * max(lens[i : i + batch]) for i in range(0, len(lens), batch)
+    )
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -158,52 +191,85 @@ def _run(args: argparse.Namespace, model_dir: Path) -> dict:
     sizes = preset.sizes
     num_params = build_model(sizes, model_dir, args.seed)
     rng = random.Random(args.seed)
-    prompts = [[rng.randrange(3, sizes.vocab) for _ in range(rng.randint(*sizes.prompt_len))]
-               for _ in range(sizes.requests)]
+    prompts = [
+        [rng.randrange(3, sizes.vocab) for _ in range(rng.randint(*sizes.prompt_len))]
+        for _ in range(sizes.requests)
+    ]
     max_len = sizes.prompt_len[1] + 2 * preset.mean_output
     systems = Systems(model_dir, device, dtype, sizes.static_batch, max_len)
-    progress(f"{NAME}: {num_params / 1e6:.1f}M parameters, {dtype} on {device}, "
-             f"{sizes.requests} requests, B={sizes.static_batch}")
+    progress(
+        f"{NAME}: {num_params / 1e6:.1f}M parameters, {dtype} on {device}, "
+        f"{sizes.requests} requests, B={sizes.static_batch}"
+    )
 
     # Fidelity first (also warms every system up): two static batches of varied lengths.
-    check = Workload(prompts[:2 * sizes.static_batch],
-                     output_lens(2 * sizes.static_batch, 12, 0.5, args.seed))
+    check = Workload(
+        prompts[: 2 * sizes.static_batch], output_lens(2 * sizes.static_batch, 12, 0.5, args.seed)
+    )
     outputs = {name: system()[0] for name, system in systems.all(check).items()}
-    fidelity = {"before_timing": check_same("continuous", outputs.pop("continuous"), outputs, dtype)}
+    fidelity = {
+        "before_timing": check_same("continuous", outputs.pop("continuous"), outputs, dtype)
+    }
 
     runs = []
     for index, spread_ in enumerate(preset.spreads):
-        workload = Workload(prompts, output_lens(sizes.requests, preset.mean_output, spread_,
-                                                 args.seed + 1 + index))
+        workload = Workload(
+            prompts, output_lens(sizes.requests, preset.mean_output, spread_, args.seed + 1 + index)
+        )
         progress(f"spread {spread_}: {workload.num_output_tokens} useful output tokens")
         seconds, outputs = time_interleaved(systems.all(workload), args.repeats)
-        fidelity[f"spread_{spread_}"] = check_same("continuous", outputs.pop("continuous"),
-                                                   outputs, dtype)
+        fidelity[f"spread_{spread_}"] = check_same(
+            "continuous", outputs.pop("continuous"), outputs, dtype
+        )
         tokens = workload.num_output_tokens
         median = {name: statistics.median(s) for name, s in seconds.items()}
-        runs.append({
-            "spread": spread_, "output_lens": workload.output_lens, "useful_tokens": tokens,
-            "static_useful_share": tokens / static_slots(workload.output_lens, sizes.static_batch),
-            "engine_steps": dict(systems.steps),
-            "seconds": seconds,
-            "tokens_per_second": {name: spread([tokens / t for t in s]) for name, s in seconds.items()},
-            "continuous_speedup": {name: median[name] / median["continuous"]
-                                   for name in median if name != "continuous"}})
+        runs.append(
+            {
+                "spread": spread_,
+                "output_lens": workload.output_lens,
+                "useful_tokens": tokens,
+                "static_useful_share": tokens
+                / static_slots(workload.output_lens, sizes.static_batch),
+                "engine_steps": dict(systems.steps),
+                "seconds": seconds,
+                "tokens_per_second": {
+                    name: spread([tokens / t for t in s]) for name, s in seconds.items()
+                },
+                "continuous_speedup": {
+                    name: median[name] / median["continuous"]
+                    for name in median
+                    if name != "continuous"
+                },
+            }
+        )
 
     return {
-        "benchmark": NAME, "quick": args.quick, "device": str(device), "dtype": dtype,
+        "benchmark": NAME,
+        "quick": args.quick,
+        "device": str(device),
+        "dtype": dtype,
         "model": {**asdict(sizes), "parameters": num_params},
-        "workload": {"requests": sizes.requests, "prompt_len": sizes.prompt_len,
-                     "mean_output": preset.mean_output, "spreads": preset.spreads,
-                     "batch_size": sizes.static_batch, "seed": args.seed, "greedy": True,
-                     "ignore_eos": True},
-        "settings": {"engine": systems.settings, "hf_attn_implementation": "sdpa",
-                     "torch_threads": args.threads},
+        "workload": {
+            "requests": sizes.requests,
+            "prompt_len": sizes.prompt_len,
+            "mean_output": preset.mean_output,
+            "spreads": preset.spreads,
+            "batch_size": sizes.static_batch,
+            "seed": args.seed,
+            "greedy": True,
+            "ignore_eos": True,
+        },
+        "settings": {
+            "engine": systems.settings,
+            "hf_attn_implementation": "sdpa",
+            "torch_threads": args.threads,
+        },
         "repeats": args.repeats,
         "runs": runs,
         "fidelity": fidelity,
-        "summary": {"continuous_vs_static_at_max_spread":
-                    runs[-1]["continuous_speedup"]["static_engine"]},
+        "summary": {
+            "continuous_vs_static_at_max_spread": runs[-1]["continuous_speedup"]["static_engine"]
+        },
         "machine": machine_info(),
     }
 
@@ -212,7 +278,8 @@ def report(result: dict) -> list[str]:
     runs = result["runs"]
     w = result["workload"]
     lines = [
-        "### Continuous vs static batching under output-length spread", "",
+        "### Continuous vs static batching under output-length spread",
+        "",
         f"{w['requests']} requests (prompts {w['prompt_len'][0]}-{w['prompt_len'][1]} tokens), "
         f"output lengths uniform in [mean·(1-s), mean·(1+s)], mean {w['mean_output']}; batch size "
         f"B={w['batch_size']} for all systems. continuous: our engine, at most B running; "
@@ -225,18 +292,24 @@ def report(result: dict) -> list[str]:
         "| spread s | continuous tok/s | static_engine tok/s | hf_static tok/s | continuous / "
         "static_engine | continuous / hf_static | static useful share | engine steps static / "
         "continuous |",
-        "|---|---|---|---|---|---|---|---|"]
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in runs:
         rate = {name: r["tokens_per_second"][name]["median"] for name in r["tokens_per_second"]}
         steps = r["engine_steps"]
-        lines.append(f"| {r['spread']} | {rate['continuous']:.0f} | {rate['static_engine']:.0f} | "
-                     f"{rate['hf_static']:.0f} | {r['continuous_speedup']['static_engine']:.2f}x | "
-                     f"{r['continuous_speedup']['hf_static']:.2f}x | {r['static_useful_share']:.2f} | "
-                     f"{steps['static_engine']} / {steps['continuous']} |")
+        lines.append(
+            f"| {r['spread']} | {rate['continuous']:.0f} | {rate['static_engine']:.0f} | "
+            f"{rate['hf_static']:.0f} | {r['continuous_speedup']['static_engine']:.2f}x | "
+            f"{r['continuous_speedup']['hf_static']:.2f}x | {r['static_useful_share']:.2f} | "
+            f"{steps['static_engine']} / {steps['continuous']} |"
+        )
     gain = [r["continuous_speedup"]["static_engine"] for r in runs]
-    lines += ["", f"Expectation: the continuous/static gain grows with the spread: "
-              f"{gain[0]:.2f}x at s={runs[0]['spread']} -> {gain[-1]:.2f}x at s={runs[-1]['spread']}"
-              f" — {'met' if gain[-1] > gain[0] else 'NOT met'}."]
+    lines += [
+        "",
+        f"Expectation: the continuous/static gain grows with the spread: "
+        f"{gain[0]:.2f}x at s={runs[0]['spread']} -> {gain[-1]:.2f}x at s={runs[-1]['spread']}"
+        f" — {'met' if gain[-1] > gain[0] else 'NOT met'}.",
+    ]
     return lines
 
 
@@ -250,8 +323,9 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     spreads = [r["spread"] for r in runs]
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in runs[0]["tokens_per_second"]:
-        ax.plot(spreads, [r["tokens_per_second"][name]["median"] for r in runs], marker="o",
-                label=name)
+        ax.plot(
+            spreads, [r["tokens_per_second"][name]["median"] for r in runs], marker="o", label=name
+        )
     ax.set_xlabel("output-length spread s")
     ax.set_ylabel("useful output tokens/s")
     ax.set_title(f"Throughput vs output-length spread (B={result['workload']['batch_size']})")

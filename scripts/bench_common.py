@@ -91,8 +91,12 @@ def machine_info() -> dict[str, object]:
                 break
     except OSError:
         pass
-    versions = {"torch": torch.__version__, "transformers": transformers.__version__,
-                "tokenizers": tokenizers.__version__, "numpy": np.__version__}
+    versions = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        "numpy": np.__version__,
+    }
     for module in ("sentence_transformers", "triton", "tritonclient"):
         with contextlib.suppress(ImportError, AttributeError):
             versions[module] = __import__(module).__version__
@@ -110,8 +114,9 @@ def machine_info() -> dict[str, object]:
     return info
 
 
-def bench_main(parse_args: Callable, run: Callable, report: Callable,
-               argv: list[str] | None = None) -> dict:
+def bench_main(
+    parse_args: Callable, run: Callable, report: Callable, argv: list[str] | None = None
+) -> dict:
     """A benchmark script's `main`: parse its arguments, run it, print its report section and
     write its JSON result to `--out`."""
     args = parse_args(argv)

@@ -228,7 +228,11 @@ def report(result: dict) -> list[str]:
             f"{tokens[name]['median']:.0f} |"
         )
     met = "met" if ratio >= TARGET_RATIO else "NOT met"
-    lines += ["", f"Target: >= {TARGET_RATIO}x SentenceTransformer.encode: {ratio:.2f}x ({met}).", ""]
+    lines += [
+        "",
+        f"Target: >= {TARGET_RATIO}x SentenceTransformer.encode: {ratio:.2f}x ({met}).",
+        "",
+    ]
     return lines
 
 

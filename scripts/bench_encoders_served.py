@@ -63,8 +63,9 @@ def _bytes_tensor(name: str, values: list[str]):
     return tensor
 
 
-def served_pass(url: str, model: str, output: str, requests: list[dict[str, list[str]]],
-                clients: int) -> ServedRun:
+def served_pass(
+    url: str, model: str, output: str, requests: list[dict[str, list[str]]], clients: int
+) -> ServedRun:
     """Send `requests` ({input name: strings}) from `clients` threads, each taking the next
     request when its last one answered."""
     import tritonclient.http as httpclient
@@ -87,7 +88,7 @@ def served_pass(url: str, model: str, output: str, requests: list[dict[str, list
             started = time.perf_counter()
             try:
                 results[index] = client.infer(model, inputs).as_numpy(output)
-            except BaseException as exc:  # noqa: BLE001 - reported after the run
+            except BaseException as exc:  # reported after the run
                 errors.append(exc)
                 return
             latencies[index] = time.perf_counter() - started
@@ -114,8 +115,11 @@ def batch_request_stats(server, model: str) -> dict[str, float]:
     count = samples.get(("encoder_batch_requests_count", labels), 0.0)
     total = samples.get(("encoder_batch_requests_sum", labels), 0.0)
     items = samples.get(("encoder_batch_size_sum", labels), 0.0)
-    return {"micro_batches": count, "mean_requests_per_micro_batch": total / max(count, 1),
-            "mean_items_per_micro_batch": items / max(count, 1)}
+    return {
+        "micro_batches": count,
+        "mean_requests_per_micro_batch": total / max(count, 1),
+        "mean_items_per_micro_batch": items / max(count, 1),
+    }
 
 
 @dataclass
@@ -140,11 +144,14 @@ def _items(request: dict[str, list[str]]) -> int:
 def compare(task: Task, url: str, clients: int, repeats: int) -> dict:
     """Check the first requests, then time served and reference passes alternately, checking
     every served pass against the reference outputs."""
-    first = task.requests[:max(1, CHECK_ITEMS // _items(task.requests[0]))]
-    figure = task.check(served_pass(url, task.model, task.output, first, clients).outputs,
-                        task.reference(first))
-    progress(f"{task.model}: fidelity figure on {sum(map(_items, first))} items before timing: "
-             f"{figure:.7g}")
+    first = task.requests[: max(1, CHECK_ITEMS // _items(task.requests[0]))]
+    figure = task.check(
+        served_pass(url, task.model, task.output, first, clients).outputs, task.reference(first)
+    )
+    progress(
+        f"{task.model}: fidelity figure on {sum(map(_items, first))} items before timing: "
+        f"{figure:.7g}"
+    )
     if not task.passes(figure):
         raise SystemExit(f"served {task.model} outputs differ from sentence-transformers: {figure}")
     served_runs: list[ServedRun] = []
@@ -153,17 +160,29 @@ def compare(task: Task, url: str, clients: int, repeats: int) -> dict:
     def served() -> None:
         served_runs.append(served_pass(url, task.model, task.output, task.requests, clients))
 
-    timings = time_repeats({"served": served,
-                            "sentence_transformers": lambda: reference_outputs.append(
-                                task.reference(task.requests))}, repeats)
+    timings = time_repeats(
+        {
+            "served": served,
+            "sentence_transformers": lambda: reference_outputs.append(
+                task.reference(task.requests)
+            ),
+        },
+        repeats,
+    )
     timed_figures = [task.check(run.outputs, reference_outputs[0]) for run in served_runs]
     if not all(map(task.passes, timed_figures)):
         raise SystemExit(f"a timed served {task.model} pass differs: {timed_figures}")
     latencies = [x for run in served_runs for x in run.latencies]
-    ratios = [b / a for a, b in zip(timings["served"].seconds,
-                                    timings["sentence_transformers"].seconds, strict=True)]
+    ratios = [
+        b / a
+        for a, b in zip(
+            timings["served"].seconds, timings["sentence_transformers"].seconds, strict=True
+        )
+    ]
     return {
-        "items": task.items, "tokens": task.tokens, "requests": len(task.requests),
+        "items": task.items,
+        "tokens": task.tokens,
+        "requests": len(task.requests),
         "fidelity": {"before_timing": figure, "timed_passes": timed_figures, "passed": True},
         "seconds": {name: t.seconds for name, t in timings.items()},
         "items_per_second": {name: t.items_per_second(task.items) for name, t in timings.items()},
@@ -196,40 +215,82 @@ def run_with(args: argparse.Namespace, cross_encoder_dir: Path, repository: Path
     dtype_name = str(dtype).removeprefix("torch.")
     kind = "KIND_GPU" if device.type == "cuda" else "KIND_CPU"
     embedding_dir = resolve_model_path(DEFAULT_MODEL, Path.cwd())
-    write_model(ModelSpec("embedding", "embedding", {"model": str(embedding_dir),
-                                                     "dtype": dtype_name},
-                          instance_kind=kind), repository)
-    write_model(ModelSpec("rerank", "rerank", {"model": str(cross_encoder_dir),
-                                               "mode": "cross_encoder", "dtype": dtype_name},
-                          instance_kind=kind), repository)
+    write_model(
+        ModelSpec(
+            "embedding",
+            "embedding",
+            {"model": str(embedding_dir), "dtype": dtype_name},
+            instance_kind=kind,
+        ),
+        repository,
+    )
+    write_model(
+        ModelSpec(
+            "rerank",
+            "rerank",
+            {"model": str(cross_encoder_dir), "mode": "cross_encoder", "dtype": dtype_name},
+            instance_kind=kind,
+        ),
+        repository,
+    )
 
     texts = mixed_texts(args.texts, args.seed)
     queries, documents = rerank_pairs(args.pairs, args.seed)
-    st = SentenceTransformer(str(embedding_dir), device=str(device), local_files_only=True,
-                             model_kwargs={"dtype": dtype})
-    ce = CrossEncoder(str(cross_encoder_dir), device=str(device), local_files_only=True,
-                      model_kwargs={"dtype": dtype})
+    st = SentenceTransformer(
+        str(embedding_dir), device=str(device), local_files_only=True, model_kwargs={"dtype": dtype}
+    )
+    ce = CrossEncoder(
+        str(cross_encoder_dir),
+        device=str(device),
+        local_files_only=True,
+        model_kwargs={"dtype": dtype},
+    )
     # Tokens as the references count them (truncated to their max lengths).
-    embedding_tokens = sum(map(len, st.tokenizer(texts, truncation=True,
-                                                 max_length=st.max_seq_length)["input_ids"]))
-    rerank_tokens = sum(map(len, ce.tokenizer(queries, documents, truncation=True,
-                                              max_length=ce.max_seq_length)["input_ids"]))
+    embedding_tokens = sum(
+        map(len, st.tokenizer(texts, truncation=True, max_length=st.max_seq_length)["input_ids"])
+    )
+    rerank_tokens = sum(
+        map(
+            len,
+            ce.tokenizer(queries, documents, truncation=True, max_length=ce.max_seq_length)[
+                "input_ids"
+            ],
+        )
+    )
     gate = args.min_cosine or (0.9999 if dtype == torch.float32 else 0.99)
     tolerance = 1e-3 if dtype == torch.float32 else 5e-2
     tasks = [
-        Task("embedding", "embedding",
-             [{"text_input": texts[i:i + args.request_size]}
-              for i in range(0, len(texts), args.request_size)],
-             lambda requests: st.encode([t for r in requests for t in r["text_input"]]),
-             min_cosine, lambda cosine: cosine >= gate, len(texts), embedding_tokens),
-        Task("rerank", "score",
-             [{"query": queries[i:i + DOCUMENTS_PER_QUERY],
-               "document": documents[i:i + DOCUMENTS_PER_QUERY]}
-              for i in range(0, len(queries), DOCUMENTS_PER_QUERY)],
-             lambda requests: ce.predict([(q, d) for r in requests
-                                          for q, d in zip(r["query"], r["document"], strict=True)]),
-             lambda served, reference: max_score_error(served.reshape(-1), reference),
-             lambda error: error <= tolerance, len(queries), rerank_tokens),
+        Task(
+            "embedding",
+            "embedding",
+            [
+                {"text_input": texts[i : i + args.request_size]}
+                for i in range(0, len(texts), args.request_size)
+            ],
+            lambda requests: st.encode([t for r in requests for t in r["text_input"]]),
+            min_cosine,
+            lambda cosine: cosine >= gate,
+            len(texts),
+            embedding_tokens,
+        ),
+        Task(
+            "rerank",
+            "score",
+            [
+                {
+                    "query": queries[i : i + DOCUMENTS_PER_QUERY],
+                    "document": documents[i : i + DOCUMENTS_PER_QUERY],
+                }
+                for i in range(0, len(queries), DOCUMENTS_PER_QUERY)
+            ],
+            lambda requests: ce.predict(
+                [(q, d) for r in requests for q, d in zip(r["query"], r["document"], strict=True)]
+            ),
+            lambda served, reference: max_score_error(served.reshape(-1), reference),
+            lambda error: error <= tolerance,
+            len(queries),
+            rerank_tokens,
+        ),
     ]
     server_env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}
     started = time.perf_counter()
@@ -238,30 +299,46 @@ def run_with(args: argparse.Namespace, cross_encoder_dir: Path, repository: Path
             time.sleep(0.2)
         server_start_s = time.perf_counter() - started
         progress(f"tritonserver ready after {server_start_s:.1f} s")
-        results = {task.model: compare(task, server.http_url, args.clients, args.repeats)
-                   for task in tasks}
+        results = {
+            task.model: compare(task, server.http_url, args.clients, args.repeats) for task in tasks
+        }
         for model in results:
             results[model]["server_batching"] = batch_request_stats(server, model)
     return {
-        "benchmark": NAME, "quick": args.quick, "device": str(device), "dtype": dtype_name,
-        "models": {"embedding": "all-MiniLM-L6-v2",
-                   "rerank": "all-MiniLM-L6-v2 encoder + seeded random classification head "
-                             "(bench_rerank.build_cross_encoder)"},
-        "workload": {"texts": len(texts), "pairs": len(queries), "clients": args.clients,
-                     "embedding_request_size": args.request_size,
-                     "rerank_request_size": DOCUMENTS_PER_QUERY, "seed": args.seed},
+        "benchmark": NAME,
+        "quick": args.quick,
+        "device": str(device),
+        "dtype": dtype_name,
+        "models": {
+            "embedding": "all-MiniLM-L6-v2",
+            "rerank": "all-MiniLM-L6-v2 encoder + seeded random classification head "
+            "(bench_rerank.build_cross_encoder)",
+        },
+        "workload": {
+            "texts": len(texts),
+            "pairs": len(queries),
+            "clients": args.clients,
+            "embedding_request_size": args.request_size,
+            "rerank_request_size": DOCUMENTS_PER_QUERY,
+            "seed": args.seed,
+        },
         "fidelity_gates": {"embedding_min_cosine": gate, "rerank_max_relative_error": tolerance},
         "repeats": args.repeats,
         "server_start_s": server_start_s,
         **results,
-        "settings": {"torch_threads": torch.get_num_threads(),
-                     "server_threads": args.threads or "torch default (same as here)",
-                     "references": "SentenceTransformer.encode / CrossEncoder.predict defaults "
-                                   "(batch_size=32), all inputs in one call"},
+        "settings": {
+            "torch_threads": torch.get_num_threads(),
+            "server_threads": args.threads or "torch default (same as here)",
+            "references": "SentenceTransformer.encode / CrossEncoder.predict defaults "
+            "(batch_size=32), all inputs in one call",
+        },
         "machine": machine_info(),
-        "summary": {"embedding_served_vs_sentence_transformers":
-                    results["embedding"]["served_vs_reference"],
-                    "rerank_served_vs_cross_encoder": results["rerank"]["served_vs_reference"]},
+        "summary": {
+            "embedding_served_vs_sentence_transformers": results["embedding"][
+                "served_vs_reference"
+            ],
+            "rerank_served_vs_cross_encoder": results["rerank"]["served_vs_reference"],
+        },
     }
 
 
@@ -291,13 +368,21 @@ def report(result: dict) -> list[str]:
             lines.append(
                 f"| {model} | {label} | {r['median']:.1f} ({r['min']:.1f}-{r['max']:.1f}) | "
                 f"{m['tokens_per_second'][system]['median']:.0f} | "
-                + (f"{latency['p50'] * 1000:.0f} / {latency['p99'] * 1000:.0f} | "
-                   f"{m['server_batching']['mean_requests_per_micro_batch']:.1f} |"
-                   if latency else "- | - |"))
+                + (
+                    f"{latency['p50'] * 1000:.0f} / {latency['p99'] * 1000:.0f} | "
+                    f"{m['server_batching']['mean_requests_per_micro_batch']:.1f} |"
+                    if latency
+                    else "- | - |"
+                )
+            )
     summary = result["summary"]
-    lines += ["", "No target for these (served overhead is the figure); served vs in-process: "
-              f"embedding {summary['embedding_served_vs_sentence_transformers']:.2f}x, rerank "
-              f"{summary['rerank_served_vs_cross_encoder']:.2f}x.", ""]
+    lines += [
+        "",
+        "No target for these (served overhead is the figure); served vs in-process: "
+        f"embedding {summary['embedding_served_vs_sentence_transformers']:.2f}x, rerank "
+        f"{summary['rerank_served_vs_cross_encoder']:.2f}x.",
+        "",
+    ]
     return lines
 
 
@@ -308,28 +393,45 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="few inputs, 1 repeat (for tests)")
-    parser.add_argument("--texts", type=int, default=None,
-                        help="embedding texts (default 128, 4096 on CUDA; quick 16)")
-    parser.add_argument("--pairs", type=int, default=None,
-                        help="rerank pairs (default 96, 4096 on CUDA; quick 16)")
+    parser.add_argument(
+        "--texts",
+        type=int,
+        default=None,
+        help="embedding texts (default 128, 4096 on CUDA; quick 16)",
+    )
+    parser.add_argument(
+        "--pairs", type=int, default=None, help="rerank pairs (default 96, 4096 on CUDA; quick 16)"
+    )
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--request-size", type=int, default=8, help="texts per embedding request")
     parser.add_argument("--out", type=Path, default=Path(f"bench/results/{NAME}.json"))
     parser.add_argument("--device", default=None, help="cpu, cuda (default: CUDA if available)")
-    parser.add_argument("--dtype", default="auto",
-                        choices=["auto", "float32", "bfloat16", "float16"],
-                        help="auto: float32 on CPU, bfloat16 on CUDA")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch CPU threads here and in the server (0: torch default)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="auto: float32 on CPU, bfloat16 on CUDA",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads here and in the server (0: torch default)",
+    )
     parser.add_argument("--repeats", type=int, default=None, help="default 3, quick 1")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--min-cosine", type=float, default=None,
-                        help="embedding gate (default 0.9999 float32, 0.99 16-bit)")
+    parser.add_argument(
+        "--min-cosine",
+        type=float,
+        default=None,
+        help="embedding gate (default 0.9999 float32, 0.99 16-bit)",
+    )
     args = parser.parse_args(argv)
     import torch
 
-    cuda = (args.device or "").startswith("cuda") or (args.device is None
-                                                      and torch.cuda.is_available())
+    cuda = (args.device or "").startswith("cuda") or (
+        args.device is None and torch.cuda.is_available()
+    )
     args.texts = args.texts or (16 if args.quick else 4096 if cuda else 128)
     args.pairs = args.pairs or (16 if args.quick else 4096 if cuda else 96)
     args.repeats = args.repeats or (1 if args.quick else 3)

@@ -55,13 +55,43 @@ class Sizes:
     static_batch: int
 
 
-FULL = Sizes(hidden=512, intermediate=1536, layers=8, heads=8, kv_heads=2, vocab=8192,
-             requests=64, prompt_len=(32, 512), output_len=(32, 256), static_batch=16)
-QUICK = Sizes(hidden=128, intermediate=256, layers=2, heads=4, kv_heads=2, vocab=1024,
-              requests=16, prompt_len=(8, 64), output_len=(8, 32), static_batch=4)
+FULL = Sizes(
+    hidden=512,
+    intermediate=1536,
+    layers=8,
+    heads=8,
+    kv_heads=2,
+    vocab=8192,
+    requests=64,
+    prompt_len=(32, 512),
+    output_len=(32, 256),
+    static_batch=16,
+)
+QUICK = Sizes(
+    hidden=128,
+    intermediate=256,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    vocab=1024,
+    requests=16,
+    prompt_len=(8, 64),
+    output_len=(8, 32),
+    static_batch=4,
+)
 # GPU mode: a ~0.5B-parameter model and a workload big enough to fill the device.
-GPU = Sizes(hidden=1536, intermediate=4096, layers=16, heads=12, kv_heads=4, vocab=32000,
-            requests=256, prompt_len=(32, 512), output_len=(32, 256), static_batch=32)
+GPU = Sizes(
+    hidden=1536,
+    intermediate=4096,
+    layers=16,
+    heads=12,
+    kv_heads=4,
+    vocab=32000,
+    requests=256,
+    prompt_len=(32, 512),
+    output_len=(32, 256),
+    static_batch=32,
+)
 
 
 @dataclass
@@ -94,12 +124,20 @@ def build_checkpoint(sizes: Sizes, out_dir: Path, seed: int) -> int:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     config = transformers.LlamaConfig(
-        vocab_size=sizes.vocab, hidden_size=sizes.hidden, intermediate_size=sizes.intermediate,
-        num_hidden_layers=sizes.layers, num_attention_heads=sizes.heads,
-        num_key_value_heads=sizes.kv_heads, max_position_embeddings=1024, bos_token_id=1,
-        eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
+        vocab_size=sizes.vocab,
+        hidden_size=sizes.hidden,
+        intermediate_size=sizes.intermediate,
+        num_hidden_layers=sizes.layers,
+        num_attention_heads=sizes.heads,
+        num_key_value_heads=sizes.kv_heads,
+        max_position_embeddings=1024,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
         # Wider than HF's 0.02: clearly separated logits, so greedy paths are robust to rounding.
-        initializer_range=0.06)
+        initializer_range=0.06,
+    )
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(config)
     model.save_pretrained(out_dir)
@@ -108,9 +146,16 @@ def build_checkpoint(sizes: Sizes, out_dir: Path, seed: int) -> int:
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
     tokenizer.save(str(out_dir / "tokenizer.json"))
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-         "pad_token": "<pad>"}))
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "pad_token": "<pad>",
+            }
+        )
+    )
     return sum(p.numel() for p in model.parameters())
 
 
@@ -124,8 +169,9 @@ class EngineRunner:
     def __init__(self, model_dir: Path, dtype: str, device, max_num_seqs: int = 64):
         from backend_lib.llm.config import LLMConfig
 
-        self.config = LLMConfig(model=str(model_dir), dtype=dtype, max_model_len=1024,
-                                max_num_seqs=max_num_seqs)
+        self.config = LLMConfig(
+            model=str(model_dir), dtype=dtype, max_model_len=1024, max_num_seqs=max_num_seqs
+        )
         self.config.validate()
         self.model_dir, self.device = model_dir, device
         self.phase_seconds: dict[str, float] = defaultdict(float)
@@ -135,8 +181,10 @@ class EngineRunner:
         from backend_lib.llm.core.sampling_params import SamplingParams
 
         engine = self._new_engine()
-        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-                  for n in workload.output_lens]
+        params = [
+            SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+            for n in workload.output_lens
+        ]
         started = time.perf_counter()
         outputs = engine.generate(workload.prompts, params)
         seconds = time.perf_counter() - started
@@ -179,19 +227,25 @@ def hf_static(model, workload: Workload, batch_size: int) -> list[list[int]]:
 
     results = []
     for start in range(0, len(workload.prompts), batch_size):
-        prompts = workload.prompts[start:start + batch_size]
-        lens = workload.output_lens[start:start + batch_size]
+        prompts = workload.prompts[start : start + batch_size]
+        lens = workload.output_lens[start : start + batch_size]
         width = max(len(p) for p in prompts)
         ids = torch.zeros((len(prompts), width), dtype=torch.long)
         mask = torch.zeros_like(ids)
         for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt):] = torch.tensor(prompt)
-            mask[row, width - len(prompt):] = 1
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
         with torch.inference_mode():
-            out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
-                                 max_new_tokens=max(lens), min_new_tokens=max(lens),
-                                 do_sample=False, eos_token_id=None, pad_token_id=0)
-        results += [out[row, width:width + n].tolist() for row, n in enumerate(lens)]
+            out = model.generate(
+                input_ids=ids.to(model.device),
+                attention_mask=mask.to(model.device),
+                max_new_tokens=max(lens),
+                min_new_tokens=max(lens),
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        results += [out[row, width : width + n].tolist() for row, n in enumerate(lens)]
     return results
 
 
@@ -207,20 +261,30 @@ def hf_continuous(model, workload: Workload) -> tuple[list[list[int]], float]:
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     page = 256
-    num_blocks = sum(-(-(len(p) + n) // page) for p, n in
-                     zip(workload.prompts, workload.output_lens, strict=True)) + 16
-    cb_config = ContinuousBatchingConfig(page_size=page, num_blocks=num_blocks,
-                                         max_batch_tokens=2048, max_requests_per_batch=64)
-    config = transformers.GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=0,
-                                           max_new_tokens=max(workload.output_lens))
+    num_blocks = (
+        sum(
+            -(-(len(p) + n) // page)
+            for p, n in zip(workload.prompts, workload.output_lens, strict=True)
+        )
+        + 16
+    )
+    cb_config = ContinuousBatchingConfig(
+        page_size=page, num_blocks=num_blocks, max_batch_tokens=2048, max_requests_per_batch=64
+    )
+    config = transformers.GenerationConfig(
+        do_sample=False, eos_token_id=-1, pad_token_id=0, max_new_tokens=max(workload.output_lens)
+    )
     results: dict[str, list[int]] = {}
     with model.continuous_batching_context_manager(
-            generation_config=config, continuous_batching_config=cb_config, block=True,
-            timeout=30) as manager:
+        generation_config=config, continuous_batching_config=cb_config, block=True, timeout=30
+    ) as manager:
         started = time.perf_counter()
-        ids = [manager.add_request(prompt, request_id=f"r{i}", max_new_tokens=n)
-               for i, (prompt, n) in enumerate(zip(workload.prompts, workload.output_lens,
-                                                   strict=True))]
+        ids = [
+            manager.add_request(prompt, request_id=f"r{i}", max_new_tokens=n)
+            for i, (prompt, n) in enumerate(
+                zip(workload.prompts, workload.output_lens, strict=True)
+            )
+        ]
         while len(results) < len(ids):
             result = manager.get_result(timeout=120)
             if result is None:
@@ -246,10 +310,15 @@ def hf_reference(model, prompt: list[int], num_tokens: int) -> list[int]:
     import torch
 
     with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt], device=model.device), max_new_tokens=num_tokens,
-                             min_new_tokens=num_tokens, do_sample=False, eos_token_id=None,
-                             pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt], device=model.device),
+            max_new_tokens=num_tokens,
+            min_new_tokens=num_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 # --- measuring -----------------------------------------------------------------------------------
@@ -267,14 +336,15 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
-def time_interleaved(systems: dict[str, Callable[[], tuple[list[list[int]], float]]],
-                     repeats: int) -> tuple[dict[str, list[float]], dict[str, list[list[int]]]]:
+def time_interleaved(
+    systems: dict[str, Callable[[], tuple[list[list[int]], float]]], repeats: int
+) -> tuple[dict[str, list[float]], dict[str, list[list[int]]]]:
     """Each system returns (outputs, seconds); runs rotate order every repeat."""
     seconds: dict[str, list[float]] = {name: [] for name in systems}
     outputs: dict[str, list[list[int]]] = {}
     names = list(systems)
     for rep in range(repeats):
-        order = names[rep % len(names):] + names[:rep % len(names)]
+        order = names[rep % len(names) :] + names[: rep % len(names)]
         for name in order:
             outputs[name], elapsed = systems[name]()
             seconds[name].append(elapsed)
@@ -301,28 +371,40 @@ def run_in(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
     sizes = QUICK if args.quick else GPU if device.type == "cuda" else FULL
     workload = make_workload(sizes, args.seed)
     num_params = build_checkpoint(sizes, model_dir, args.seed)
-    print(f"model: {num_params / 1e6:.1f}M parameters, {dtype_name} on {device}; "
-          f"{sizes.requests} requests, {sum(map(len, workload.prompts))} prompt tokens, "
-          f"{workload.num_output_tokens} output tokens", flush=True)
+    print(
+        f"model: {num_params / 1e6:.1f}M parameters, {dtype_name} on {device}; "
+        f"{sizes.requests} requests, {sum(map(len, workload.prompts))} prompt tokens, "
+        f"{workload.num_output_tokens} output tokens",
+        flush=True,
+    )
 
     engine = EngineRunner(model_dir, dtype_name, device, max_num_seqs=max(64, sizes.requests))
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=dtype, attn_implementation="sdpa", local_files_only=True).to(device).eval()
+    hf = (
+        transformers.AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=dtype, attn_implementation="sdpa", local_files_only=True
+        )
+        .to(device)
+        .eval()
+    )
 
     # Fidelity first: a few requests against plain generate (this also warms every system up).
     check = Workload(workload.prompts[:4], [16] * 4)
     reference = [hf_reference(hf, p, 16) for p in check.prompts]
-    fidelity = {"engine": agreement(engine.run(check)[0], reference),
-                "hf_static": agreement(hf_static(hf, check, 2), reference),
-                "hf_continuous": agreement(hf_continuous(hf, check)[0], reference)}
+    fidelity = {
+        "engine": agreement(engine.run(check)[0], reference),
+        "hf_static": agreement(hf_static(hf, check, 2), reference),
+        "hf_continuous": agreement(hf_continuous(hf, check)[0], reference),
+    }
     print(f"greedy agreement with generate on {len(check.prompts)} requests: {fidelity}")
     if dtype == torch.float32 and fidelity["engine"]["requests"] < 1.0:
         raise SystemExit("the engine's greedy outputs differ from transformers generate")
     engine.phase_seconds.clear()
 
-    systems = {"engine": lambda: engine.run(workload),
-               "hf_static": _timed(lambda: hf_static(hf, workload, sizes.static_batch)),
-               "hf_continuous": lambda: hf_continuous(hf, workload)}
+    systems = {
+        "engine": lambda: engine.run(workload),
+        "hf_static": _timed(lambda: hf_static(hf, workload, sizes.static_batch)),
+        "hf_continuous": lambda: hf_continuous(hf, workload),
+    }
     if args.skip_continuous:
         del systems["hf_continuous"]
     seconds, outputs = time_interleaved(systems, args.repeats)
@@ -346,28 +428,47 @@ def run_in(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
         "device": str(device),
         "dtype": dtype_name,
         "model": {**asdict(sizes), "parameters": num_params},
-        "workload": {"requests": sizes.requests, "seed": args.seed,
-                     "prompt_tokens": sum(map(len, workload.prompts)),
-                     "output_tokens": tokens, "ignore_eos": True, "greedy": True},
+        "workload": {
+            "requests": sizes.requests,
+            "seed": args.seed,
+            "prompt_tokens": sum(map(len, workload.prompts)),
+            "output_tokens": tokens,
+            "ignore_eos": True,
+            "greedy": True,
+        },
         "repeats": args.repeats,
         "seconds": seconds,
         "output_tokens_per_second": {name: tokens / t for name, t in median.items()},
-        "output_tokens_per_second_spread": {name: spread([tokens / t for t in s])
-                                            for name, s in seconds.items()},
+        "output_tokens_per_second_spread": {
+            name: spread([tokens / t for t in s]) for name, s in seconds.items()
+        },
         "ratio_vs_hf_static": median["hf_static"] / median["engine"],
-        "ratio_vs_hf_continuous": (median["hf_continuous"] / median["engine"]
-                                   if "hf_continuous" in median else None),
+        "ratio_vs_hf_continuous": (
+            median["hf_continuous"] / median["engine"] if "hf_continuous" in median else None
+        ),
         "engine_time_share": phases,
         "model_forward_share": phases["model_forward"],
-        "summary": {"engine_vs_hf_static": median["hf_static"] / median["engine"],
-                    **({"engine_vs_hf_generate_batch": median["hf_continuous"] / median["engine"]}
-                       if "hf_continuous" in median else {}),
-                    "forward_time_share": phases["model_forward"]},
+        "summary": {
+            "engine_vs_hf_static": median["hf_static"] / median["engine"],
+            **(
+                {"engine_vs_hf_generate_batch": median["hf_continuous"] / median["engine"]}
+                if "hf_continuous" in median
+                else {}
+            ),
+            "forward_time_share": phases["model_forward"],
+        },
         "fidelity_vs_generate": fidelity,
-        "agreement_with_engine": {name: agreement(outputs["engine"], out)
-                                  for name, out in outputs.items() if name != "engine"},
-        "settings": {"engine": asdict(engine.config), "hf_static_batch": sizes.static_batch,
-                     "hf_attn_implementation": "sdpa", "torch_threads": torch.get_num_threads()},
+        "agreement_with_engine": {
+            name: agreement(outputs["engine"], out)
+            for name, out in outputs.items()
+            if name != "engine"
+        },
+        "settings": {
+            "engine": asdict(engine.config),
+            "hf_static_batch": sizes.static_batch,
+            "hf_attn_implementation": "sdpa",
+            "torch_threads": torch.get_num_threads(),
+        },
         "machine": machine_info(),
     }
 
@@ -376,9 +477,11 @@ def report(result: dict) -> list[str]:
     """Markdown section of the benchmark report."""
     model, work = result["model"], result["workload"]
     rates = result["output_tokens_per_second_spread"]
-    names = {"engine": "our engine (continuous batching, paged KV)",
-             "hf_static": f"transformers `generate`, static batches of {model['static_batch']}",
-             "hf_continuous": "transformers `generate_batch` (its continuous batching)"}
+    names = {
+        "engine": "our engine (continuous batching, paged KV)",
+        "hf_static": f"transformers `generate`, static batches of {model['static_batch']}",
+        "hf_continuous": "transformers `generate_batch` (its continuous batching)",
+    }
     lines = [
         "### LLM engine vs transformers",
         "",
@@ -395,16 +498,24 @@ def report(result: dict) -> list[str]:
         "|---|---|---|---|",
     ]
     for name, rate in rates.items():
-        lines.append(f"| {names[name]} | {rate['median']:.1f} | {rate['min']:.1f} | {rate['max']:.1f} |")
+        lines.append(
+            f"| {names[name]} | {rate['median']:.1f} | {rate['min']:.1f} | {rate['max']:.1f} |"
+        )
     summary = result["summary"]
-    lines += ["",
-              f"- engine / static `generate`: **{summary['engine_vs_hf_static']:.2f}x** (target >= 3x)"]
+    lines += [
+        "",
+        f"- engine / static `generate`: **{summary['engine_vs_hf_static']:.2f}x** (target >= 3x)",
+    ]
     if "engine_vs_hf_generate_batch" in summary:
-        lines.append(f"- engine / `generate_batch`: **{summary['engine_vs_hf_generate_batch']:.2f}x** "
-                     "(target >= 5x)")
+        lines.append(
+            f"- engine / `generate_batch`: **{summary['engine_vs_hf_generate_batch']:.2f}x** "
+            "(target >= 5x)"
+        )
     shares = ", ".join(f"{k} {v:.3f}" for k, v in result["engine_time_share"].items())
-    lines.append(f"- share of engine wall time in the model forward: "
-                 f"**{summary['forward_time_share']:.3f}** (target >= 0.8); all phases: {shares}")
+    lines.append(
+        f"- share of engine wall time in the model forward: "
+        f"**{summary['forward_time_share']:.3f}** (target >= 0.8); all phases: {shares}"
+    )
     return lines
 
 
@@ -418,13 +529,17 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     rates = result["output_tokens_per_second_spread"]
     names = list(rates)
     medians = [rates[n]["median"] for n in names]
-    errors = [[rates[n]["median"] - rates[n]["min"] for n in names],
-              [rates[n]["max"] - rates[n]["median"] for n in names]]
+    errors = [
+        [rates[n]["median"] - rates[n]["min"] for n in names],
+        [rates[n]["max"] - rates[n]["median"] for n in names],
+    ]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.bar(names, medians, yerr=errors, color=["tab:green", "tab:gray", "tab:blue"][: len(names)])
     ax.set_ylabel("output tokens/s")
-    ax.set_title(f"LLM engine vs transformers ({result['workload']['requests']} requests, "
-                 f"{result['dtype']}, {result['device']})")
+    ax.set_title(
+        f"LLM engine vs transformers ({result['workload']['requests']} requests, "
+        f"{result['dtype']}, {result['device']})"
+    )
     for x, y in enumerate(medians):
         ax.annotate(f"{y:.0f}", (x, y), ha="center", va="bottom")
     fig.tight_layout()
@@ -438,16 +553,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (< 60 s), for tests")
     parser.add_argument("--out", type=Path, default=Path("bench/results/engine.json"))
-    parser.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument(
+        "--dtype", default="float32", choices=["auto", "float32", "bfloat16", "float16"]
+    )
     parser.add_argument("--device", default=None, help="cpu, cuda (default: CUDA if available)")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch CPU threads (0: torch default); on a shared, loaded CPU use 1")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads (0: torch default); on a shared, loaded CPU use 1",
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--skip-continuous", action="store_true",
-                        help="leave out transformers continuous batching")
-    parser.add_argument("--profile", type=Path, default=None,
-                        help="write a pyinstrument profile of one more engine run here")
+    parser.add_argument(
+        "--skip-continuous", action="store_true", help="leave out transformers continuous batching"
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="write a pyinstrument profile of one more engine run here",
+    )
     return parser.parse_args(argv)
 
 
@@ -456,9 +582,11 @@ def main(argv: list[str] | None = None) -> None:
     result = run(args)
     for name, rate in result["output_tokens_per_second"].items():
         print(f"{name:>14}: {rate:8.1f} output tokens/s")
-    print(f"engine vs hf_static: {result['ratio_vs_hf_static']:.2f}x, vs hf_continuous: "
-          f"{result['ratio_vs_hf_continuous'] or float('nan'):.2f}x; model forward share of engine "
-          f"time: {result['model_forward_share']:.2f}")
+    print(
+        f"engine vs hf_static: {result['ratio_vs_hf_static']:.2f}x, vs hf_continuous: "
+        f"{result['ratio_vs_hf_continuous'] or float('nan'):.2f}x; model forward share of engine "
+        f"time: {result['model_forward_share']:.2f}"
+    )
     write_result(args.out, result)
 
 

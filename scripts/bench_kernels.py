@@ -123,7 +123,9 @@ def _paged_batch(shapes: Shapes, query_lens: list[int], context_lens: list[int],
     k_cache = torch.randn(cache_shape, device=device).to(dtype)
     v_cache = torch.randn(cache_shape, device=device).to(dtype)
     pool = torch.randperm(num_blocks, device=device).to(torch.int32)
-    block_tables = torch.zeros((len(context_lens), max(blocks_per_seq)), dtype=torch.int32, device=device)
+    block_tables = torch.zeros(
+        (len(context_lens), max(blocks_per_seq)), dtype=torch.int32, device=device
+    )
     used = 0
     for b, n_blocks in enumerate(blocks_per_seq):
         block_tables[b, :n_blocks] = pool[used : used + n_blocks]
@@ -150,23 +152,29 @@ def attention_cases(shapes: Shapes, dtype, device) -> list[BenchCase]:
         args = _paged_batch(shapes, [1] * batch, [context] * batch, dtype, device)
         kv_bytes = 2 * batch * context * shapes.num_kv_heads * shapes.head_dim * elt
         q_bytes = 2 * batch * shapes.num_heads * shapes.head_dim * elt  # q in, out
-        cases.append(BenchCase(
-            name, {"batch": batch, "context": context},
-            lambda args=args: paged_attention_triton(*args),
-            lambda args=args: paged_attention_torch(*args),
-            bytes_moved=kv_bytes + q_bytes,
-        ))  # fmt: skip
+        cases.append(
+            BenchCase(
+                name,
+                {"batch": batch, "context": context},
+                lambda args=args: paged_attention_triton(*args),
+                lambda args=args: paged_attention_torch(*args),
+                bytes_moved=kv_bytes + q_bytes,
+            )
+        )
 
     # One chunk after an equal cached prefix: query i attends prefix + i + 1 keys.
     chunk = shapes.prefill_len
     args = _paged_batch(shapes, [chunk], [2 * chunk], dtype, device)
     visible_pairs = sum(chunk + i + 1 for i in range(chunk))
-    cases.append(BenchCase(
-        "paged_attention_prefill_chunk", {"chunk": chunk, "cached_prefix": chunk},
-        lambda: paged_attention_triton(*args),
-        lambda: paged_attention_torch(*args),
-        flops=4 * visible_pairs * shapes.num_heads * shapes.head_dim,  # QK^T and PV
-    ))  # fmt: skip
+    cases.append(
+        BenchCase(
+            "paged_attention_prefill_chunk",
+            {"chunk": chunk, "cached_prefix": chunk},
+            lambda: paged_attention_triton(*args),
+            lambda: paged_attention_torch(*args),
+            flops=4 * visible_pairs * shapes.num_heads * shapes.head_dim,  # QK^T and PV
+        )
+    )
     return cases
 
 
@@ -184,31 +192,40 @@ def elementwise_cases(shapes: Shapes, dtype, device) -> list[BenchCase]:
     x = torch.randn(t, hidden, device=device).to(dtype)
     residual = torch.randn(t, hidden, device=device).to(dtype)
     weight = torch.randn(hidden, device=device).to(dtype)
-    cases.append(BenchCase(
-        "rms_norm_residual", {"tokens": t, "hidden": hidden},
-        lambda: rms_norm_triton(x, weight, 1e-6, residual),
-        lambda: rms_norm_torch(x, weight, 1e-6, residual),
-        bytes_moved=4 * t * hidden * elt,  # x, residual in; out, sum out
-    ))  # fmt: skip
+    cases.append(
+        BenchCase(
+            "rms_norm_residual",
+            {"tokens": t, "hidden": hidden},
+            lambda: rms_norm_triton(x, weight, 1e-6, residual),
+            lambda: rms_norm_torch(x, weight, 1e-6, residual),
+            bytes_moved=4 * t * hidden * elt,  # x, residual in; out, sum out
+        )
+    )
 
     cache = rope_cos_sin_cache(d, 8192, 500000.0, None, torch.float32, device)
     positions = torch.randint(0, 8192, (t,), device=device)
     q = torch.randn(t, hq, d, device=device).to(dtype)
     k = torch.randn(t, hkv, d, device=device).to(dtype)
-    cases.append(BenchCase(
-        "apply_rotary", {"tokens": t, "num_heads": hq, "num_kv_heads": hkv, "head_dim": d},
-        lambda: apply_rotary_triton(positions, q, k, cache),
-        lambda: apply_rotary_torch(positions, q, k, cache),
-        bytes_moved=2 * t * (hq + hkv) * d * elt + t * d * 4,
-    ))  # fmt: skip
+    cases.append(
+        BenchCase(
+            "apply_rotary",
+            {"tokens": t, "num_heads": hq, "num_kv_heads": hkv, "head_dim": d},
+            lambda: apply_rotary_triton(positions, q, k, cache),
+            lambda: apply_rotary_torch(positions, q, k, cache),
+            bytes_moved=2 * t * (hq + hkv) * d * elt + t * d * 4,
+        )
+    )
 
     gate_up = torch.randn(t, 2 * shapes.intermediate, device=device).to(dtype)
-    cases.append(BenchCase(
-        "silu_and_mul", {"tokens": t, "intermediate": shapes.intermediate},
-        lambda: silu_and_mul_triton(gate_up),
-        lambda: silu_and_mul_torch(gate_up),
-        bytes_moved=3 * t * shapes.intermediate * elt,
-    ))  # fmt: skip
+    cases.append(
+        BenchCase(
+            "silu_and_mul",
+            {"tokens": t, "intermediate": shapes.intermediate},
+            lambda: silu_and_mul_triton(gate_up),
+            lambda: silu_and_mul_torch(gate_up),
+            bytes_moved=3 * t * shapes.intermediate * elt,
+        )
+    )
 
     num_blocks = math.ceil(t / shapes.block_size) * 2
     slots = torch.randperm(num_blocks * shapes.block_size, device=device)[:t]
@@ -223,12 +240,15 @@ def elementwise_cases(shapes: Shapes, dtype, device) -> list[BenchCase]:
         fn(key, value, kv[0], kv[1], slots)
         return kv
 
-    cases.append(BenchCase(
-        "write_kv_cache", {"tokens": t, "num_kv_heads": hkv, "head_dim": d},
-        lambda: write(write_kv_cache_triton, caches["triton"]),
-        lambda: write(write_kv_cache_torch, caches["torch"]),
-        bytes_moved=4 * t * hkv * d * elt + t * 8,
-    ))  # fmt: skip
+    cases.append(
+        BenchCase(
+            "write_kv_cache",
+            {"tokens": t, "num_kv_heads": hkv, "head_dim": d},
+            lambda: write(write_kv_cache_triton, caches["triton"]),
+            lambda: write(write_kv_cache_torch, caches["torch"]),
+            bytes_moved=4 * t * hkv * d * elt + t * 8,
+        )
+    )
     return cases
 
 
@@ -246,16 +266,27 @@ def run_case(case: BenchCase, dtype, device, peaks: dict) -> Result:
         result.achieved = {"gbps": gbps, "fraction_of_copy_peak": gbps / peaks["copy_gbps"]}
     if case.flops:
         tflops = case.flops / seconds / 1e12
-        result.achieved = {"tflops": tflops, "fraction_of_matmul_peak": tflops / peaks["matmul_tflops"]}
+        result.achieved = {
+            "tflops": tflops,
+            "fraction_of_matmul_peak": tflops / peaks["matmul_tflops"],
+        }
     return result
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", required=True, type=Path, help="JSON results path")
-    parser.add_argument("--tiny", action="store_true", help="tiny shapes; CPU via Triton's interpreter")
-    parser.add_argument("--dtype", choices=DTYPES, default=None,
-                        help="default: bfloat16 on CUDA, float32 with --tiny on CPU")  # fmt: skip
+    parser.add_argument(
+        "--tiny", action="store_true", help="tiny shapes; CPU via Triton's interpreter"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="default: bfloat16 on CUDA, float32 with --tiny on CPU",
+    )
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -267,20 +298,28 @@ def main() -> int:
         torch.set_num_threads(min(2, torch.get_num_threads()))
     dtype = DTYPES[args.dtype or ("bfloat16" if device.type == "cuda" else "float32")]
     if device.type == "cpu" and dtype == torch.bfloat16:
-        parser.error("bfloat16 is not supported by Triton's CPU interpreter; use float32 or float16")
+        parser.error(
+            "bfloat16 is not supported by Triton's CPU interpreter; use float32 or float16"
+        )
     torch.manual_seed(0)
 
     shapes = TINY if args.tiny else FULL
     peaks = measure_peaks(device, dtype, args.tiny)
     results = [
         run_case(case, dtype, device, peaks)
-        for case in attention_cases(shapes, dtype, device) + elementwise_cases(shapes, dtype, device)
+        for case in attention_cases(shapes, dtype, device)
+        + elementwise_cases(shapes, dtype, device)
     ]
 
-    note = "tiny shapes on CPU through Triton's interpreter: timings are meaningless" if (
-        device.type == "cpu") else "medians of triton.testing.do_bench"  # fmt: skip
+    note = (
+        "tiny shapes on CPU through Triton's interpreter: timings are meaningless"
+        if (device.type == "cpu")
+        else "medians of triton.testing.do_bench"
+    )
     report = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)",
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else "cpu (interpreter)",
         "dtype": str(dtype).removeprefix("torch."),
         "mode": "tiny" if args.tiny else "full",
         "note": note,
@@ -291,11 +330,17 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
 
-    print(f"{report['device']}, {report['dtype']}: copy {peaks['copy_gbps']:.1f} GB/s, "
-          f"matmul {peaks['matmul_tflops']:.2f} TFLOP/s ({note})")  # fmt: skip
+    print(
+        f"{report['device']}, {report['dtype']}: copy {peaks['copy_gbps']:.1f} GB/s, "
+        f"matmul {peaks['matmul_tflops']:.2f} TFLOP/s ({note})"
+    )
     for r in results:
         status = "ok " if r.correct else "BAD"
-        timing = "" if r.triton_ms is None else f"triton {r.triton_ms:9.3f} ms  torch {r.torch_ms:9.3f} ms  "
+        timing = (
+            ""
+            if r.triton_ms is None
+            else f"triton {r.triton_ms:9.3f} ms  torch {r.torch_ms:9.3f} ms  "
+        )
         rate = "  ".join(f"{k} {v:.3g}" for k, v in r.achieved.items())
         print(f"{status} {r.name:32s} err {r.rel_error:.1e}  {timing}{rate}")
     print(f"wrote {args.out}")

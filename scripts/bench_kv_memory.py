@@ -62,12 +62,30 @@ class Preset:
 
 _SMALL = SPREAD_PRESETS["quick"].sizes  # 0.7M parameters
 PRESETS = {
-    "quick": Preset(Sizes(**{**asdict(_SMALL), "requests": 16, "prompt_len": (32, 256),
-                             "output_len": (8, 32)}), 512, 80),
-    "cpu": Preset(Sizes(**{**asdict(_SMALL), "requests": 64, "prompt_len": (32, 512),
-                           "output_len": (32, 256)}), 1024, 96),
-    "cuda": Preset(Sizes(**{**asdict(SPREAD_PRESETS["cuda"].sizes), "requests": 64,
-                            "prompt_len": (32, 512), "output_len": (32, 256)}), 1024, 96),
+    "quick": Preset(
+        Sizes(**{**asdict(_SMALL), "requests": 16, "prompt_len": (32, 256), "output_len": (8, 32)}),
+        512,
+        80,
+    ),
+    "cpu": Preset(
+        Sizes(
+            **{**asdict(_SMALL), "requests": 64, "prompt_len": (32, 512), "output_len": (32, 256)}
+        ),
+        1024,
+        96,
+    ),
+    "cuda": Preset(
+        Sizes(
+            **{
+                **asdict(SPREAD_PRESETS["cuda"].sizes),
+                "requests": 64,
+                "prompt_len": (32, 512),
+                "output_len": (32, 256),
+            }
+        ),
+        1024,
+        96,
+    ),
 }
 
 
@@ -91,8 +109,14 @@ def record_kv_usage(engine) -> list[StepSample]:
         out = inner()
         new = {item.seq.seq_id: item.num_new_tokens for item in out.scheduled}
         tokens = sum(s.num_computed_tokens + new.get(s.seq_id, 0) for s in scheduler.running)
-        samples.append(StepSample(time.perf_counter() - started, len(scheduler.running), tokens,
-                                  (pool.num_blocks - pool.num_free_blocks) * block_size))
+        samples.append(
+            StepSample(
+                time.perf_counter() - started,
+                len(scheduler.running),
+                tokens,
+                (pool.num_blocks - pool.num_free_blocks) * block_size,
+            )
+        )
         return out
 
     scheduler.schedule = schedule
@@ -102,16 +126,26 @@ def record_kv_usage(engine) -> list[StepSample]:
 def utilization_run(model_dir: Path, device, dtype: str, preset: Preset, seed: int) -> dict:
     """(a): the mixed workload on the fixed pool; the step series and the peak."""
     workload = make_workload(preset.workload, seed)
-    engine = new_engine(model_dir, device, dtype, max_model_len=MAX_MODEL_LENS[0],
-                        num_blocks=preset.num_blocks, block_size=BLOCK_SIZE)
+    engine = new_engine(
+        model_dir,
+        device,
+        dtype,
+        max_model_len=MAX_MODEL_LENS[0],
+        num_blocks=preset.num_blocks,
+        block_size=BLOCK_SIZE,
+    )
     samples = record_kv_usage(engine)
     started = time.perf_counter()
     engine.generate(workload.prompts, [greedy(n) for n in workload.output_lens])
     seconds = time.perf_counter() - started
     peak = max(samples, key=lambda s: s.slots)  # the first step at the highest allocation
-    return {"seconds": seconds, "samples": samples, "peak": peak,
-            "preemptions": engine.stats().counters.num_preemptions,
-            "output_tokens": workload.num_output_tokens}
+    return {
+        "seconds": seconds,
+        "samples": samples,
+        "peak": peak,
+        "preemptions": engine.stats().counters.num_preemptions,
+        "output_tokens": workload.num_output_tokens,
+    }
 
 
 def sequence_lengths(preset: Preset, seed: int) -> list[int]:
@@ -131,13 +165,28 @@ def paged_capacity(lengths: list[int], num_blocks: int) -> int:
     return len(lengths)
 
 
-def measured_concurrency(model_dir: Path, device, dtype: str, lengths: list[int], num_blocks: int,
-                         max_model_len: int, seed: int) -> tuple[int, int]:
+def measured_concurrency(
+    model_dir: Path,
+    device,
+    dtype: str,
+    lengths: list[int],
+    num_blocks: int,
+    max_model_len: int,
+    seed: int,
+) -> tuple[int, int]:
     """(b): sequences running after the first step when all `lengths` are offered to an empty
     pool at once, and preemptions; the rest are aborted (their count is all that matters)."""
-    engine = new_engine(model_dir, device, dtype, max_model_len=max_model_len,
-                        num_blocks=num_blocks, block_size=BLOCK_SIZE, max_num_seqs=len(lengths),
-                        max_num_batched_tokens=sum(lengths), enable_prefix_caching=False)
+    engine = new_engine(
+        model_dir,
+        device,
+        dtype,
+        max_model_len=max_model_len,
+        num_blocks=num_blocks,
+        block_size=BLOCK_SIZE,
+        max_num_seqs=len(lengths),
+        max_num_batched_tokens=sum(lengths),
+        enable_prefix_caching=False,
+    )
     samples = record_kv_usage(engine)
     rng = random.Random(seed)
     for index, length in enumerate(lengths):
@@ -157,12 +206,18 @@ def run(args: argparse.Namespace) -> dict:
 def _run(args: argparse.Namespace, model_dir: Path) -> dict:
     device, dtype = setup_torch(args)
     preset = PRESETS["quick" if args.quick else ("cuda" if device.type == "cuda" else "cpu")]
-    num_params = build_model(preset.workload, model_dir, args.seed, max_positions=max(MAX_MODEL_LENS))
+    num_params = build_model(
+        preset.workload, model_dir, args.seed, max_positions=max(MAX_MODEL_LENS)
+    )
     pool_tokens = preset.num_blocks * BLOCK_SIZE
-    progress(f"{NAME}: {num_params / 1e6:.1f}M parameters, {dtype} on {device}, pool "
-             f"{preset.num_blocks} blocks x {BLOCK_SIZE} = {pool_tokens} tokens")
+    progress(
+        f"{NAME}: {num_params / 1e6:.1f}M parameters, {dtype} on {device}, pool "
+        f"{preset.num_blocks} blocks x {BLOCK_SIZE} = {pool_tokens} tokens"
+    )
 
-    runs = [utilization_run(model_dir, device, dtype, preset, args.seed) for _ in range(args.repeats)]
+    runs = [
+        utilization_run(model_dir, device, dtype, preset, args.seed) for _ in range(args.repeats)
+    ]
     series = [[asdict(s) | {"seconds": 0.0} for s in r["samples"]] for r in runs]
     if any(s != series[0] for s in series):
         raise SystemExit("KV accounting differs between repeats of the same workload")
@@ -174,41 +229,68 @@ def _run(args: argparse.Namespace, model_dir: Path) -> dict:
     expected = paged_capacity(lengths, preset.num_blocks)
     concurrency = {}
     for max_len in MAX_MODEL_LENS:
-        paged, preemptions = measured_concurrency(model_dir, device, dtype, lengths,
-                                                  preset.num_blocks, max_len, args.seed)
+        paged, preemptions = measured_concurrency(
+            model_dir, device, dtype, lengths, preset.num_blocks, max_len, args.seed
+        )
         if paged != expected or preemptions:
-            raise SystemExit(f"max_model_len {max_len}: {paged} sequences resident ({preemptions} "
-                             f"preemptions), block arithmetic says {expected}")
+            raise SystemExit(
+                f"max_model_len {max_len}: {paged} sequences resident ({preemptions} "
+                f"preemptions), block arithmetic says {expected}"
+            )
         contiguous = pool_tokens // max_len
-        concurrency[str(max_len)] = {"paged": paged, "paged_expected": expected,
-                                     "contiguous": contiguous, "gain": paged / contiguous}
+        concurrency[str(max_len)] = {
+            "paged": paged,
+            "paged_expected": expected,
+            "contiguous": contiguous,
+            "gain": paged / contiguous,
+        }
         progress(f"(b) max_model_len {max_len}: paged {paged}, contiguous {contiguous}")
 
     utilization = peak.tokens / peak.slots
     return {
-        "benchmark": NAME, "quick": args.quick, "device": str(device), "dtype": dtype,
+        "benchmark": NAME,
+        "quick": args.quick,
+        "device": str(device),
+        "dtype": dtype,
         "model": {**asdict(preset.workload), "parameters": num_params},
-        "workload": {"requests": preset.workload.requests, "prompt_len": preset.workload.prompt_len,
-                     "output_len": preset.workload.output_len, "seed": args.seed,
-                     "concurrency_sequences": preset.num_sequences,
-                     "concurrency_lengths": spread(lengths)},
-        "settings": {"num_blocks": preset.num_blocks, "block_size": BLOCK_SIZE,
-                     "pool_tokens": pool_tokens, "max_model_len": MAX_MODEL_LENS[0],
-                     "torch_threads": args.threads},
+        "workload": {
+            "requests": preset.workload.requests,
+            "prompt_len": preset.workload.prompt_len,
+            "output_len": preset.workload.output_len,
+            "seed": args.seed,
+            "concurrency_sequences": preset.num_sequences,
+            "concurrency_lengths": spread(lengths),
+        },
+        "settings": {
+            "num_blocks": preset.num_blocks,
+            "block_size": BLOCK_SIZE,
+            "pool_tokens": pool_tokens,
+            "max_model_len": MAX_MODEL_LENS[0],
+            "torch_threads": args.threads,
+        },
         "repeats": args.repeats,
         "seconds": [r["seconds"] for r in runs],
         "utilization": {
-            "peak": asdict(peak), "slot_utilization": utilization,
-            "preemptions": a["preemptions"], "output_tokens": a["output_tokens"],
-            "contiguous_utilization": {str(n): peak.tokens / (peak.running * n)
-                                       for n in MAX_MODEL_LENS},
-            "series": [asdict(s) for s in a["samples"]]},
+            "peak": asdict(peak),
+            "slot_utilization": utilization,
+            "preemptions": a["preemptions"],
+            "output_tokens": a["output_tokens"],
+            "contiguous_utilization": {
+                str(n): peak.tokens / (peak.running * n) for n in MAX_MODEL_LENS
+            },
+            "series": [asdict(s) for s in a["samples"]],
+        },
         "concurrency": concurrency,
-        "fidelity": {"deterministic_accounting": True, "paged_count_matches_blocks": True,
-                     "no_preemption_in_b": True, "passed": True},
-        "summary": {"kv_slot_utilization": utilization,
-                    "concurrency_gain_vs_preallocation":
-                        concurrency[str(MAX_MODEL_LENS[0])]["gain"]},
+        "fidelity": {
+            "deterministic_accounting": True,
+            "paged_count_matches_blocks": True,
+            "no_preemption_in_b": True,
+            "passed": True,
+        },
+        "summary": {
+            "kv_slot_utilization": utilization,
+            "concurrency_gain_vs_preallocation": concurrency[str(MAX_MODEL_LENS[0])]["gain"],
+        },
         "machine": machine_info(),
     }
 
@@ -217,25 +299,41 @@ def report(result: dict) -> list[str]:
     u, s, w = result["utilization"], result["settings"], result["workload"]
     peak, contiguous = u["peak"], u["contiguous_utilization"]
     lines = [
-        "### KV-cache memory: paged utilization and concurrency", "",
+        "### KV-cache memory: paged utilization and concurrency",
+        "",
         f"(a) {w['requests']} requests (prompts {w['prompt_len'][0]}-{w['prompt_len'][1]}, outputs "
         f"{w['output_len'][0]}-{w['output_len'][1]} tokens) on a pool of {s['num_blocks']} blocks "
         f"x {s['block_size']} = {s['pool_tokens']} token slots; sampled after every scheduler "
         f"step. At the peak allocation {peak['running']} sequences held {peak['tokens']} tokens "
-        f"in {peak['slots']} allocated slots ({u['preemptions']} preemptions in the run).", "",
-        "| layout | KV slots holding a token |", "|---|---|",
-        f"| paged (block size {s['block_size']}) | {u['slot_utilization']:.3f} |"]
-    lines += [f"| contiguous, max_model_len {n} per sequence | {v:.3f} |" for n, v in contiguous.items()]
+        f"in {peak['slots']} allocated slots ({u['preemptions']} preemptions in the run).",
+        "",
+        "| layout | KV slots holding a token |",
+        "|---|---|",
+        f"| paged (block size {s['block_size']}) | {u['slot_utilization']:.3f} |",
+    ]
     lines += [
-        "", f"(b) Sequences of the same length distribution ({w['concurrency_sequences']} offered) "
+        f"| contiguous, max_model_len {n} per sequence | {v:.3f} |" for n, v in contiguous.items()
+    ]
+    lines += [
+        "",
+        f"(b) Sequences of the same length distribution ({w['concurrency_sequences']} offered) "
         f"resident at once in {s['pool_tokens']} token slots; paged measured on the engine "
-        "(equal to block arithmetic, no preemption).", "",
-        "| max_model_len | paged | contiguous preallocation | gain |", "|---|---|---|---|"]
-    lines += [f"| {n} | {c['paged']} | {c['contiguous']} | {c['gain']:.2f}x |"
-              for n, c in result["concurrency"].items()]
+        "(equal to block arithmetic, no preemption).",
+        "",
+        "| max_model_len | paged | contiguous preallocation | gain |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {n} | {c['paged']} | {c['contiguous']} | {c['gain']:.2f}x |"
+        for n, c in result["concurrency"].items()
+    ]
     value = result["summary"]["kv_slot_utilization"]
-    return lines + ["", summary_line("kv_slot_utilization", value, f">= {UTILIZATION_TARGET}",
-                                     value >= UTILIZATION_TARGET)]
+    return lines + [
+        "",
+        summary_line(
+            "kv_slot_utilization", value, f">= {UTILIZATION_TARGET}", value >= UTILIZATION_TARGET
+        ),
+    ]
 
 
 def plot(result: dict, out_dir: Path) -> list[Path]:
@@ -262,8 +360,12 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6, 4))
     x = range(len(concurrency))
     ax.bar([i - 0.2 for i in x], [c["paged"] for c in concurrency.values()], 0.4, label="paged")
-    ax.bar([i + 0.2 for i in x], [c["contiguous"] for c in concurrency.values()], 0.4,
-           label="contiguous preallocation")
+    ax.bar(
+        [i + 0.2 for i in x],
+        [c["contiguous"] for c in concurrency.values()],
+        0.4,
+        label="contiguous preallocation",
+    )
     ax.set_xticks(list(x), [f"max_model_len {n}" for n in concurrency])
     ax.set_ylabel("sequences resident at once")
     ax.set_ylim(0, 1.3 * max(c["paged"] for c in concurrency.values()))  # room for the legend

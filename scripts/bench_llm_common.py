@@ -21,9 +21,15 @@ def add_common_args(parser: argparse.ArgumentParser, name: str, repeats: int) ->
     parser.add_argument("--quick", action="store_true", help="tiny sizes (< 40 s), for tests")
     parser.add_argument("--out", type=Path, default=Path(f"bench/results/{name}.json"))
     parser.add_argument("--device", default=None, help="cpu, cuda (default: CUDA if available)")
-    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                        help="default: float32 on CPU, bfloat16 on CUDA")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch default)")
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="default: float32 on CPU, bfloat16 on CUDA",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (0: torch default)"
+    )
     parser.add_argument("--repeats", type=int, default=repeats)
     parser.add_argument("--seed", type=int, default=0)
 
@@ -70,8 +76,9 @@ def time_to_first_token(output) -> float:
     return output.metrics.first_token_time - output.metrics.arrival_time
 
 
-def check_same(reference_name: str, reference: list[list[int]],
-               others: dict[str, list[list[int]]], dtype: str) -> dict[str, object]:
+def check_same(
+    reference_name: str, reference: list[list[int]], others: dict[str, list[list[int]]], dtype: str
+) -> dict[str, object]:
     """Compare greedy token ids with the reference; SystemExit when they differ (float32) or agree
     on too few tokens (reduced precision). Returns the record for the result JSON."""
     scores = {name: agreement(reference, outputs) for name, outputs in others.items()}
@@ -79,8 +86,12 @@ def check_same(reference_name: str, reference: list[list[int]],
     for name, score in scores.items():
         if (score["requests"] < 1.0) if exact else (score["tokens"] < MIN_TOKEN_AGREEMENT):
             raise SystemExit(f"{name}: greedy outputs differ from {reference_name} ({score})")
-    return {"reference": reference_name, "exact_required": exact, "agreement": scores,
-            "passed": True}
+    return {
+        "reference": reference_name,
+        "exact_required": exact,
+        "agreement": scores,
+        "passed": True,
+    }
 
 
 def summary_line(name: str, value: float | None, target: str, met: bool | None) -> str:

@@ -49,8 +49,12 @@ POOL_FRACTION = 0.4
 SWAP_SPACE_GB = 0.25
 
 
-def _workload(base: Sizes, requests: int, prompt: tuple[int, int], output: tuple[int, int]) -> Sizes:
-    return Sizes(**{**asdict(base), "requests": requests, "prompt_len": prompt, "output_len": output})
+def _workload(
+    base: Sizes, requests: int, prompt: tuple[int, int], output: tuple[int, int]
+) -> Sizes:
+    return Sizes(
+        **{**asdict(base), "requests": requests, "prompt_len": prompt, "output_len": output}
+    )
 
 
 PRESETS = {  # the models of bench_batching_spread
@@ -70,20 +74,31 @@ class ModeRun:
 
 def blocks_needed(workload: Workload) -> int:
     """Blocks every sequence holds at its full length (prompt + output)."""
-    return sum(-(-(len(p) + n) // BLOCK_SIZE)
-               for p, n in zip(workload.prompts, workload.output_lens, strict=True))
+    return sum(
+        -(-(len(p) + n) // BLOCK_SIZE)
+        for p, n in zip(workload.prompts, workload.output_lens, strict=True)
+    )
 
 
 def mode_settings(workload: Workload, max_model_len: int) -> dict[str, dict]:
     """LLMConfig settings per mode."""
     demand = blocks_needed(workload)
     pressured = max(round(POOL_FRACTION * demand), -(-max_model_len // BLOCK_SIZE))
-    common = {"max_model_len": max_model_len, "block_size": BLOCK_SIZE,
-              "max_num_seqs": len(workload.prompts)}
-    return {"baseline": {**common, "num_blocks": demand},
-            "recompute": {**common, "num_blocks": pressured, "preemption_mode": "recompute"},
-            "swap": {**common, "num_blocks": pressured, "preemption_mode": "swap",
-                     "swap_space": SWAP_SPACE_GB}}
+    common = {
+        "max_model_len": max_model_len,
+        "block_size": BLOCK_SIZE,
+        "max_num_seqs": len(workload.prompts),
+    }
+    return {
+        "baseline": {**common, "num_blocks": demand},
+        "recompute": {**common, "num_blocks": pressured, "preemption_mode": "recompute"},
+        "swap": {
+            **common,
+            "num_blocks": pressured,
+            "preemption_mode": "swap",
+            "swap_space": SWAP_SPACE_GB,
+        },
+    }
 
 
 def run_mode(model_dir: Path, device, dtype: str, settings: dict, workload: Workload) -> ModeRun:
@@ -94,9 +109,12 @@ def run_mode(model_dir: Path, device, dtype: str, settings: dict, workload: Work
     started = time.perf_counter()
     outputs = engine.generate(workload.prompts, [greedy(n) for n in workload.output_lens])
     seconds = time.perf_counter() - started
-    return ModeRun([o.outputs[0].token_ids for o in outputs], seconds,
-                   [time_to_first_token(o) for o in outputs],
-                   engine.stats().counters.num_preemptions)
+    return ModeRun(
+        [o.outputs[0].token_ids for o in outputs],
+        seconds,
+        [time_to_first_token(o) for o in outputs],
+        engine.stats().counters.num_preemptions,
+    )
 
 
 def check_modes(runs: dict[str, ModeRun], dtype: str) -> dict:
@@ -122,50 +140,74 @@ def _run(args: argparse.Namespace, model_dir: Path) -> dict:
     num_params = build_model(sizes, model_dir, args.seed)
     workload = make_workload(sizes, args.seed)
     settings = mode_settings(workload, max_model_len)
-    progress(f"{NAME}: {num_params / 1e6:.1f}M parameters, {dtype} on {device}, {sizes.requests} "
-             f"requests, {workload.num_output_tokens} output tokens; KV pool "
-             f"{settings['baseline']['num_blocks']} blocks (baseline), "
-             f"{settings['recompute']['num_blocks']} (under pressure)")
+    progress(
+        f"{NAME}: {num_params / 1e6:.1f}M parameters, {dtype} on {device}, {sizes.requests} "
+        f"requests, {workload.num_output_tokens} output tokens; KV pool "
+        f"{settings['baseline']['num_blocks']} blocks (baseline), "
+        f"{settings['recompute']['num_blocks']} (under pressure)"
+    )
 
     def run_all(work: Workload, modes: tuple[str, ...], sets: dict) -> dict[str, ModeRun]:
         return {name: run_mode(model_dir, device, dtype, sets[name], work) for name in modes}
 
     # Fidelity first (also a warm-up): half the requests, shorter outputs, the same pool share.
-    check = Workload(workload.prompts[:len(workload.prompts) // 2],
-                     [n // 3 for n in workload.output_lens[:len(workload.prompts) // 2]])
-    fidelity = {"before_timing": check_modes(run_all(check, MODES,
-                                                     mode_settings(check, max_model_len)), dtype)}
+    check = Workload(
+        workload.prompts[: len(workload.prompts) // 2],
+        [n // 3 for n in workload.output_lens[: len(workload.prompts) // 2]],
+    )
+    fidelity = {
+        "before_timing": check_modes(
+            run_all(check, MODES, mode_settings(check, max_model_len)), dtype
+        )
+    }
     runs: dict[str, list[ModeRun]] = {name: [] for name in MODES}
     for rep in range(args.repeats):
-        order = MODES[rep % len(MODES):] + MODES[:rep % len(MODES)]
+        order = MODES[rep % len(MODES) :] + MODES[: rep % len(MODES)]
         this = run_all(workload, order, settings)
         for name in MODES:
             runs[name].append(this[name])
-            progress(f"repeat {rep + 1}/{args.repeats} {name}: {this[name].seconds:.2f} s, "
-                     f"{this[name].preemptions} preemptions")
+            progress(
+                f"repeat {rep + 1}/{args.repeats} {name}: {this[name].seconds:.2f} s, "
+                f"{this[name].preemptions} preemptions"
+            )
         fidelity[f"repeat_{rep + 1}"] = check_modes(this, dtype)
 
     tokens = workload.num_output_tokens
     rate = {name: spread([tokens / r.seconds for r in rs]) for name, rs in runs.items()}
     ttft = {name: [t for r in rs for t in r.ttft] for name, rs in runs.items()}
     return {
-        "benchmark": NAME, "quick": args.quick, "device": str(device), "dtype": dtype,
+        "benchmark": NAME,
+        "quick": args.quick,
+        "device": str(device),
+        "dtype": dtype,
         "model": {**asdict(sizes), "parameters": num_params},
-        "workload": {"requests": sizes.requests, "prompt_len": sizes.prompt_len,
-                     "output_len": sizes.output_len, "output_tokens": tokens,
-                     "blocks_needed": blocks_needed(workload), "seed": args.seed,
-                     "greedy": True, "ignore_eos": True},
-        "settings": {"engines": settings, "pool_fraction": POOL_FRACTION,
-                     "torch_threads": args.threads},
+        "workload": {
+            "requests": sizes.requests,
+            "prompt_len": sizes.prompt_len,
+            "output_len": sizes.output_len,
+            "output_tokens": tokens,
+            "blocks_needed": blocks_needed(workload),
+            "seed": args.seed,
+            "greedy": True,
+            "ignore_eos": True,
+        },
+        "settings": {
+            "engines": settings,
+            "pool_fraction": POOL_FRACTION,
+            "torch_threads": args.threads,
+        },
         "repeats": args.repeats,
         "seconds": {name: [r.seconds for r in rs] for name, rs in runs.items()},
         "output_tokens_per_second": rate,
-        "ttft_ms": {name: {"p50": percentile(v, 50) * 1e3, "p99": percentile(v, 99) * 1e3}
-                    for name, v in ttft.items()},
+        "ttft_ms": {
+            name: {"p50": percentile(v, 50) * 1e3, "p99": percentile(v, 99) * 1e3}
+            for name, v in ttft.items()
+        },
         "preemptions": {name: [r.preemptions for r in rs] for name, rs in runs.items()},
         "fidelity": fidelity,
-        "summary": {"swap_vs_recompute_throughput":
-                    rate["swap"]["median"] / rate["recompute"]["median"]},
+        "summary": {
+            "swap_vs_recompute_throughput": rate["swap"]["median"] / rate["recompute"]["median"]
+        },
         "machine": machine_info(),
     }
 
@@ -173,23 +215,31 @@ def _run(args: argparse.Namespace, model_dir: Path) -> dict:
 def report(result: dict) -> list[str]:
     w, engines = result["workload"], result["settings"]["engines"]
     lines = [
-        "### Preemption under KV pressure: recompute vs swap", "",
+        "### Preemption under KV pressure: recompute vs swap",
+        "",
         f"{w['requests']} requests (prompts {w['prompt_len'][0]}-{w['prompt_len'][1]}, outputs "
         f"{w['output_len'][0]}-{w['output_len'][1]} tokens) at once. baseline: a pool holding "
         f"every sequence ({engines['baseline']['num_blocks']} blocks); recompute and swap: "
         f"{engines['recompute']['num_blocks']} blocks ({result['settings']['pool_fraction']:.0%}). "
         f"Median of {result['repeats']} run(s) in rotating order, {result['dtype']} on "
-        f"{result['device']}; greedy outputs identical in all modes.", "",
+        f"{result['device']}; greedy outputs identical in all modes.",
+        "",
         "| mode | output tok/s (min-max) | TTFT p50 (ms) | TTFT p99 (ms) | preemptions |",
-        "|---|---|---|---|---|"]
+        "|---|---|---|---|---|",
+    ]
     for name in MODES:
         rate, ttft = result["output_tokens_per_second"][name], result["ttft_ms"][name]
-        lines.append(f"| {name} | {rate['median']:.0f} ({rate['min']:.0f}-{rate['max']:.0f}) | "
-                     f"{ttft['p50']:.0f} | {ttft['p99']:.0f} | "
-                     f"{statistics.median(result['preemptions'][name]):.0f} |")
+        lines.append(
+            f"| {name} | {rate['median']:.0f} ({rate['min']:.0f}-{rate['max']:.0f}) | "
+            f"{ttft['p50']:.0f} | {ttft['p99']:.0f} | "
+            f"{statistics.median(result['preemptions'][name]):.0f} |"
+        )
     ratio = result["summary"]["swap_vs_recompute_throughput"]
-    return lines + ["", f"swap / recompute throughput: {ratio:.2f}x. No target: this records "
-                        "which policy is cheaper for this model and device."]
+    return lines + [
+        "",
+        f"swap / recompute throughput: {ratio:.2f}x. No target: this records "
+        "which policy is cheaper for this model and device.",
+    ]
 
 
 def plot(result: dict, out_dir: Path) -> list[Path]:
@@ -205,8 +255,12 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     left.set_title("Throughput")
     x = range(len(MODES))
     for offset, key in ((-0.2, "p50"), (0.2, "p99")):
-        right.bar([i + offset for i in x], [result["ttft_ms"][m][key] for m in MODES], 0.4,
-                  label=f"TTFT {key}")
+        right.bar(
+            [i + offset for i in x],
+            [result["ttft_ms"][m][key] for m in MODES],
+            0.4,
+            label=f"TTFT {key}",
+        )
     right.set_xticks(list(x), MODES)
     right.set_ylabel("ms")
     right.set_title("Time to first token")

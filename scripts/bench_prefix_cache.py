@@ -74,12 +74,15 @@ def make_prompts(preset: Preset, count: int, seed: int) -> tuple[list[int], list
     return warmup, prompts
 
 
-def serve_one_by_one(engine, prompts: list[list[int]], max_tokens: int
-                     ) -> tuple[list[list[int]], list[float]]:
+def serve_one_by_one(
+    engine, prompts: list[list[int]], max_tokens: int
+) -> tuple[list[list[int]], list[float]]:
     """Run each prompt alone to completion; greedy outputs and TTFTs (seconds)."""
     outputs, ttfts = [], []
     for prompt in prompts:
-        engine.add_request(f"r{next(_request_ids)}", None, greedy(max_tokens), prompt_token_ids=prompt)
+        engine.add_request(
+            f"r{next(_request_ids)}", None, greedy(max_tokens), prompt_token_ids=prompt
+        )
         final = None
         while engine.has_unfinished_requests():
             final = next((o for o in engine.step() if o.finished), final)
@@ -88,16 +91,27 @@ def serve_one_by_one(engine, prompts: list[list[int]], max_tokens: int
     return outputs, ttfts
 
 
-def run_mode(model_dir: Path, device, dtype: str, settings: dict, caching: bool, warmup: list[int],
-             prompts: list[list[int]], max_tokens: int) -> dict:
+def run_mode(
+    model_dir: Path,
+    device,
+    dtype: str,
+    settings: dict,
+    caching: bool,
+    warmup: list[int],
+    prompts: list[list[int]],
+    max_tokens: int,
+) -> dict:
     """A fresh engine: the warm-up request, then the measured ones (outputs, TTFTs, hit rate)."""
     engine = new_engine(model_dir, device, dtype, enable_prefix_caching=caching, **settings)
     serve_one_by_one(engine, [warmup], max_tokens)
     before = engine.stats().counters
     outputs, ttfts = serve_one_by_one(engine, prompts, max_tokens)
     counters = engine.stats().counters - before
-    hit_rate = (counters.prefix_cache_hits / counters.prefix_cache_queries
-                if counters.prefix_cache_queries else 0.0)
+    hit_rate = (
+        counters.prefix_cache_hits / counters.prefix_cache_queries
+        if counters.prefix_cache_queries
+        else 0.0
+    )
     return {"outputs": outputs, "ttft": ttfts, "hit_rate": hit_rate}
 
 
@@ -112,45 +126,71 @@ def _run(args: argparse.Namespace, model_dir: Path) -> dict:
     max_len = preset.prefix_len + preset.suffix_len + preset.output_len
     num_params = build_model(preset.sizes, model_dir, args.seed, max_positions=max_len)
     # Room for the cached prefix plus a few requests; no eviction of the prefix.
-    settings = {"max_model_len": max_len, "num_blocks": 4 * -(-max_len // 16),
-                "max_num_batched_tokens": max(2048, max_len)}
+    settings = {
+        "max_model_len": max_len,
+        "num_blocks": 4 * -(-max_len // 16),
+        "max_num_batched_tokens": max(2048, max_len),
+    }
     warmup, prompts = make_prompts(preset, preset.requests, args.seed)
-    progress(f"{NAME}: {num_params / 1e6:.1f}M parameters, {dtype} on {device}, "
-             f"{preset.requests} requests of {preset.prefix_len}+{preset.suffix_len} tokens")
+    progress(
+        f"{NAME}: {num_params / 1e6:.1f}M parameters, {dtype} on {device}, "
+        f"{preset.requests} requests of {preset.prefix_len}+{preset.suffix_len} tokens"
+    )
 
     def mode(caching: bool, measured: list[list[int]]) -> dict:
-        return run_mode(model_dir, device, dtype, settings, caching, warmup, measured,
-                        preset.output_len)
+        return run_mode(
+            model_dir, device, dtype, settings, caching, warmup, measured, preset.output_len
+        )
 
     # Fidelity first (also a warm-up): a few requests in both modes.
     check = {name: mode(name == "cache_on", prompts[:3])["outputs"] for name in MODES}
-    fidelity = {"before_timing": check_same("cache_off", check["cache_off"],
-                                            {"cache_on": check["cache_on"]}, dtype)}
+    fidelity = {
+        "before_timing": check_same(
+            "cache_off", check["cache_off"], {"cache_on": check["cache_on"]}, dtype
+        )
+    }
     runs: dict[str, list[dict]] = {name: [] for name in MODES}
     for rep in range(args.repeats):
         for name in MODES if rep % 2 == 0 else MODES[::-1]:
             runs[name].append(mode(name == "cache_on", prompts))
-            progress(f"repeat {rep + 1}/{args.repeats} {name}: median TTFT "
-                     f"{statistics.median(runs[name][-1]['ttft']) * 1e3:.1f} ms")
+            progress(
+                f"repeat {rep + 1}/{args.repeats} {name}: median TTFT "
+                f"{statistics.median(runs[name][-1]['ttft']) * 1e3:.1f} ms"
+            )
         fidelity[f"repeat_{rep + 1}"] = check_same(
-            "cache_off", runs["cache_off"][-1]["outputs"], {"cache_on": runs["cache_on"][-1]["outputs"]},
-            dtype)
+            "cache_off",
+            runs["cache_off"][-1]["outputs"],
+            {"cache_on": runs["cache_on"][-1]["outputs"]},
+            dtype,
+        )
 
     ttft = {name: [t for r in runs[name] for t in r["ttft"]] for name in MODES}
-    reductions = [1 - statistics.median(on["ttft"]) / statistics.median(off["ttft"])
-                  for on, off in zip(runs["cache_on"], runs["cache_off"], strict=True)]
+    reductions = [
+        1 - statistics.median(on["ttft"]) / statistics.median(off["ttft"])
+        for on, off in zip(runs["cache_on"], runs["cache_off"], strict=True)
+    ]
     return {
-        "benchmark": NAME, "quick": args.quick, "device": str(device), "dtype": dtype,
+        "benchmark": NAME,
+        "quick": args.quick,
+        "device": str(device),
+        "dtype": dtype,
         "model": {**asdict(preset.sizes), "parameters": num_params},
-        "workload": {"prefix_len": preset.prefix_len, "suffix_len": preset.suffix_len,
-                     "requests": preset.requests, "output_len": preset.output_len,
-                     "arrival": "one after another, each alone", "warmup_requests": 1,
-                     "seed": args.seed},
+        "workload": {
+            "prefix_len": preset.prefix_len,
+            "suffix_len": preset.suffix_len,
+            "requests": preset.requests,
+            "output_len": preset.output_len,
+            "arrival": "one after another, each alone",
+            "warmup_requests": 1,
+            "seed": args.seed,
+        },
         "settings": {"engine": settings, "torch_threads": args.threads},
         "repeats": args.repeats,
         "ttft_seconds": ttft,
-        "ttft_ms": {name: {"p50": percentile(v, 50) * 1e3, "p99": percentile(v, 99) * 1e3}
-                    for name, v in ttft.items()},
+        "ttft_ms": {
+            name: {"p50": percentile(v, 50) * 1e3, "p99": percentile(v, 99) * 1e3}
+            for name, v in ttft.items()
+        },
         "hit_rate": {name: [r["hit_rate"] for r in runs[name]] for name in MODES},
         "ttft_reduction": spread(reductions),
         "fidelity": fidelity,
@@ -163,22 +203,30 @@ def report(result: dict) -> list[str]:
     w, ms = result["workload"], result["ttft_ms"]
     reduction = result["summary"]["prefix_cache_ttft_reduction"]
     lines = [
-        "### Prefix cache: time to first token with a shared system prompt", "",
+        "### Prefix cache: time to first token with a shared system prompt",
+        "",
         f"{w['requests']} requests = one shared {w['prefix_len']}-token prefix + a unique "
         f"{w['suffix_len']}-token suffix, arriving one after another (each alone, so TTFT is its "
         "prefill); fresh engine per mode and repeat, each first serving one warm-up request with "
         f"the same prefix (it fills the cache when on). {result['repeats']} repeat(s), "
-        f"{result['dtype']} on {result['device']}; greedy outputs identical on and off.", "",
-        "| prefix cache | TTFT p50 (ms) | TTFT p99 (ms) | hit rate (tokens) |", "|---|---|---|---|"]
+        f"{result['dtype']} on {result['device']}; greedy outputs identical on and off.",
+        "",
+        "| prefix cache | TTFT p50 (ms) | TTFT p99 (ms) | hit rate (tokens) |",
+        "|---|---|---|---|",
+    ]
     for name in MODES:
         hits = statistics.median(result["hit_rate"][name])
-        lines.append(f"| {name.removeprefix('cache_')} | {ms[name]['p50']:.1f} | "
-                     f"{ms[name]['p99']:.1f} | {hits:.3f} |")
+        lines.append(
+            f"| {name.removeprefix('cache_')} | {ms[name]['p50']:.1f} | "
+            f"{ms[name]['p99']:.1f} | {hits:.3f} |"
+        )
     r = result["ttft_reduction"]
-    lines += ["", f"TTFT reduction 1 - median(on)/median(off): {reduction:.3f} "
-              f"(min {r['min']:.3f}, max {r['max']:.3f} over repeats).",
-              summary_line("prefix_cache_ttft_reduction", reduction, f">= {TARGET}",
-                           reduction >= TARGET)]
+    lines += [
+        "",
+        f"TTFT reduction 1 - median(on)/median(off): {reduction:.3f} "
+        f"(min {r['min']:.3f}, max {r['max']:.3f} over repeats).",
+        summary_line("prefix_cache_ttft_reduction", reduction, f">= {TARGET}", reduction >= TARGET),
+    ]
     return lines
 
 
@@ -193,8 +241,12 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     everything = [t * 1e3 for name in MODES for t in result["ttft_seconds"][name]]
     for name in MODES:
         values = sorted(t * 1e3 for t in result["ttft_seconds"][name])
-        ax.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post",
-                label=f"prefix cache {name.removeprefix('cache_')}")
+        ax.step(
+            values,
+            [(i + 1) / len(values) for i in range(len(values))],
+            where="post",
+            label=f"prefix cache {name.removeprefix('cache_')}",
+        )
     ax.set_xscale("log")  # both modes readable although an order of magnitude apart
     ax.set_xlim(min(everything) / 1.5, max(everything) * 1.5)
     ax.xaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))

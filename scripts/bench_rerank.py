@@ -34,8 +34,12 @@ from bench_embedding import DEFAULT_MODEL, mixed_texts  # noqa: E402
 
 NAME = "rerank"
 TARGET_RATIO = 1.5
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "vocab.txt")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+)
 DOCUMENTS_PER_QUERY = 8
 HEAD_STD = 1.0
 """Classifier weight std: wide enough (logits spread over a few units) that the score comparison
@@ -55,12 +59,14 @@ def build_cross_encoder(out_dir: Path, seed: int = 0) -> Path:
 
     encoder_dir = resolve_model_path(DEFAULT_MODEL, Path.cwd())
     transformers.logging.set_verbosity_error()  # the head is new on purpose: no warning for it
-    model = BertForSequenceClassification.from_pretrained(encoder_dir, num_labels=1,
-                                                          local_files_only=True)
+    model = BertForSequenceClassification.from_pretrained(
+        encoder_dir, num_labels=1, local_files_only=True
+    )
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         model.classifier.weight.copy_(
-            torch.randn(model.classifier.weight.shape, generator=generator) * HEAD_STD)
+            torch.randn(model.classifier.weight.shape, generator=generator) * HEAD_STD
+        )
         model.classifier.bias.zero_()
     model.save_pretrained(out_dir)
     for name in TOKENIZER_FILES:
@@ -74,8 +80,9 @@ def rerank_pairs(count: int, seed: int = 0) -> tuple[list[str], list[str]]:
     DOCUMENT_WORDS words)."""
     rng = random.Random(seed)
     num_queries = -(-count // DOCUMENTS_PER_QUERY)
-    queries = [" ".join(text.split()[:rng.randint(2, 12)])
-               for text in mixed_texts(num_queries, seed + 1)]
+    queries = [
+        " ".join(text.split()[: rng.randint(2, 12)]) for text in mixed_texts(num_queries, seed + 1)
+    ]
     documents = [" ".join(text.split()[:DOCUMENT_WORDS]) for text in mixed_texts(count, seed)]
     return [queries[i // DOCUMENTS_PER_QUERY] for i in range(count)], documents
 
@@ -106,13 +113,16 @@ def run_with(args: argparse.Namespace, model_dir: Path) -> dict:
     queries, documents = rerank_pairs(args.texts, args.seed)
     pairs = list(zip(queries, documents, strict=True))
 
-    reference = CrossEncoder(str(model_dir), device=str(device), local_files_only=True,
-                             model_kwargs={"dtype": dtype})
+    reference = CrossEncoder(
+        str(model_dir), device=str(device), local_files_only=True, model_kwargs={"dtype": dtype}
+    )
     config = RerankConfig(model=str(model_dir), dtype=dtype_name, mode="cross_encoder")
     reranker = CrossEncoderReranker.from_config(config, device, Path.cwd())
     if reranker.max_seq_length != reference.max_seq_length:
-        raise SystemExit(f"max lengths differ: ours {reranker.max_seq_length}, "
-                         f"sentence-transformers {reference.max_seq_length}")
+        raise SystemExit(
+            f"max lengths differ: ours {reranker.max_seq_length}, "
+            f"sentence-transformers {reference.max_seq_length}"
+        )
 
     # Fidelity first (this also warms both up): raw logits, no activation, on the first pairs
     # (checking all of them would cost as much as a timed repeat).
@@ -121,37 +131,61 @@ def run_with(args: argparse.Namespace, model_dir: Path) -> dict:
     theirs = reference.predict(checked, activation_fn=torch.nn.Identity())
     error = max_score_error(ours, theirs)
     tolerance = args.tolerance or (1e-3 if dtype == torch.float32 else 5e-2)
-    progress(f"max relative score error over {len(checked)} pairs: {error:.2e} "
-             f"(tolerance {tolerance:.0e}); logits span {np.ptp(theirs):.2f}")
+    progress(
+        f"max relative score error over {len(checked)} pairs: {error:.2e} "
+        f"(tolerance {tolerance:.0e}); logits span {np.ptp(theirs):.2f}"
+    )
     if error > tolerance:
         raise SystemExit(f"rerank scores differ: max relative error {error:.2e} > {tolerance}")
 
     lengths = [len(ids) for ids, _ in reranker.tokenize(queries, documents)]
-    timings = time_repeats({"cross_encoder": lambda: reference.predict(pairs),
-                            "reranker": lambda: reranker.predict(queries, documents)},
-                           args.repeats)
+    timings = time_repeats(
+        {
+            "cross_encoder": lambda: reference.predict(pairs),
+            "reranker": lambda: reranker.predict(queries, documents),
+        },
+        args.repeats,
+    )
     tokens = sum(lengths)
-    ratios = [a / b for a, b in zip(timings["cross_encoder"].seconds, timings["reranker"].seconds,
-                                    strict=True)]
+    ratios = [
+        a / b
+        for a, b in zip(timings["cross_encoder"].seconds, timings["reranker"].seconds, strict=True)
+    ]
     return {
-        "benchmark": NAME, "quick": args.quick, "device": str(device), "dtype": dtype_name,
+        "benchmark": NAME,
+        "quick": args.quick,
+        "device": str(device),
+        "dtype": dtype_name,
         "model": "all-MiniLM-L6-v2 encoder + seeded random BertForSequenceClassification head "
-                 f"(num_labels=1, std {HEAD_STD}, seed {args.seed})",
-        "workload": {"pairs": len(pairs), "documents_per_query": DOCUMENTS_PER_QUERY,
-                     "seed": args.seed, "tokens": {"total": tokens, "mean": tokens / len(lengths),
-                                                   "at_max_length": sum(
-                                                       n == reranker.max_seq_length
-                                                       for n in lengths)},
-                     "max_length": reranker.max_seq_length},
-        "fidelity": {"pairs": len(checked), "max_relative_score_error": error, "tolerance": tolerance,
-                     "logit_span": float(np.ptp(theirs)), "passed": True},
+        f"(num_labels=1, std {HEAD_STD}, seed {args.seed})",
+        "workload": {
+            "pairs": len(pairs),
+            "documents_per_query": DOCUMENTS_PER_QUERY,
+            "seed": args.seed,
+            "tokens": {
+                "total": tokens,
+                "mean": tokens / len(lengths),
+                "at_max_length": sum(n == reranker.max_seq_length for n in lengths),
+            },
+            "max_length": reranker.max_seq_length,
+        },
+        "fidelity": {
+            "pairs": len(checked),
+            "max_relative_score_error": error,
+            "tolerance": tolerance,
+            "logit_span": float(np.ptp(theirs)),
+            "passed": True,
+        },
         "repeats": args.repeats,
         "seconds": {name: t.seconds for name, t in timings.items()},
         "items_per_second": {name: t.items_per_second(len(pairs)) for name, t in timings.items()},
         "tokens_per_second": {name: t.items_per_second(tokens) for name, t in timings.items()},
         "ratio_per_repeat": ratios,
-        "settings": {"reranker": asdict(config), "cross_encoder": "predict() defaults (batch_size=32)",
-                     "torch_threads": torch.get_num_threads()},
+        "settings": {
+            "reranker": asdict(config),
+            "cross_encoder": "predict() defaults (batch_size=32)",
+            "torch_threads": torch.get_num_threads(),
+        },
         "machine": machine_info(),
         "summary": {"rerank_vs_cross_encoder": statistics.median(ratios)},
     }
@@ -177,11 +211,17 @@ def report(result: dict) -> list[str]:
     ]
     for name in ("cross_encoder", "reranker"):
         r = items[name]
-        lines.append(f"| {name} | {r['median']:.1f} ({r['min']:.1f}-{r['max']:.1f}) | "
-                     f"{tokens[name]['median']:.0f} |")
+        lines.append(
+            f"| {name} | {r['median']:.1f} ({r['min']:.1f}-{r['max']:.1f}) | "
+            f"{tokens[name]['median']:.0f} |"
+        )
     met = "met" if ratio >= TARGET_RATIO else "NOT met"
-    lines += ["", f"Target: >= {TARGET_RATIO}x CrossEncoder.predict items/s (the embedding bar): "
-              f"{ratio:.2f}x ({met}).", ""]
+    lines += [
+        "",
+        f"Target: >= {TARGET_RATIO}x CrossEncoder.predict items/s (the embedding bar): "
+        f"{ratio:.2f}x ({met}).",
+        "",
+    ]
     return lines
 
 
@@ -192,19 +232,29 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="24 pairs, 1 repeat (for tests)")
-    parser.add_argument("--texts", type=int, default=None,
-                        help="number of (query, document) pairs (default 96, 4096 on CUDA; "
-                             "quick 24)")
+    parser.add_argument(
+        "--texts",
+        type=int,
+        default=None,
+        help="number of (query, document) pairs (default 96, 4096 on CUDA; quick 24)",
+    )
     parser.add_argument("--out", type=Path, default=Path(f"bench/results/{NAME}.json"))
     parser.add_argument("--device", default=None, help="cpu, cuda (default: CUDA if available)")
-    parser.add_argument("--dtype", default="auto",
-                        choices=["auto", "float32", "bfloat16", "float16"],
-                        help="auto: float32 on CPU, bfloat16 on CUDA")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="auto: float32 on CPU, bfloat16 on CUDA",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     parser.add_argument("--repeats", type=int, default=None, help="default 3, quick 1")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tolerance", type=float, default=None,
-                        help="max relative score error (default 1e-3 float32, 5e-2 16-bit)")
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        help="max relative score error (default 1e-3 float32, 5e-2 16-bit)",
+    )
     args = parser.parse_args(argv)
     if args.texts is None:
         cuda = (args.device or "").startswith("cuda") or (args.device is None and _has_cuda())

@@ -56,7 +56,9 @@ BENCHMARKS = (
     Benchmark("kv_memory", "KV memory"),
     Benchmark("preemption", "Preemption: recompute vs swap"),
     Benchmark("serving", "Serving through tritonserver"),
-    Benchmark("embedding", "Embedding vs sentence-transformers", ("--texts", "250", "--repeats", "3")),
+    Benchmark(
+        "embedding", "Embedding vs sentence-transformers", ("--texts", "250", "--repeats", "3")
+    ),
     Benchmark("rerank", "Rerank vs CrossEncoder"),
     Benchmark("encoders_served", "Embedding and rerank through tritonserver"),
 )
@@ -72,28 +74,49 @@ class Target:
 
 
 TARGETS = (
-    Target("engine_vs_hf_static", 3.0, "engine output tokens/s vs transformers static-batch generate",
-           "On CPU the model forward is ~97% of the engine's time; its projections (~60%) are the "
-           "same GEMMs transformers runs, already at the core's float32 peak (~100-110 GFLOP/s), so "
-           "the gain is the padding we do not compute. Attention is ~27%: decode attention gathers "
-           "the paged KV blocks per step on CPU (memory-bound; the Triton kernel reads blocks in "
-           "place on GPU). Transformers' time varies more between runs than ours."),
-    Target("engine_vs_hf_generate_batch", 5.0,
-           "engine output tokens/s vs transformers generate_batch (continuous batching)",
-           "As for engine_vs_hf_static: the forward's GEMMs bound both systems on CPU."),
+    Target(
+        "engine_vs_hf_static",
+        3.0,
+        "engine output tokens/s vs transformers static-batch generate",
+        "On CPU the model forward is ~97% of the engine's time; its projections (~60%) are the "
+        "same GEMMs transformers runs, already at the core's float32 peak (~100-110 GFLOP/s), so "
+        "the gain is the padding we do not compute. Attention is ~27%: decode attention gathers "
+        "the paged KV blocks per step on CPU (memory-bound; the Triton kernel reads blocks in "
+        "place on GPU). Transformers' time varies more between runs than ours.",
+    ),
+    Target(
+        "engine_vs_hf_generate_batch",
+        5.0,
+        "engine output tokens/s vs transformers generate_batch (continuous batching)",
+        "As for engine_vs_hf_static: the forward's GEMMs bound both systems on CPU.",
+    ),
     Target("forward_time_share", 0.8, "share of engine wall time inside the model forward"),
-    Target("prefix_cache_ttft_reduction", 0.8,
-           "time-to-first-token cut by prefix caching (shared system prompt)"),
+    Target(
+        "prefix_cache_ttft_reduction",
+        0.8,
+        "time-to-first-token cut by prefix caching (shared system prompt)",
+    ),
     Target("kv_slot_utilization", 0.95, "tokens held / KV slots allocated at the engine's peak"),
-    Target("concurrency_gain_vs_preallocation", 3.0,
-           "sequences fitting a KV budget, paged vs preallocating max_model_len (2048)"),
-    Target("served_vs_direct", 0.9, "output tokens/s through tritonserver vs the engine in-process",
-           "Inside the Python backend the engine steps slower under many streams: the client, the "
-           "server frontend, the stub's responder thread and the engine share the CPU cores, and "
-           "every response is a round trip to the server process (see the inter-token latencies)."),
-    Target("embedding_vs_sentence_transformers", 1.5, "items/s vs SentenceTransformer.encode",
-           "GEMMs are ~80% of both systems' time and ours already run on packed weights without "
-           "padding; sentence-transformers sorts by length too, so there is little padding to save."),
+    Target(
+        "concurrency_gain_vs_preallocation",
+        3.0,
+        "sequences fitting a KV budget, paged vs preallocating max_model_len (2048)",
+    ),
+    Target(
+        "served_vs_direct",
+        0.9,
+        "output tokens/s through tritonserver vs the engine in-process",
+        "Inside the Python backend the engine steps slower under many streams: the client, the "
+        "server frontend, the stub's responder thread and the engine share the CPU cores, and "
+        "every response is a round trip to the server process (see the inter-token latencies).",
+    ),
+    Target(
+        "embedding_vs_sentence_transformers",
+        1.5,
+        "items/s vs SentenceTransformer.encode",
+        "GEMMs are ~80% of both systems' time and ours already run on packed weights without "
+        "padding; sentence-transformers sorts by length too, so there is little padding to save.",
+    ),
     Target("rerank_vs_cross_encoder", 1.5, "items/s vs CrossEncoder.predict"),
 )
 
@@ -109,13 +132,24 @@ def benchmark_args(bench: Benchmark, quick: bool, gpu: bool) -> list[str]:
 
 def run_benchmark(bench: Benchmark, out: Path, args: list[str], timeout: float) -> str | None:
     """Run one benchmark script; None on success, else what went wrong."""
-    command = [sys.executable, str(SCRIPTS_DIR / f"bench_{bench.name}.py"), "--out", str(out), *args]
+    command = [
+        sys.executable,
+        str(SCRIPTS_DIR / f"bench_{bench.name}.py"),
+        "--out",
+        str(out),
+        *args,
+    ]
     progress(f"{bench.name}: {' '.join(command[1:])}")
     log_path = out.with_suffix(".log")
     with log_path.open("w", encoding="utf-8") as log:
         # Output goes to the log and, line by line, to our stderr: progress stays visible.
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                cwd=SCRIPTS_DIR.parent)
+        proc = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=SCRIPTS_DIR.parent,
+        )
         # A silent, hung benchmark must not hang the suite: a timer kills it.
         watchdog = threading.Timer(timeout, proc.kill)
         watchdog.start()
@@ -160,7 +194,9 @@ def summary_table(figures: dict[str, float]) -> list[str]:
         value = figures.get(target.key)
         shown = "n/a" if value is None else f"{value:.3g}"
         met = "n/a" if value is None else ("yes" if value >= target.minimum else "**no**")
-        lines.append(f"| `{target.key}` | {shown} | >= {target.minimum:g} | {met} | {target.claim} |")
+        lines.append(
+            f"| `{target.key}` | {shown} | >= {target.minimum:g} | {met} | {target.claim} |"
+        )
     extra = sorted(set(figures) - {t.key for t in TARGETS})
     lines += [f"| `{key}` | {figures[key]:.3g} | | | |" for key in extra]
     return lines
@@ -172,13 +208,21 @@ def missed_targets(figures: dict[str, float]) -> list[str]:
     for target in TARGETS:
         value = figures.get(target.key)
         if value is not None and value < target.minimum and target.when_missed:
-            lines.append(f"- `{target.key}` ({value:.3g} < {target.minimum:g}): {target.when_missed}")
+            lines.append(
+                f"- `{target.key}` ({value:.3g} < {target.minimum:g}): {target.when_missed}"
+            )
     return ["### Targets not met", "", *lines, ""] if lines else []
 
 
-def write_report(out_dir: Path, results: dict[str, dict], failures: dict[str, str],
-                 figures: dict[str, float], plots: dict[str, list[Path]], args: argparse.Namespace,
-                 machine: dict) -> Path:
+def write_report(
+    out_dir: Path,
+    results: dict[str, dict],
+    failures: dict[str, str],
+    figures: dict[str, float],
+    plots: dict[str, list[Path]],
+    args: argparse.Namespace,
+    machine: dict,
+) -> Path:
     mode = "quick (tiny sizes: the figures mean nothing)" if args.quick else "full"
     lines = [
         "# Benchmark report",
@@ -238,8 +282,9 @@ def run(args: argparse.Namespace) -> dict:
         else:
             progress(f"[{index}/{len(selected)}] {bench.title}")
             started = time.monotonic()
-            error = run_benchmark(bench, out, benchmark_args(bench, args.quick, args.gpu),
-                                  args.timeout)
+            error = run_benchmark(
+                bench, out, benchmark_args(bench, args.quick, args.gpu), args.timeout
+            )
             seconds[bench.name] = time.monotonic() - started
         if error is None:
             results[bench.name] = json.loads(out.read_text(encoding="utf-8"))
@@ -260,8 +305,9 @@ def run(args: argparse.Namespace) -> dict:
         "targets": {t.key: t.minimum for t in TARGETS},
         "sources": sources,
         "failed": failures,
-        "seconds": seconds if args.report_only else {**seconds,
-                                                     "total": time.monotonic() - suite_started},
+        "seconds": seconds
+        if args.report_only
+        else {**seconds, "total": time.monotonic() - suite_started},
     }
     write_result(out_dir / "summary.json", summary)
     report = write_report(out_dir, results, failures, figures, plots, args, machine)
@@ -274,13 +320,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for tests")
     parser.add_argument("--gpu", action="store_true", help="CUDA, bfloat16, larger models")
-    parser.add_argument("--only", type=lambda s: set(s.split(",")), default=None,
-                        help="comma-separated benchmark names (default: all): "
-                             + ",".join(b.name for b in BENCHMARKS))
+    parser.add_argument(
+        "--only",
+        type=lambda s: set(s.split(",")),
+        default=None,
+        help="comma-separated benchmark names (default: all): "
+        + ",".join(b.name for b in BENCHMARKS),
+    )
     parser.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per benchmark")
-    parser.add_argument("--report-only", action="store_true",
-                        help="run nothing: rebuild summary, report and plots from the JSONs in --out-dir")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing: rebuild summary, report and plots from the JSONs in --out-dir",
+    )
     args = parser.parse_args(argv)
     unknown = (args.only or set()) - {b.name for b in BENCHMARKS}
     if unknown:

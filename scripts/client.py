@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Stream a completion from the `llm` model over gRPC and print the text as it arrives.
 
-    python scripts/client.py "ROMEO:" --max-tokens 80 --temperature 0.8
-    python scripts/client.py "To be, or not to be" --url localhost:8001 --seed 7
+python scripts/client.py "ROMEO:" --max-tokens 80 --temperature 0.8
+python scripts/client.py "To be, or not to be" --url localhost:8001 --seed 7
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ def stream_completion(url: str, model: str, prompt: str, params: dict) -> str:
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
     inputs = []
-    for name, value, datatype in (("text_input", prompt.encode(), "BYTES"),
-                                  ("stream", True, "BOOL"),
-                                  ("sampling_parameters", json.dumps(params).encode(), "BYTES")):
+    for name, value, datatype in (
+        ("text_input", prompt.encode(), "BYTES"),
+        ("stream", True, "BOOL"),
+        ("sampling_parameters", json.dumps(params).encode(), "BYTES"),
+    ):
         tensor = grpcclient.InferInput(name, [1], datatype)
         tensor.set_data_from_numpy(np.array([value], dtype=object if datatype == "BYTES" else bool))
         inputs.append(tensor)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Render the default model repository from config_templates/ (tooling.repository.DEFAULT_MODELS).
 
-    python scripts/render_repository.py                 # rewrite model_repository/
-    python scripts/render_repository.py --out /tmp/repo # render elsewhere
+python scripts/render_repository.py                 # rewrite model_repository/
+python scripts/render_repository.py --out /tmp/repo # render elsewhere
 """
 
 from __future__ import annotations

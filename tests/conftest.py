@@ -27,8 +27,12 @@ _live_servers: list[TritonServer] = []
 def pytest_addoption(parser: pytest.Parser) -> None:
     # Here, not in tests/e2e/conftest.py: a root conftest's options work with any test path
     # (`make test PYTEST_ARGS="--soak-seconds 600"`).
-    parser.addoption("--soak-seconds", type=float, default=60.0,
-                     help="how long tests/e2e/test_soak.py sends mixed traffic (default 60)")
+    parser.addoption(
+        "--soak-seconds",
+        type=float,
+        default=60.0,
+        help="how long tests/e2e/test_soak.py sends mixed traffic (default 60)",
+    )
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -32,9 +32,22 @@ def load_script(name: str):
 def run_quick(name: str, tmp_path: Path) -> dict:
     out = tmp_path / f"{name}.json"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPTS / f"bench_{name}.py"), "--quick", "--threads", "1",
-         "--device", "cpu", "--out", str(out)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            str(SCRIPTS / f"bench_{name}.py"),
+            "--quick",
+            "--threads",
+            "1",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -63,9 +76,11 @@ def test_batching_spread(tmp_path):
     for run in result["runs"]:
         lens, s = run["output_lens"], run["spread"]
         assert len(lens) == w["requests"] and run["useful_tokens"] == sum(lens)
-        assert all(round(w["mean_output"] * (1 - s)) <= n <= round(w["mean_output"] * (1 + s))
-                   for n in lens)
-        batches = [lens[i:i + w["batch_size"]] for i in range(0, len(lens), w["batch_size"])]
+        assert all(
+            round(w["mean_output"] * (1 - s)) <= n <= round(w["mean_output"] * (1 + s))
+            for n in lens
+        )
+        batches = [lens[i : i + w["batch_size"]] for i in range(0, len(lens), w["batch_size"])]
         slots = sum(len(b) * max(b) for b in batches)
         assert run["static_useful_share"] == pytest.approx(sum(lens) / slots)
         assert set(run["tokens_per_second"]) == {"continuous", "static_engine", "hf_static"}

@@ -21,9 +21,22 @@ def run_quick(name: str, tmp_path: Path) -> tuple[dict, object]:
     """Run scripts/bench_<name>.py --quick --threads 1; (its JSON result, its module)."""
     out = tmp_path / f"{name}.json"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPTS_DIR / f"bench_{name}.py"), "--quick", "--threads", "1",
-         "--device", "cpu", "--out", str(out)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)
+        [
+            sys.executable,
+            str(SCRIPTS_DIR / f"bench_{name}.py"),
+            "--quick",
+            "--threads",
+            "1",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # Strict parsing: NaN / Infinity are not JSON.
     result = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
@@ -62,17 +75,20 @@ def test_serving_quick(tmp_path):
     runs = result["runs"]
     # Every (system, concurrency) ran each repeat, plus one Poisson run per repeat.
     assert len(runs) == result["repeats"] * (2 * len(concurrencies) + 1)
-    assert {(r["system"], r["concurrency"]) for r in runs if r["load"] == "closed"} == \
-        {(s, c) for s in ("served", "direct") for c in concurrencies}
+    assert {(r["system"], r["concurrency"]) for r in runs if r["load"] == "closed"} == {
+        (s, c) for s in ("served", "direct") for c in concurrencies
+    }
     for run in runs:
         per_request = run["per_request"]
-        assert all(0 < t <= e for t, e in zip(per_request["ttft_s"], per_request["e2e_s"],
-                                               strict=True))
+        assert all(
+            0 < t <= e for t, e in zip(per_request["ttft_s"], per_request["e2e_s"], strict=True)
+        )
         metrics = run["metrics"]
         assert metrics["output_tokens_per_s"] > 0 and metrics["ttft_p50_s"] <= metrics["ttft_p99_s"]
         # Closed-loop throughput is total output tokens over the run's wall time.
-        requests = result["workload"]["requests_per_run"].get(str(run["concurrency"]),
-                                                              result["workload"]["poisson_requests"])
+        requests = result["workload"]["requests_per_run"].get(
+            str(run["concurrency"]), result["workload"]["poisson_requests"]
+        )
         tokens = requests * result["workload"]["max_tokens"]
         assert metrics["output_tokens_per_s"] == pytest.approx(tokens / metrics["seconds"])
     check_report_and_plot(module, result, tmp_path, plots=2)
@@ -104,8 +120,9 @@ def test_embedding_quick(tmp_path):
 @pytest.mark.e2e
 def test_encoders_served_quick(tmp_path):
     result, module = run_quick("encoders_served", tmp_path)
-    check_summary(result, {"embedding_served_vs_sentence_transformers",
-                           "rerank_served_vs_cross_encoder"})
+    check_summary(
+        result, {"embedding_served_vs_sentence_transformers", "rerank_served_vs_cross_encoder"}
+    )
     gates = result["fidelity_gates"]
     embedding, rerank = result["embedding"], result["rerank"]
     assert embedding["fidelity"]["passed"] and rerank["fidelity"]["passed"]

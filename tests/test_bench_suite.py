@@ -29,8 +29,12 @@ def quick_suite(tmp_path_factory) -> Path:
     out_dir = tmp_path_factory.mktemp("bench")
     proc = subprocess.run(
         [sys.executable, "scripts/bench_suite.py", "--quick", "--out-dir", str(out_dir)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=1500,
-        env={**os.environ, "OMP_NUM_THREADS": "1"})
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     if proc.returncode != 0:
         for log in sorted(out_dir.glob("*.log")):
             print(f"===== {log.name} =====\n{log.read_text()[-4000:]}")

@@ -15,17 +15,35 @@ import transformers
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
-_BASE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-             rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
+_BASE = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-5,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 # Per architecture: its config class and the settings that exercise its distinctive features.
 _VARIANTS: dict[str, tuple[type, dict[str, Any]]] = {
     # llama3 rope scaling with a short original context so the scaled frequencies matter.
-    "LlamaForCausalLM": (transformers.LlamaConfig, dict(
-        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 16})),
+    "LlamaForCausalLM": (
+        transformers.LlamaConfig,
+        dict(
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            }
+        ),
+    ),
     # A window shorter than the test prompts.
     "MistralForCausalLM": (transformers.MistralConfig, dict(sliding_window=7, head_dim=16)),
     "Qwen2ForCausalLM": (transformers.Qwen2Config, dict(tie_word_embeddings=True)),
@@ -57,13 +75,18 @@ def randomize_(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(0.15 * noise)
 
 
-def build_checkpoint(arch: str, out_dir: str | Path, seed: int = 0,
-                     max_shard_size: str | None = None,
-                     **overrides: Any) -> transformers.PreTrainedModel:
+def build_checkpoint(
+    arch: str,
+    out_dir: str | Path,
+    seed: int = 0,
+    max_shard_size: str | None = None,
+    **overrides: Any,
+) -> transformers.PreTrainedModel:
     """Create a random `arch` model, save it (safetensors) to `out_dir`, return it (float32, eval)."""
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(hf_config(arch, **overrides),
-                                                         dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(
+        hf_config(arch, **overrides), dtype=torch.float32
+    )
     randomize_(model, seed)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(out_dir, **kwargs)

@@ -14,9 +14,16 @@ def hf_next_logits(model: transformers.PreTrainedModel, token_ids: list[int]) ->
 
 
 @torch.inference_mode()
-def hf_greedy(model: transformers.PreTrainedModel, token_ids: list[int], num_tokens: int) -> list[int]:
+def hf_greedy(
+    model: transformers.PreTrainedModel, token_ids: list[int], num_tokens: int
+) -> list[int]:
     """`generate`'s greedy continuation of `token_ids`, EOS disabled so it runs `num_tokens` steps."""
-    out = model.generate(torch.tensor([token_ids], device=model.device), max_new_tokens=num_tokens,
-                         min_new_tokens=num_tokens, do_sample=False, eos_token_id=None,
-                         pad_token_id=0)
-    return out[0, len(token_ids):].tolist()
+    out = model.generate(
+        torch.tensor([token_ids], device=model.device),
+        max_new_tokens=num_tokens,
+        min_new_tokens=num_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(token_ids) :].tolist()

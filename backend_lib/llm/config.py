@@ -50,28 +50,57 @@ class LLMConfig:
     """Largest `logprobs` (top log-probabilities per token) a request may ask for."""
 
     def validate(self) -> None:
-        require(self.tensor_parallel_size == 1, "tensor_parallel_size", self.tensor_parallel_size,
-                "only 1 is supported (this engine runs one model replica per Triton instance)")
-        require(self.dtype in ("auto", "float32", "bfloat16", "float16"), "dtype", self.dtype,
-                "expected one of auto, float32, bfloat16, float16")
+        require(
+            self.tensor_parallel_size == 1,
+            "tensor_parallel_size",
+            self.tensor_parallel_size,
+            "only 1 is supported (this engine runs one model replica per Triton instance)",
+        )
+        require(
+            self.dtype in ("auto", "float32", "bfloat16", "float16"),
+            "dtype",
+            self.dtype,
+            "expected one of auto, float32, bfloat16, float16",
+        )
         require(self.max_model_len >= 0, "max_model_len", self.max_model_len, "must be >= 0")
-        require(self.block_size in (8, 16, 32, 64, 128), "block_size", self.block_size,
-                "expected one of 8, 16, 32, 64, 128")
-        require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
-                self.gpu_memory_utilization, "must be in (0, 1]")
+        require(
+            self.block_size in (8, 16, 32, 64, 128),
+            "block_size",
+            self.block_size,
+            "expected one of 8, 16, 32, 64, 128",
+        )
+        require(
+            0.0 < self.gpu_memory_utilization <= 1.0,
+            "gpu_memory_utilization",
+            self.gpu_memory_utilization,
+            "must be in (0, 1]",
+        )
         require(self.cpu_kv_cache_gb > 0, "cpu_kv_cache_gb", self.cpu_kv_cache_gb, "must be > 0")
         require(self.num_blocks >= 0, "num_blocks", self.num_blocks, "must be >= 0")
         require(self.swap_space >= 0, "swap_space", self.swap_space, "must be >= 0")
         require(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "must be >= 1")
-        require(self.max_num_batched_tokens >= 1, "max_num_batched_tokens",
-                self.max_num_batched_tokens, "must be >= 1")
+        require(
+            self.max_num_batched_tokens >= 1,
+            "max_num_batched_tokens",
+            self.max_num_batched_tokens,
+            "must be >= 1",
+        )
         require(self.max_queue_size >= 1, "max_queue_size", self.max_queue_size, "must be >= 1")
-        require(self.max_prompt_bytes >= 1, "max_prompt_bytes", self.max_prompt_bytes, "must be >= 1")
+        require(
+            self.max_prompt_bytes >= 1, "max_prompt_bytes", self.max_prompt_bytes, "must be >= 1"
+        )
         require(self.max_n >= 1, "max_n", self.max_n, "must be >= 1")
         require(self.max_logprobs >= 0, "max_logprobs", self.max_logprobs, "must be >= 0")
-        require(self.preemption_mode != "swap" or self.swap_space > 0, "swap_space",
-                self.swap_space, "must be > 0 when preemption_mode=swap")
+        require(
+            self.preemption_mode != "swap" or self.swap_space > 0,
+            "swap_space",
+            self.swap_space,
+            "must be > 0 when preemption_mode=swap",
+        )
         if not self.enable_chunked_prefill and self.max_model_len:
-            require(self.max_num_batched_tokens >= self.max_model_len, "max_num_batched_tokens",
-                    self.max_num_batched_tokens,
-                    f"must be >= max_model_len ({self.max_model_len}) without chunked prefill")
+            require(
+                self.max_num_batched_tokens >= self.max_model_len,
+                "max_num_batched_tokens",
+                self.max_num_batched_tokens,
+                f"must be >= max_model_len ({self.max_model_len}) without chunked prefill",
+            )

@@ -21,20 +21,25 @@ class Example:
 
 
 def test_values_convert_by_annotation():
-    config = from_parameters(Example, {"count": "3", "ratio": "0.25", "flag": "TRUE", "name": "y",
-                                       "mode": "b", "limit": "7"})
+    config = from_parameters(
+        Example,
+        {"count": "3", "ratio": "0.25", "flag": "TRUE", "name": "y", "mode": "b", "limit": "7"},
+    )
     assert config == Example(3, 0.25, True, "y", "b", 7)
     assert from_parameters(Example, {"flag": "off", "limit": ""}) == Example(flag=False)
 
 
-@pytest.mark.parametrize("key,value,fragment", [
-    ("count", "three", "expected an integer"),
-    ("ratio", "nan", "finite"),
-    ("flag", "maybe", "expected a boolean"),
-    ("mode", "c", "expected one of a, b"),
-    ("count", "0", "must be >= 1"),
-    ("colour", "red", "unknown parameter"),
-])
+@pytest.mark.parametrize(
+    "key,value,fragment",
+    [
+        ("count", "three", "expected an integer"),
+        ("ratio", "nan", "finite"),
+        ("flag", "maybe", "expected a boolean"),
+        ("mode", "c", "expected one of a, b"),
+        ("count", "0", "must be >= 1"),
+        ("colour", "red", "unknown parameter"),
+    ],
+)
 def test_errors_name_key_and_value(key, value, fragment):
     with pytest.raises(ConfigError) as info:
         from_parameters(Example, {key: value})
@@ -43,7 +48,9 @@ def test_errors_name_key_and_value(key, value, fragment):
 
 
 def test_triton_parameters_flatten_model_config():
-    model_config = '{"parameters": {"model": {"string_value": "/m"}, "dtype": {"string_value": "float32"}}}'
+    model_config = (
+        '{"parameters": {"model": {"string_value": "/m"}, "dtype": {"string_value": "float32"}}}'
+    )
     assert triton_parameters(model_config) == {"model": "/m", "dtype": "float32"}
     assert triton_parameters({}) == {}
 

@@ -43,7 +43,7 @@ class FakeFamily:
         FakeFamily.created.append(self)
         self.children = []
 
-    def Metric(self, labels, buckets=None):  # noqa: N802 - pb_utils' spelling
+    def Metric(self, labels, buckets=None):  # pb_utils' spelling
         child = FakeMetric(labels, buckets)
         self.children.append(child)
         return child
@@ -72,7 +72,10 @@ def test_triton_sink_creates_one_child_per_label_set():
     counter.inc(reason="a")
     counter.inc(reason="b")
     family = FakeFamily.created[-1]
-    assert [c.labels for c in family.children] == [{**LABELS, "reason": "a"}, {**LABELS, "reason": "b"}]
+    assert [c.labels for c in family.children] == [
+        {**LABELS, "reason": "a"},
+        {**LABELS, "reason": "b"},
+    ]
     histogram = metrics.histogram("h", "h", [1, 2])
     histogram.observe(1.5)
     assert FakeFamily.created[-1].children[0].buckets == [1, 2]

@@ -14,14 +14,17 @@ def test_read_strings_decodes_rows_of_any_batch_shape():
     assert read_strings({"t": np.array([b"x"], dtype=object)}, "t") == ["x"]
 
 
-@pytest.mark.parametrize("inputs,fragment", [
-    ({}, "missing required input 't'"),
-    ({"t": np.zeros((0, 1), dtype=object)}, "is empty"),
-    ({"t": strings(b"ok", b"\xff\xfe")}, "'t'[1] is not valid UTF-8"),
-    ({"t": np.zeros((2, 1), dtype=np.int32)}, "must be TYPE_STRING"),
-    ({"t": np.array([[b"a", b"b"]], dtype=object)}, "shape [N, 1] or [N]"),
-    ({"t": strings(b"x" * 11)}, "over the limit of 10 bytes"),
-])
+@pytest.mark.parametrize(
+    "inputs,fragment",
+    [
+        ({}, "missing required input 't'"),
+        ({"t": np.zeros((0, 1), dtype=object)}, "is empty"),
+        ({"t": strings(b"ok", b"\xff\xfe")}, "'t'[1] is not valid UTF-8"),
+        ({"t": np.zeros((2, 1), dtype=np.int32)}, "must be TYPE_STRING"),
+        ({"t": np.array([[b"a", b"b"]], dtype=object)}, "shape [N, 1] or [N]"),
+        ({"t": strings(b"x" * 11)}, "over the limit of 10 bytes"),
+    ],
+)
 def test_read_strings_errors_say_what_is_wrong(inputs, fragment):
     with pytest.raises(InputError) as info:
         read_strings(inputs, "t", max_bytes=10)

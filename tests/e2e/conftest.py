@@ -18,8 +18,13 @@ from tooling.tritonserver import TritonServer
 
 FAULT_MARKER = "<<inject-fault>>"
 """A prompt holding this fails inside the engine step on the reliability server."""
-SMALL_LLM = {"max_num_seqs": "4", "num_blocks": "12", "max_queue_size": "8", "max_model_len": "128",
-             "max_num_batched_tokens": "256"}
+SMALL_LLM = {
+    "max_num_seqs": "4",
+    "num_blocks": "12",
+    "max_queue_size": "8",
+    "max_model_len": "128",
+    "max_num_batched_tokens": "256",
+}
 """llm_small: 12 blocks of 16 tokens hold fewer than 4 sequences of 128 tokens, so it preempts."""
 
 
@@ -31,8 +36,9 @@ def write_reliability_repository(repository: Path) -> None:
         # The default repository names the checkpoint relative to its own directory.
         parameters = {**spec.parameters, "model": str(REPO_ROOT / "models" / "shakespeare-llama")}
         write_model(ModelSpec("llm", "llm", parameters, max_batch_size=0), repository)
-        write_model(ModelSpec("llm_small", "llm", {**parameters, **SMALL_LLM}, max_batch_size=0),
-                    repository)
+        write_model(
+            ModelSpec("llm_small", "llm", {**parameters, **SMALL_LLM}, max_batch_size=0), repository
+        )
 
 
 @pytest.fixture(scope="session")
@@ -41,8 +47,10 @@ def reliability_server(tmp_path_factory) -> Iterator[TritonServer]:
     write_reliability_repository(repository)
     # Triton 2.51 never finishes unloading an instance whose stub was killed (test_reliability
     # kills one), so shutdown waits out the exit timeout: keep it short.
-    server = start_server(repository, ["--model-control-mode=explicit", "--load-model=*",
-                                       "--exit-timeout-secs=10"],
-                          env={FAULT_INJECTION_ENV: FAULT_MARKER})
+    server = start_server(
+        repository,
+        ["--model-control-mode=explicit", "--load-model=*", "--exit-timeout-secs=10"],
+        env={FAULT_INJECTION_ENV: FAULT_MARKER},
+    )
     yield server
     stop_server(server)

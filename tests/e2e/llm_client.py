@@ -24,8 +24,13 @@ class StreamResult:
         return "".join(self.pieces)
 
 
-def llm_inputs(prompt: str, params: dict | None = None, stream: bool = True,
-               exclude_input: bool | None = True, flags: tuple[str, ...] = ()) -> list:
+def llm_inputs(
+    prompt: str,
+    params: dict | None = None,
+    stream: bool = True,
+    exclude_input: bool | None = True,
+    flags: tuple[str, ...] = (),
+) -> list:
     def tensor(name: str, value, datatype: str):
         item = grpcclient.InferInput(name, [1], datatype)
         item.set_data_from_numpy(np.array([value], dtype=object if datatype == "BYTES" else bool))
@@ -40,25 +45,32 @@ def llm_inputs(prompt: str, params: dict | None = None, stream: bool = True,
     return inputs
 
 
-def grpc_stream(url: str, prompt: str, params: dict | None = None, model: str = "llm",
-                flags: tuple[str, ...] = (), cancel_after: int | None = None,
-                timeout: float = 300, model_version: str = "") -> StreamResult:
+def grpc_stream(
+    url: str,
+    prompt: str,
+    params: dict | None = None,
+    model: str = "llm",
+    flags: tuple[str, ...] = (),
+    cancel_after: int | None = None,
+    timeout: float = 300,
+    model_version: str = "",
+) -> StreamResult:
     """Stream one request over gRPC; with `cancel_after`, cancel once that many responses came."""
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: results.put((result, error)))
     out = StreamResult()
     try:
-        client.async_stream_infer(model, llm_inputs(prompt, params, True, True, flags),
-                                  model_version=model_version)
+        client.async_stream_infer(
+            model, llm_inputs(prompt, params, True, True, flags), model_version=model_version
+        )
         while True:
             result, error = results.get(timeout=timeout)
             if error is not None:
                 out.error = str(error)
                 return out
             response = result.get_response()
-            record = {name: result.as_numpy(name) for name in
-                      [o.name for o in response.outputs]}
+            record = {name: result.as_numpy(name) for name in [o.name for o in response.outputs]}
             out.responses.append(record)
             if "text_output" in record:
                 out.pieces.append(b"".join(record["text_output"]).decode())
@@ -74,23 +86,28 @@ def grpc_stream(url: str, prompt: str, params: dict | None = None, model: str = 
 def http_generate(url: str, body: dict, model: str = "llm", version: str = "") -> dict:
     """POST /v2/models/<model>[/versions/<v>]/generate; raises HTTPError with the server's text."""
     path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/generate"
-    request = urllib.request.Request(f"http://{url}{path}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://{url}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=300) as response:
         return json.loads(response.read())
 
 
 def http_generate_stream(url: str, body: dict, model: str = "llm") -> list[dict]:
     """POST /generate_stream; the server-sent events as dicts."""
-    request = urllib.request.Request(f"http://{url}/v2/models/{model}/generate_stream",
-                                     data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://{url}/v2/models/{model}/generate_stream",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     events = []
     with urllib.request.urlopen(request, timeout=300) as response:
         for line in response:
             line = line.decode().strip()
             if line.startswith("data:"):
-                events.append(json.loads(line[len("data:"):]))
+                events.append(json.loads(line[len("data:") :]))
     return events
 
 

@@ -25,14 +25,31 @@ from tests.e2e.llm_client import llm_inputs
 
 REQUEST_TIMEOUT = 180.0
 """Seconds one request may take before it counts as stuck (generous: the machine is shared)."""
-PROMPTS = ("ROMEO:", "JULIET:\nO Romeo,", "KING HENRY:\nNow, lords,", "First Citizen:\nBefore we",
-           "HAMLET:\nTo be, or not", "MACBETH:\nIs this a dagger")
+PROMPTS = (
+    "ROMEO:",
+    "JULIET:\nO Romeo,",
+    "KING HENRY:\nNow, lords,",
+    "First Citizen:\nBefore we",
+    "HAMLET:\nTo be, or not",
+    "MACBETH:\nIs this a dagger",
+)
 GREEDY = {"temperature": 0, "max_tokens": 24, "ignore_eos": True}
-ENCODER_TEXTS = ("The quick brown fox jumps over the lazy dog.", "Ünïcödé: café, 東京タワー, 🚀",
-                 "short", "Inference servers batch requests dynamically.")
-RERANK_PAIRS = (("what is a fox?", ENCODER_TEXTS[0]), ("where is Tokyo Tower?", ENCODER_TEXTS[1]),
-                ("what is a fox?", ENCODER_TEXTS[3]))
-ENGINE_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
+ENCODER_TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Ünïcödé: café, 東京タワー, 🚀",
+    "short",
+    "Inference servers batch requests dynamically.",
+)
+RERANK_PAIRS = (
+    ("what is a fox?", ENCODER_TEXTS[0]),
+    ("where is Tokyo Tower?", ENCODER_TEXTS[1]),
+    ("what is a fox?", ENCODER_TEXTS[3]),
+)
+ENGINE_GAUGES = (
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+)
 
 
 # --- metrics ---------------------------------------------------------------------------------
@@ -84,8 +101,11 @@ def child_processes(pid: int) -> dict[int, list[str]]:
 def stub_pid(server, model: str) -> int:
     """The Python-backend stub running `<repository>/<model>/1/model.py` under this server."""
     for pid, argv in child_processes(server.process.pid).items():
-        if "triton_python_backend_stub" in argv[0] and len(argv) > 1 \
-                and argv[1].endswith(f"/{model}/1/model.py"):
+        if (
+            "triton_python_backend_stub" in argv[0]
+            and len(argv) > 1
+            and argv[1].endswith(f"/{model}/1/model.py")
+        ):
             return pid
     raise LookupError(f"no stub process of model {model!r}")
 
@@ -132,8 +152,14 @@ def classify_error(message: str) -> Outcome:
     return Outcome("refused" if message.startswith(QUEUE_FULL) else "errored", error=message)
 
 
-def grpc_request(url: str, model: str, prompt: str, params: dict,
-                 cancel_after: int | None = None, timeout: float = REQUEST_TIMEOUT) -> Outcome:
+def grpc_request(
+    url: str,
+    model: str,
+    prompt: str,
+    params: dict,
+    cancel_after: int | None = None,
+    timeout: float = REQUEST_TIMEOUT,
+) -> Outcome:
     """One streaming request over gRPC; with `cancel_after` (0 = at once) the client cancels it
     (stop_stream(cancel_requests=True)) once that many responses came."""
     results: queue.Queue = queue.Queue()
@@ -163,19 +189,34 @@ def grpc_request(url: str, model: str, prompt: str, params: dict,
         client.close()
 
 
-def http_stream_request(url: str, model: str, prompt: str, params: dict,
-                        cancel_after: int | None = None,
-                        timeout: float = REQUEST_TIMEOUT) -> Outcome:
+def http_stream_request(
+    url: str,
+    model: str,
+    prompt: str,
+    params: dict,
+    cancel_after: int | None = None,
+    timeout: float = REQUEST_TIMEOUT,
+) -> Outcome:
     """One POST /generate_stream; with `cancel_after` (0 = before reading anything) the client
     closes the connection once that many events came."""
     host, port = url.split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
-    body = json.dumps({"text_input": prompt, "stream": True, "exclude_input_in_output": True,
-                       "sampling_parameters": json.dumps(params)})
+    body = json.dumps(
+        {
+            "text_input": prompt,
+            "stream": True,
+            "exclude_input_in_output": True,
+            "sampling_parameters": json.dumps(params),
+        }
+    )
     pieces: list[str] = []
     try:
-        connection.request("POST", f"/v2/models/{model}/generate_stream", body,
-                           {"Content-Type": "application/json"})
+        connection.request(
+            "POST",
+            f"/v2/models/{model}/generate_stream",
+            body,
+            {"Content-Type": "application/json"},
+        )
         if cancel_after == 0:
             return Outcome("cancelled")
         response = connection.getresponse()
@@ -185,7 +226,7 @@ def http_stream_request(url: str, model: str, prompt: str, params: dict,
             line = raw.decode().strip()
             if not line.startswith("data:"):
                 continue
-            event = json.loads(line[len("data:"):])
+            event = json.loads(line[len("data:") :])
             if "error" in event:
                 outcome = classify_error(event["error"])
                 outcome.text, outcome.responses = "".join(pieces), len(pieces)
@@ -202,14 +243,20 @@ def http_stream_request(url: str, model: str, prompt: str, params: dict,
         connection.close()
 
 
-def http_generate_request(url: str, model: str, prompt: str, params: dict,
-                          timeout: float = REQUEST_TIMEOUT) -> Outcome:
+def http_generate_request(
+    url: str, model: str, prompt: str, params: dict, timeout: float = REQUEST_TIMEOUT
+) -> Outcome:
     """One POST /generate (non-streaming)."""
-    body = {"text_input": prompt, "exclude_input_in_output": True,
-            "sampling_parameters": json.dumps(params)}
-    request = urllib.request.Request(f"http://{url}/v2/models/{model}/generate",
-                                     data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    body = {
+        "text_input": prompt,
+        "exclude_input_in_output": True,
+        "sampling_parameters": json.dumps(params),
+    }
+    request = urllib.request.Request(
+        f"http://{url}/v2/models/{model}/generate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             text = _joined(json.loads(response.read())["text_output"])
@@ -291,12 +338,14 @@ def compute_reference(server, llm_models: tuple[str, ...], params: dict | None =
             outcome = grpc_request(server.grpc_url, model, prompt, params)
             assert outcome.kind == "completed", outcome
             texts[model][prompt] = outcome.text
-    return Reference(texts, embed(server.http_url, ENCODER_TEXTS),
-                     rerank(server.grpc_url, RERANK_PAIRS))
+    return Reference(
+        texts, embed(server.http_url, ENCODER_TEXTS), rerank(server.grpc_url, RERANK_PAIRS)
+    )
 
 
-def check_llm(server, reference: Reference, model: str, prompt: str, via_http: bool = False
-              ) -> str | None:
+def check_llm(
+    server, reference: Reference, model: str, prompt: str, via_http: bool = False
+) -> str | None:
     """One greedy request; a problem description, or None when the text is the reference's."""
     if via_http:
         outcome = http_generate_request(server.http_url, model, prompt, GREEDY)
@@ -318,7 +367,7 @@ def check_encoders(server, reference: Reference) -> list[str]:
         scores = rerank(server.grpc_url, RERANK_PAIRS)
         if not np.allclose(scores, reference.scores, atol=1e-5):
             problems.append(f"rerank scores {scores.ravel()} != {reference.scores.ravel()}")
-    except Exception as exc:  # noqa: BLE001 - any failure of a good request is a problem
+    except Exception as exc:  # any failure of a good request is a problem
         problems.append(f"encoder request failed: {exc}")
     return problems
 
@@ -358,8 +407,9 @@ class BackgroundTraffic:
         while not self._stop.is_set():
             for model in self.llm_models:
                 prompt = PROMPTS[index % len(PROMPTS)]
-                problem = check_llm(self.server, self.reference, model, prompt,
-                                    via_http=index % 2 == 1)
+                problem = check_llm(
+                    self.server, self.reference, model, prompt, via_http=index % 2 == 1
+                )
                 self.requests += 1
                 if problem:
                     self.problems.append(problem)

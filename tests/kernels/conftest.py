@@ -133,4 +133,3 @@ def run_poisoned() -> Callable:
             return fn(*args, **kwargs)
 
     return run
-

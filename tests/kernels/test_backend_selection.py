@@ -25,9 +25,15 @@ def test_kernel_ops_rejects_unknown_backend_by_name():
 
 @pytest.mark.parametrize(
     "setting,device,expected",
-    [("auto", "cpu", "torch"), ("auto", "cuda", "triton"), ("auto", torch.device("cuda", 1), "triton"),
-     ("torch", "cuda", "torch"), ("torch", "cpu", "torch"), ("triton", "cuda", "triton")],
-)  # fmt: skip
+    [
+        ("auto", "cpu", "torch"),
+        ("auto", "cuda", "triton"),
+        ("auto", torch.device("cuda", 1), "triton"),
+        ("torch", "cuda", "torch"),
+        ("torch", "cpu", "torch"),
+        ("triton", "cuda", "triton"),
+    ],
+)
 def test_resolve(setting, device, expected):
     assert resolve_kernel_backend(setting, device) == expected
 

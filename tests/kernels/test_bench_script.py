@@ -12,19 +12,35 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KERNELS = {
-    "paged_attention_decode", "paged_attention_long_decode", "paged_attention_prefill_chunk",
-    "rms_norm_residual", "apply_rotary", "silu_and_mul", "write_kv_cache",
-}  # fmt: skip
+    "paged_attention_decode",
+    "paged_attention_long_decode",
+    "paged_attention_prefill_chunk",
+    "rms_norm_residual",
+    "apply_rotary",
+    "silu_and_mul",
+    "write_kv_cache",
+}
 
 
 @pytest.mark.slow
 def test_bench_tiny_writes_correct_results(tmp_path):
     out = tmp_path / "bench.json"
     result = subprocess.run(
-        [sys.executable, "scripts/bench_kernels.py", "--tiny", "--dtype", "float16", "--out", str(out)],
-        cwd=REPO_ROOT, env={**os.environ, "TRITON_DEFAULT_FP_FUSION": "1"},
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "scripts/bench_kernels.py",
+            "--tiny",
+            "--dtype",
+            "float16",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, "TRITON_DEFAULT_FP_FUSION": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["mode"] == "tiny" and report["dtype"] == "float16"

@@ -100,9 +100,13 @@ def test_kernels_compile_for_cuda(tmp_path):
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")  # a cache hit would skip compiling
     env["TRITON_DEFAULT_FP_FUSION"] = "1"  # silences triton 3.9's default-change warning
     result = subprocess.run(
-        [sys.executable, "-c", COMPILE_SCRIPT, str(tmp_path)], cwd=REPO_ROOT, env=env,
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [sys.executable, "-c", COMPILE_SCRIPT, str(tmp_path)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     failures = json.loads(result.stdout.strip().splitlines()[-1])
     assert not failures, json.dumps(failures, indent=2)

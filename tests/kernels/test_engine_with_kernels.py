@@ -12,8 +12,11 @@ from tests.llm.test_engine import engine_checkpoint, greedy, make_engine, random
 def test_triton_kernels_give_the_same_greedy_tokens_as_torch():
     model_dir, _ = engine_checkpoint("LlamaForCausalLM")
     shared = random_prompt(12, seed=1)
-    prompts = [shared + random_prompt(5, seed=2), shared + random_prompt(9, seed=3),
-               random_prompt(3, seed=4)]
+    prompts = [
+        shared + random_prompt(5, seed=2),
+        shared + random_prompt(9, seed=3),
+        random_prompt(3, seed=4),
+    ]
     outputs = {}
     for backend in ("torch", "triton"):
         engine = make_engine(model_dir, kernel_backend=backend, max_num_batched_tokens=16)
@@ -33,4 +36,5 @@ def test_backend_setting_reaches_the_model():
 
     assert engine.runner.ops == kernel_ops("triton")
     assert make_engine(model_dir, kernel_backend="auto").runner.ops == kernel_ops(
-        "triton" if torch.cuda.is_available() else "torch")
+        "triton" if torch.cuda.is_available() else "torch"
+    )

@@ -20,7 +20,9 @@ def _caches(num_kv_heads, head_dim, dtype, device):
 def _slots(num_tokens: int, device) -> torch.Tensor:
     """Distinct random slots (first/last slot of the pool included), every third token skipped."""
     slots = torch.randperm(NUM_BLOCKS * BLOCK_SIZE - 2)[: num_tokens - 2] + 1
-    slots = torch.cat([torch.tensor([0, NUM_BLOCKS * BLOCK_SIZE - 1]), slots])[torch.randperm(num_tokens)]
+    slots = torch.cat([torch.tensor([0, NUM_BLOCKS * BLOCK_SIZE - 1]), slots])[
+        torch.randperm(num_tokens)
+    ]
     slots[::3] = -1
     return slots.to(device)
 

@@ -51,8 +51,16 @@ class Inputs:
     sliding_window: int | None
 
     def args(self) -> tuple:
-        return (self.q, self.k_cache, self.v_cache, self.query_start_loc, self.seq_lens,
-                self.block_tables, self.scale, self.sliding_window)  # fmt: skip
+        return (
+            self.q,
+            self.k_cache,
+            self.v_cache,
+            self.query_start_loc,
+            self.seq_lens,
+            self.block_tables,
+            self.scale,
+            self.sliding_window,
+        )
 
 
 def _make_inputs(case: Case, dtype: torch.dtype, device: torch.device) -> Inputs:
@@ -66,24 +74,39 @@ def _make_inputs(case: Case, dtype: torch.dtype, device: torch.device) -> Inputs
 
     pool = torch.randperm(num_blocks).tolist()
     # Unused entries are -1 and one column wider than needed: never to be read.
-    block_tables = torch.full((len(case.context_lens), max(blocks_per_seq) + 1), -1, dtype=torch.int32)
-    for b, (context_len, n_blocks) in enumerate(zip(case.context_lens, blocks_per_seq, strict=True)):
+    block_tables = torch.full(
+        (len(case.context_lens), max(blocks_per_seq) + 1), -1, dtype=torch.int32
+    )
+    for b, (context_len, n_blocks) in enumerate(
+        zip(case.context_lens, blocks_per_seq, strict=True)
+    ):
         block_tables[b, :n_blocks] = torch.tensor([pool.pop() for _ in range(n_blocks)])
         positions = torch.arange(context_len)
-        blocks, offsets = block_tables[b, positions // case.block_size].long(), positions % case.block_size
-        k_cache[blocks, offsets] = torch.randn(context_len, case.num_kv_heads, case.head_dim).to(dtype).to(device)
-        v_cache[blocks, offsets] = torch.randn(context_len, case.num_kv_heads, case.head_dim).to(dtype).to(device)
+        blocks, offsets = (
+            block_tables[b, positions // case.block_size].long(),
+            positions % case.block_size,
+        )
+        k_cache[blocks, offsets] = (
+            torch.randn(context_len, case.num_kv_heads, case.head_dim).to(dtype).to(device)
+        )
+        v_cache[blocks, offsets] = (
+            torch.randn(context_len, case.num_kv_heads, case.head_dim).to(dtype).to(device)
+        )
 
     starts = [0]
     for n in case.query_lens:
         starts.append(starts[-1] + n)
     q = torch.randn(starts[-1], case.num_heads, case.head_dim, device=device).to(dtype)
     return Inputs(
-        q, k_cache, v_cache,
+        q,
+        k_cache,
+        v_cache,
         torch.tensor(starts, dtype=torch.int32, device=device),
         torch.tensor(case.context_lens, dtype=torch.int32, device=device),
-        block_tables.to(device), 1.0 / math.sqrt(case.head_dim), case.sliding_window,
-    )  # fmt: skip
+        block_tables.to(device),
+        1.0 / math.sqrt(case.head_dim),
+        case.sliding_window,
+    )
 
 
 def _naive_attention(inputs: Inputs) -> torch.Tensor:
@@ -100,7 +123,9 @@ def _naive_attention(inputs: Inputs) -> torch.Tensor:
             keys_pos = torch.arange(first, pos + 1)
             blocks = inputs.block_tables[b].cpu()[keys_pos // block_size].long()
             keys = k_cache[blocks, keys_pos % block_size].double().repeat_interleave(groups, dim=1)
-            values = v_cache[blocks, keys_pos % block_size].double().repeat_interleave(groups, dim=1)
+            values = (
+                v_cache[blocks, keys_pos % block_size].double().repeat_interleave(groups, dim=1)
+            )
             query = q[starts[b] + i].double()  # [Hq, D]
             weights = torch.softmax(torch.einsum("hd,khd->hk", query, keys) * inputs.scale, dim=-1)
             out[starts[b] + i] = torch.einsum("hk,khd->hd", weights, values)
@@ -165,12 +190,15 @@ def test_torch_plan_built_once_serves_every_layer_and_window(device, assert_clos
 
     case = CASES["sliding-window"]
     inputs = _make_inputs(case, torch.float32, device)
-    plan = plan_paged_attention_torch(inputs.query_start_loc, inputs.seq_lens, inputs.block_tables,
-                                      inputs.k_cache)
+    plan = plan_paged_attention_torch(
+        inputs.query_start_loc, inputs.seq_lens, inputs.block_tables, inputs.k_cache
+    )
     for window in (case.sliding_window, None, case.sliding_window):
         inputs.sliding_window = window
-        for k_cache, v_cache in ((inputs.k_cache, inputs.v_cache),
-                                 (inputs.v_cache.clone(), inputs.k_cache.clone())):
+        for k_cache, v_cache in (
+            (inputs.k_cache, inputs.v_cache),
+            (inputs.v_cache.clone(), inputs.k_cache.clone()),
+        ):
             layer = Inputs(**{**vars(inputs), "k_cache": k_cache, "v_cache": v_cache})
             got = paged_attention_torch(*layer.args(), plan=plan)
             assert_close(got, _naive_attention(layer).float(), torch.float32)
@@ -184,4 +212,6 @@ def test_torch_consecutive_decodes_from_strided_queries(device, assert_close):
     fused = torch.randn(inputs.q.shape[0], 2 * case.num_heads, case.head_dim, device=device)
     fused[:, : case.num_heads] = inputs.q
     inputs.q = fused[:, : case.num_heads]
-    assert_close(paged_attention_torch(*inputs.args()), _naive_attention(inputs).float(), torch.float32)
+    assert_close(
+        paged_attention_torch(*inputs.args()), _naive_attention(inputs).float(), torch.float32
+    )

@@ -22,7 +22,9 @@ def _hf_norm(weight: torch.Tensor) -> LlamaRMSNorm:
 def test_torch_reference_matches_hf_llama_rmsnorm(device):
     x = torch.randn(6, 96, device=device) * 4
     weight = torch.randn(96, device=device)
-    torch.testing.assert_close(rms_norm_torch(x, weight, EPS), _hf_norm(weight)(x), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        rms_norm_torch(x, weight, EPS), _hf_norm(weight)(x), rtol=1e-6, atol=1e-6
+    )
 
 
 @torch.no_grad()
@@ -39,11 +41,15 @@ def test_torch_reference_fused_residual_matches_hf_decoder_add(device):
 def test_triton_matches_torch(device, dtype, rows, hidden, run_poisoned, assert_close):
     x = (torch.randn(rows, hidden, device=device) * 2).to(dtype)
     weight = torch.randn(hidden, device=device).to(dtype)
-    assert_close(run_poisoned(rms_norm_triton, x, weight, EPS), rms_norm_torch(x, weight, EPS), dtype)
+    assert_close(
+        run_poisoned(rms_norm_triton, x, weight, EPS), rms_norm_torch(x, weight, EPS), dtype
+    )
 
 
 @pytest.mark.parametrize("rows,hidden", [(1, 64), (9, 96)])
-def test_triton_fused_residual_matches_torch(device, dtype, rows, hidden, run_poisoned, assert_close):
+def test_triton_fused_residual_matches_torch(
+    device, dtype, rows, hidden, run_poisoned, assert_close
+):
     x = torch.randn(rows, hidden, device=device).to(dtype)
     residual = torch.randn(rows, hidden, device=device).to(dtype)
     weight = torch.randn(hidden, device=device).to(dtype)

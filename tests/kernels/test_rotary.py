@@ -25,12 +25,18 @@ LLAMA3 = {
 
 
 def _hf_rotary(theta: float, scaling: dict | None) -> LlamaRotaryEmbedding:
-    params = {"rope_type": "default", "rope_theta": theta} if scaling is None else {
-        **scaling, "rope_theta": theta}  # fmt: skip
+    params = (
+        {"rope_type": "default", "rope_theta": theta}
+        if scaling is None
+        else {**scaling, "rope_theta": theta}
+    )
     config = LlamaConfig(
-        hidden_size=4 * HEAD_DIM, num_attention_heads=4, head_dim=HEAD_DIM,
-        max_position_embeddings=MAX_POS, rope_parameters=params,
-    )  # fmt: skip
+        hidden_size=4 * HEAD_DIM,
+        num_attention_heads=4,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=MAX_POS,
+        rope_parameters=params,
+    )
     return LlamaRotaryEmbedding(config)
 
 
@@ -45,10 +51,14 @@ LEGACY_LLAMA3 = {**{k: v for k, v in LLAMA3.items() if k != "rope_type"}, "type"
 
 @pytest.mark.parametrize(
     "theta,scaling,hf_scaling",
-    [(10000.0, None, None), (10000.0, {"rope_type": "default"}, None),
-     (500000.0, LLAMA3, LLAMA3), (500000.0, LEGACY_LLAMA3, LLAMA3)],
+    [
+        (10000.0, None, None),
+        (10000.0, {"rope_type": "default"}, None),
+        (500000.0, LLAMA3, LLAMA3),
+        (500000.0, LEGACY_LLAMA3, LLAMA3),
+    ],
     ids=["none", "default", "llama3", "llama3-legacy-type-key"],
-)  # fmt: skip
+)
 def test_cache_matches_hf_rope_init(theta, scaling, hf_scaling):
     cache = rope_cos_sin_cache(HEAD_DIM, MAX_POS, theta, scaling, torch.float32, "cpu")
     cos, sin = _hf_cos_sin(theta, hf_scaling)
@@ -65,12 +75,16 @@ def test_llama3_case_covers_all_frequency_bands():
     old = LLAMA3["original_max_position_embeddings"]
     assert (wavelen < old / LLAMA3["high_freq_factor"]).any()
     assert (wavelen > old / LLAMA3["low_freq_factor"]).any()
-    assert ((wavelen >= old / LLAMA3["high_freq_factor"]) & (wavelen <= old / LLAMA3["low_freq_factor"])).any()
+    assert (
+        (wavelen >= old / LLAMA3["high_freq_factor"]) & (wavelen <= old / LLAMA3["low_freq_factor"])
+    ).any()
 
 
 def test_unknown_rope_type_is_rejected():
     with pytest.raises(ValueError, match="yarn"):
-        rope_cos_sin_cache(HEAD_DIM, 8, 10000.0, {"rope_type": "yarn", "factor": 2.0}, torch.float32, "cpu")
+        rope_cos_sin_cache(
+            HEAD_DIM, 8, 10000.0, {"rope_type": "yarn", "factor": 2.0}, torch.float32, "cpu"
+        )
 
 
 def test_apply_rotary_torch_matches_hf(device):
@@ -81,9 +95,11 @@ def test_apply_rotary_torch_matches_hf(device):
     k = torch.randn(6, 2, HEAD_DIM, device=device)
     # HF layout: [batch, heads, seq, dim] with cos/sin [batch, seq, dim].
     hf_q, hf_k = apply_rotary_pos_emb(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-        cos[positions.cpu()].to(device)[None], sin[positions.cpu()].to(device)[None],
-    )  # fmt: skip
+        q.transpose(0, 1)[None],
+        k.transpose(0, 1)[None],
+        cos[positions.cpu()].to(device)[None],
+        sin[positions.cpu()].to(device)[None],
+    )
     got_q, got_k = apply_rotary_torch(positions, q, k, cache)
     torch.testing.assert_close(got_q, hf_q[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_k, hf_k[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
@@ -116,7 +132,15 @@ def test_apply_rotary_torch_partial_rotary_matches_naive(device):
     [(1, 4, 4, 64, 64), (7, 8, 2, 128, 128), (5, 6, 1, 80, 80), (4, 4, 2, 96, 48)],
 )
 def test_triton_matches_torch(
-    device, dtype, num_tokens, num_heads, num_kv_heads, head_dim, rotary_dim, run_poisoned, assert_close
+    device,
+    dtype,
+    num_tokens,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    rotary_dim,
+    run_poisoned,
+    assert_close,
 ):
     cache = rope_cos_sin_cache(rotary_dim, 300, 10000.0, None, torch.float32, device)
     positions = torch.randint(0, 300, (num_tokens,), device=device)
@@ -136,7 +160,8 @@ def test_triton_reads_strided_qkv_views(device, run_poisoned, assert_close):
     qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, device=device)
     q = qkv[:, : num_heads * head_dim].view(num_tokens, num_heads, head_dim)
     k = qkv[:, num_heads * head_dim : (num_heads + num_kv_heads) * head_dim].view(
-        num_tokens, num_kv_heads, head_dim)  # fmt: skip
+        num_tokens, num_kv_heads, head_dim
+    )
     cache = rope_cos_sin_cache(head_dim, 64, 10000.0, None, torch.float32, device)
     positions = torch.randint(0, 64, (num_tokens,), device=device)
     got_q, got_k = run_poisoned(apply_rotary_triton, positions, q, k, cache)

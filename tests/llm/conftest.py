@@ -40,8 +40,14 @@ def checkpoint(tmp_path_factory) -> Callable[..., tuple[Path, torch.nn.Module]]:
 
 
 def llm_config(model_dir: Path, **overrides: Any) -> LLMConfig:
-    settings = dict(model=str(model_dir), dtype="float32", kernel_backend="torch",
-                    block_size=BLOCK_SIZE, num_blocks=64, max_model_len=128)
+    settings = dict(
+        model=str(model_dir),
+        dtype="float32",
+        kernel_backend="torch",
+        block_size=BLOCK_SIZE,
+        num_blocks=64,
+        max_model_len=128,
+    )
     config = LLMConfig(**{**settings, **overrides})
     config.validate()
     return config
@@ -51,8 +57,7 @@ def llm_config(model_dir: Path, **overrides: Any) -> LLMConfig:
 def make_runner() -> Callable[..., ModelRunner]:
     """make_runner(model_dir, device=cpu, **LLMConfig overrides) -> ModelRunner."""
 
-    def make(model_dir: Path, device: torch.device = CPU,
-             **overrides: Any) -> ModelRunner:
+    def make(model_dir: Path, device: torch.device = CPU, **overrides: Any) -> ModelRunner:
         return ModelRunner(llm_config(model_dir, **overrides), device, model_dir)
 
     return make
@@ -68,8 +73,14 @@ class PagedSession:
 
     def add(self, prompt: list[int], **params: Any) -> Sequence:
         params.setdefault("temperature", 0.0)
-        seq = Sequence(self._next_id, f"req-{self._next_id}", list(prompt), len(prompt),
-                       SamplingParams(**params), arrival_time=0.0)
+        seq = Sequence(
+            self._next_id,
+            f"req-{self._next_id}",
+            list(prompt),
+            len(prompt),
+            SamplingParams(**params),
+            arrival_time=0.0,
+        )
         self._next_id += 1
         return seq
 
@@ -94,8 +105,9 @@ class PagedSession:
         self._advance(plan)
         return logits
 
-    def step(self, chunks: list[tuple[Sequence, int | None]], num_samples=None,
-             **moves: Any) -> ModelOutput:
+    def step(
+        self, chunks: list[tuple[Sequence, int | None]], num_samples=None, **moves: Any
+    ) -> ModelOutput:
         """Run one step through `execute`; sampling sequences get their first sampled token."""
         plan = self.plan(chunks, **moves)
         out = self.runner.execute(plan, num_samples)

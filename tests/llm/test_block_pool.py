@@ -83,8 +83,12 @@ def test_duplicate_content_is_indexed_once():
 
 
 @settings(max_examples=60, deadline=None)
-@given(ops=st.lists(st.tuples(st.sampled_from(["alloc", "free", "touch", "cache"]),
-                              st.integers(0, 7)), max_size=60))
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["alloc", "free", "touch", "cache"]), st.integers(0, 7)),
+        max_size=60,
+    )
+)
 def test_random_operations_keep_counts_consistent(ops):
     """Against a reference: a plain dict of expected reference counts."""
     pool = BlockPool(8)

@@ -14,8 +14,11 @@ from backend_lib.llm.core.detokenizer import IncrementalDetokenizer
 from backend_lib.llm.core.sampling_params import SamplingParams
 
 ALPHABET = "ab cdé漢字😀\n"
-CORPUS = ["héllo wörld café naïve 漢字 漢字テスト emoji 😀🎉 the quick brown fox",
-          "hello there, a cab, a bad cab é漢 ab ab cd", "日本語のテキスト 中文 ünïcödé"] * 20
+CORPUS = [
+    "héllo wörld café naïve 漢字 漢字テスト emoji 😀🎉 the quick brown fox",
+    "hello there, a cab, a bad cab é漢 ab ab cd",
+    "日本語のテキスト 中文 ünïcödé",
+] * 20
 FFFD = "\ufffd"
 
 
@@ -24,8 +27,11 @@ def _byte_level_bpe() -> Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     # A small vocab so that multi-byte characters are split over several tokens.
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(CORPUS, trainer)
     return tok
 
@@ -33,15 +39,26 @@ def _byte_level_bpe() -> Tokenizer:
 def _byte_fallback_bpe() -> Tokenizer:
     tok = Tokenizer(models.BPE(byte_fallback=True))
     tok.normalizer = normalizers.Replace(" ", "▁")
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first",
-                                                 split=False)
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
-                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
-    trainer = trainers.BpeTrainer(vocab_size=120, special_tokens=["<s>", "</s>"],
-                                  initial_alphabet=list("abcdefghijklmnopqrstuvwxyz▁"),
-                                  limit_alphabet=27)
-    tok.train_from_iterator(["hello world the quick brown fox jumps over the lazy cab"] * 10,
-                            trainer)
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement="▁", prepend_scheme="first", split=False
+    )
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=120,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=list("abcdefghijklmnopqrstuvwxyz▁"),
+        limit_alphabet=27,
+    )
+    tok.train_from_iterator(
+        ["hello world the quick brown fox jumps over the lazy cab"] * 10, trainer
+    )
     # Non-ASCII characters are not in the vocab: they must fall back to <0xNN> byte tokens.
     spec = json.loads(tok.to_str())
     vocab = spec["model"]["vocab"]
@@ -70,13 +87,19 @@ def stream(tokenizer, prompt_ids, output_ids, params=None):
 def test_fixture_tokenizers_split_characters():
     # Guard for the tests below: they are only meaningful if characters span several tokens.
     ids = BYTE_FALLBACK.encode("漢字😀").ids
-    assert [BYTE_FALLBACK.id_to_token(i) for i in ids][-4:] == ["<0xF0>", "<0x9F>", "<0x98>", "<0x80>"]
+    assert [BYTE_FALLBACK.id_to_token(i) for i in ids][-4:] == [
+        "<0xF0>",
+        "<0x9F>",
+        "<0x98>",
+        "<0x80>",
+    ]
     assert any(FFFD in BYTE_LEVEL.decode([i]) for i in BYTE_LEVEL.encode("😀").ids)
 
 
 @settings(max_examples=80, deadline=None)
-@given(ids=st.lists(st.integers(0, BYTE_LEVEL.get_vocab_size() - 1), max_size=30),
-       skip=st.booleans())
+@given(
+    ids=st.lists(st.integers(0, BYTE_LEVEL.get_vocab_size() - 1), max_size=30), skip=st.booleans()
+)
 def test_byte_level_random_ids_match_full_decode(ids, skip):
     deltas, _, tail, _ = stream(BYTE_LEVEL, [], ids, SamplingParams(skip_special_tokens=skip))
     assert "".join(deltas) + tail == BYTE_LEVEL.decode(ids, skip_special_tokens=skip)
@@ -94,7 +117,7 @@ def test_valid_text_streams_without_replacement_chars(tokenizer, prompt, output)
     full = tokenizer.decode(prompt_ids + output_ids)
     prompt_text = tokenizer.decode(prompt_ids)
     assert full.startswith(prompt_text)
-    assert "".join(deltas) + tail == full[len(prompt_text):]
+    assert "".join(deltas) + tail == full[len(prompt_text) :]
     if not prompt_ids:
         assert "".join(deltas) + tail == tokenizer.decode(output_ids)
 
@@ -116,7 +139,9 @@ def test_transformers_fast_tokenizer_is_accepted():
     assert "".join(deltas) + tail == hf.decode(ids)
 
 
-def reference_stop(full: str, stops: list[str], include: bool, boundary: int) -> tuple[str, str | None]:
+def reference_stop(
+    full: str, stops: list[str], include: bool, boundary: int
+) -> tuple[str, str | None]:
     """Cut `full` at the stop match with the earliest end after `boundary` (then the longest)."""
     matches = []
     for stop in stops:
@@ -132,13 +157,17 @@ def reference_stop(full: str, stops: list[str], include: bool, boundary: int) ->
 
 
 @settings(max_examples=100, deadline=None)
-@given(text=st.text(ALPHABET, min_size=1, max_size=30),
-       stops=st.lists(st.text(ALPHABET, min_size=1, max_size=4), min_size=1, max_size=3),
-       include=st.booleans(), min_tokens=st.integers(0, 8))
+@given(
+    text=st.text(ALPHABET, min_size=1, max_size=30),
+    stops=st.lists(st.text(ALPHABET, min_size=1, max_size=4), min_size=1, max_size=3),
+    include=st.booleans(),
+    min_tokens=st.integers(0, 8),
+)
 def test_stop_strings_truncate_and_never_leak(text, stops, include, min_tokens):
     ids = BYTE_LEVEL.encode(text).ids
-    params = SamplingParams(stop=stops, include_stop_str_in_output=include, min_tokens=min_tokens,
-                            max_tokens=None)
+    params = SamplingParams(
+        stop=stops, include_stop_str_in_output=include, min_tokens=min_tokens, max_tokens=None
+    )
     holdback = 0 if include else max(map(len, stops)) - 1
     detok = IncrementalDetokenizer(BYTE_LEVEL, [], params)
     sent = ""
@@ -148,10 +177,10 @@ def test_stop_strings_truncate_and_never_leak(text, stops, include, min_tokens):
         if stopped:
             break
         # Everything but the held-back tail has been sent, and nothing more.
-        assert sent == detok.text[:max(0, len(detok.text) - holdback)]
+        assert sent == detok.text[: max(0, len(detok.text) - holdback)]
     sent += detok.flush()
     # Stops count from the text the min_tokens-th token completes.
-    boundary = len(BYTE_LEVEL.decode(ids[:max(min_tokens - 1, 0)]).rstrip(FFFD))
+    boundary = len(BYTE_LEVEL.decode(ids[: max(min_tokens - 1, 0)]).rstrip(FFFD))
     expected, stop = reference_stop(BYTE_LEVEL.decode(ids), stops, include, boundary)
     assert sent == detok.text == expected
     assert detok.stop_string == stop

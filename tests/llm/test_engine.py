@@ -33,8 +33,28 @@ from tooling.checkpoints import ARCHITECTURES, build_checkpoint
 from tooling.hf_reference import hf_greedy
 
 VOCAB = 256  # tiny_checkpoints' vocab_size
-_SYLLABLES = ["ka", "ro", "mi", "te", "lu", "sa", "ven", "tor", "al", "is", "qu", "bre", "on",
-              "di", "ex", "po", "ga", "ny", "shi", "zu"]
+_SYLLABLES = [
+    "ka",
+    "ro",
+    "mi",
+    "te",
+    "lu",
+    "sa",
+    "ven",
+    "tor",
+    "al",
+    "is",
+    "qu",
+    "bre",
+    "on",
+    "di",
+    "ex",
+    "po",
+    "ga",
+    "ny",
+    "shi",
+    "zu",
+]
 
 
 # --- shared helpers --------------------------------------------------------------------------
@@ -58,13 +78,15 @@ def tiny_tokenizer() -> Tokenizer:
     Llama's; every token decodes to clean ASCII, so random outputs have readable text."""
     rng = random.Random(0)
     words = ["".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(400)]
-    corpus = [" ".join(rng.choice(words) for _ in range(12)) + rng.choice(".,!?")
-              for _ in range(200)]
+    corpus = [
+        " ".join(rng.choice(words) for _ in range(12)) + rng.choice(".,!?") for _ in range(200)
+    ]
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=VOCAB,
-                                                        special_tokens=["<unk>", "<s>", "</s>"]))
+    tok.train_from_iterator(
+        corpus, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>"])
+    )
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     assert tok.get_vocab_size() == VOCAB
     return tok
@@ -72,9 +94,16 @@ def tiny_tokenizer() -> Tokenizer:
 
 def _save_tokenizer(out_dir: Path) -> None:
     tiny_tokenizer().save(str(out_dir / "tokenizer.json"))
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-         "unk_token": "<unk>"}))
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+            }
+        )
+    )
 
 
 _BUILT: dict[str, tuple[Path, transformers.PreTrainedModel]] = {}
@@ -118,7 +147,9 @@ def assert_pool_released(engine: LLMEngine) -> None:
     assert engine.stats().kv_cache_usage == 0.0
 
 
-def output_ids(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+def output_ids(
+    engine: LLMEngine, prompts: list[list[int]], params: SamplingParams
+) -> list[list[int]]:
     return [out.outputs[0].token_ids for out in engine.generate(prompts, params)]
 
 
@@ -165,8 +196,9 @@ def test_chunked_prefill_keeps_outputs_exact():
     engine = make_engine(model_dir, max_num_batched_tokens=8)
     chunks = []
     execute = engine.runner.execute
-    engine.runner.execute = lambda out, *a: chunks.extend(s.num_new_tokens for s in out.scheduled) \
-        or execute(out, *a)
+    engine.runner.execute = lambda out, *a: (
+        chunks.extend(s.num_new_tokens for s in out.scheduled) or execute(out, *a)
+    )
     prompts = [random_prompt(27, 7), random_prompt(12, 8), random_prompt(5, 9)]
     assert output_ids(engine, prompts, greedy(5)) == [hf_greedy(hf, p, 5) for p in prompts]
     assert max(chunks) <= 8 < 27  # the long prompts really were split
@@ -176,8 +208,14 @@ def test_chunked_prefill_keeps_outputs_exact():
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_preemption_keeps_outputs_exact(mode):
     model_dir, hf = engine_checkpoint("Qwen3ForCausalLM")
-    engine = make_engine(model_dir, num_blocks=10, max_model_len=40, max_num_batched_tokens=16,
-                         preemption_mode=mode, swap_space=0.001)
+    engine = make_engine(
+        model_dir,
+        num_blocks=10,
+        max_model_len=40,
+        max_num_batched_tokens=16,
+        preemption_mode=mode,
+        swap_space=0.001,
+    )
     prompts = [random_prompt(n, 10 + n) for n in (19, 13, 22, 7, 16)]
     assert output_ids(engine, prompts, greedy(10)) == [hf_greedy(hf, p, 10) for p in prompts]
     assert engine.stats().counters.num_preemptions > 0
@@ -210,17 +248,23 @@ def test_seeded_sampling_is_independent_of_batch_and_run():
     alone = output_ids(make_engine(model_dir), [prompt], seeded)[0]
     others = [random_prompt(14, 31), random_prompt(3, 32)]
     busy = make_engine(model_dir)
-    outs = busy.generate([others[0], prompt, others[1]],
-                         [SamplingParams(temperature=1.0, max_tokens=12), seeded, greedy(5)])
+    outs = busy.generate(
+        [others[0], prompt, others[1]],
+        [SamplingParams(temperature=1.0, max_tokens=12), seeded, greedy(5)],
+    )
     assert outs[1].outputs[0].token_ids == alone
-    other_seed = SamplingParams(temperature=1.2, top_p=0.95, seed=99, max_tokens=12, ignore_eos=True)
+    other_seed = SamplingParams(
+        temperature=1.2, top_p=0.95, seed=99, max_tokens=12, ignore_eos=True
+    )
     assert output_ids(busy, [prompt], other_seed)[0] != alone
 
 
 def test_parallel_sampling_with_seed_is_reproducible_and_children_differ():
     model_dir, _ = engine_checkpoint("Qwen2ForCausalLM")
     # A high temperature: the tiny random model is very peaked.
-    params = SamplingParams(n=4, temperature=4.0, seed=7, max_tokens=10, ignore_eos=True, logprobs=1)
+    params = SamplingParams(
+        n=4, temperature=4.0, seed=7, max_tokens=10, ignore_eos=True, logprobs=1
+    )
     prompt = random_prompt(10, 40)
 
     def run(extra: bool) -> list[list[int]]:
@@ -243,12 +287,13 @@ def test_logprobs_match_hf_log_softmax(temperature):
     model_dir, hf = engine_checkpoint("Qwen3ForCausalLM")
     engine = make_engine(model_dir)
     prompt = random_prompt(11, 50)
-    params = SamplingParams(temperature=temperature, seed=3, max_tokens=8, ignore_eos=True,
-                            logprobs=3)
+    params = SamplingParams(
+        temperature=temperature, seed=3, max_tokens=8, ignore_eos=True, logprobs=3
+    )
     (completion,) = engine.generate([prompt], params)[0].outputs
     full = prompt + completion.token_ids
     with torch.no_grad():
-        logits = hf(torch.tensor([full])).logits[0, len(prompt) - 1:-1].float()
+        logits = hf(torch.tensor([full])).logits[0, len(prompt) - 1 : -1].float()
     ref = torch.log_softmax(logits, dim=-1)
     total = 0.0
     for j, (token, entry) in enumerate(zip(completion.token_ids, completion.logprobs, strict=True)):
@@ -279,17 +324,17 @@ def test_stop_string_is_cut_and_never_streamed():
     prompt = random_prompt(7, 60)
     _, plain = _stream(engine, "plain", prompt, greedy(20))
     text = plain.outputs[0].text
-    stop = text[len(text) // 2:len(text) // 2 + 3]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
     cut = text.find(stop)
     assert cut > 0
     for include in (False, True):
         params = greedy(20, stop=["@@never@@", stop], include_stop_str_in_output=include)
         outs, final = _stream(engine, f"stop-{include}", prompt, params)
-        expected = text[:cut + len(stop)] if include else text[:cut]
+        expected = text[: cut + len(stop)] if include else text[:cut]
         (completion,) = final.outputs
         assert completion.text == expected
         assert (completion.finish_reason, completion.stop_reason) == ("stop", stop)
-        assert plain.outputs[0].token_ids[:len(completion.token_ids)] == completion.token_ids
+        assert plain.outputs[0].token_ids[: len(completion.token_ids)] == completion.token_ids
         streamed = ""
         for out in outs:
             streamed += out.outputs[0].delta_text
@@ -311,10 +356,11 @@ def test_stop_token_and_eos_hide_their_text():
     text_with = engine.generate([prompt], greedy(first + 1))[0].outputs[0].text
 
     (c,) = engine.generate([prompt], greedy(12, stop_token_ids=[stop_token]))[0].outputs
-    assert c.token_ids == reference[:first + 1] and c.text == text_before
+    assert c.token_ids == reference[: first + 1] and c.text == text_before
     assert (c.finish_reason, c.stop_reason) == ("stop", stop_token)
-    (c,) = engine.generate([prompt], greedy(12, stop_token_ids=[stop_token],
-                                            include_stop_str_in_output=True))[0].outputs
+    (c,) = engine.generate(
+        [prompt], greedy(12, stop_token_ids=[stop_token], include_stop_str_in_output=True)
+    )[0].outputs
     assert c.text == text_with
 
     # The same token as the checkpoint's EOS (generation_config.json): stop_reason None.
@@ -325,7 +371,7 @@ def test_stop_token_and_eos_hide_their_text():
     eos_engine = make_engine(eos_dir)
     params = SamplingParams(temperature=0.0, max_tokens=12)
     (c,) = eos_engine.generate([prompt], params)[0].outputs
-    assert c.token_ids == reference[:first + 1] and c.text == text_before
+    assert c.token_ids == reference[: first + 1] and c.text == text_before
     assert (c.finish_reason, c.stop_reason) == ("stop", None)
     (c,) = eos_engine.generate([prompt], greedy(12))[0].outputs  # ignore_eos
     assert c.token_ids == reference and c.finish_reason == "length"
@@ -337,13 +383,21 @@ def test_min_tokens_defers_stop_tokens_like_hf():
     prompt = random_prompt(8, 80)
     reference = hf_greedy(hf, prompt, 12)
     stop_token = reference[1]
-    (c,) = engine.generate([prompt], greedy(12, stop_token_ids=[stop_token], min_tokens=6))[0].outputs
+    (c,) = engine.generate([prompt], greedy(12, stop_token_ids=[stop_token], min_tokens=6))[
+        0
+    ].outputs
     with torch.no_grad():  # HF: the stop token is banned until min_new_tokens, then ends generation
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=6,
-                          do_sample=False, eos_token_id=stop_token, pad_token_id=0)[0, len(prompt):]
+        ref = hf.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=12,
+            min_new_tokens=6,
+            do_sample=False,
+            eos_token_id=stop_token,
+            pad_token_id=0,
+        )[0, len(prompt) :]
     expected = ref.tolist()
     if stop_token in expected:
-        expected = expected[:expected.index(stop_token) + 1]
+        expected = expected[: expected.index(stop_token) + 1]
     assert c.token_ids == expected
     assert stop_token not in c.token_ids[:6]
     assert c.finish_reason == ("stop" if c.token_ids[-1] == stop_token else "length")
@@ -366,8 +420,11 @@ def test_length_limits_and_prompt_too_long():
 def test_abort_frees_blocks_and_others_continue():
     model_dir, hf = engine_checkpoint("MistralForCausalLM")
     engine = make_engine(model_dir)
-    prompts = {"keep": random_prompt(13, 100), "drop": random_prompt(17, 101),
-               "queued": random_prompt(9, 102)}
+    prompts = {
+        "keep": random_prompt(13, 100),
+        "drop": random_prompt(17, 101),
+        "queued": random_prompt(9, 102),
+    }
     for request_id in ("keep", "drop"):
         engine.add_request(request_id, None, greedy(10), prompt_token_ids=prompts[request_id])
     for _ in range(3):
@@ -392,10 +449,14 @@ def test_abort_frees_blocks_and_others_continue():
 def test_bad_requests_raise_input_error_and_queue_limit():
     model_dir, _ = engine_checkpoint("LlamaForCausalLM")
     engine = make_engine(model_dir, max_queue_size=2)
-    bad = [("", {}), (None, {"prompt_token_ids": []}), (None, {"prompt_token_ids": [3, VOCAB]}),
-           ("hi", {"params": SamplingParams(n=65, temperature=1.0)}),
-           ("hi", {"params": SamplingParams(logprobs=21)}),
-           ("hi", {"params": SamplingParams(stop_token_ids=[VOCAB + 1])})]
+    bad = [
+        ("", {}),
+        (None, {"prompt_token_ids": []}),
+        (None, {"prompt_token_ids": [3, VOCAB]}),
+        ("hi", {"params": SamplingParams(n=65, temperature=1.0)}),
+        ("hi", {"params": SamplingParams(logprobs=21)}),
+        ("hi", {"params": SamplingParams(stop_token_ids=[VOCAB + 1])}),
+    ]
     for prompt, kwargs in bad:
         params = kwargs.pop("params", greedy(4))
         with pytest.raises(InputError):
@@ -470,8 +531,9 @@ def test_stats_count_tokens_latencies_and_drain():
     engine = make_engine(model_dir)
     before = engine.stats().counters
     prompts = [random_prompt(5, 130), random_prompt(9, 131)]
-    engine.generate(prompts, [greedy(4), SamplingParams(n=2, temperature=1.0, max_tokens=3,
-                                                        ignore_eos=True)])
+    engine.generate(
+        prompts, [greedy(4), SamplingParams(n=2, temperature=1.0, max_tokens=3, ignore_eos=True)]
+    )
     stats = engine.stats()
     delta = stats.counters - before
     assert delta.prompt_tokens == 14 and delta.generation_tokens == 4 + 2 * 3
@@ -504,7 +566,11 @@ def test_bench_engine_quick_writes_agreeing_results(tmp_path):
     out = tmp_path / "engine.json"
     result = subprocess.run(
         [sys.executable, "scripts/bench_engine.py", "--quick", "--threads", "1", "--out", str(out)],
-        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300)
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert set(report["output_tokens_per_second"]) == {"engine", "hf_static", "hf_continuous"}

@@ -49,14 +49,19 @@ def test_concurrent_submitters_get_their_own_correct_streams():
     observed: list[EngineStats] = []
     loop = EngineLoop(engine, on_step=observed.append)
     loop.start()
-    prompts = {f"t{t}-r{r}": random_prompt(4 + 3 * t + r, 10 * t + r) for t in range(4) for r in range(2)}
+    prompts = {
+        f"t{t}-r{r}": random_prompt(4 + 3 * t + r, 10 * t + r) for t in range(4) for r in range(2)
+    }
     results: dict[str, list] = {}
     errors: list[BaseException] = []
 
     def client(thread_index: int) -> None:
         try:
-            streams = {rid: loop.submit(rid, None, greedy(6), prompt_token_ids=prompt)
-                       for rid, prompt in prompts.items() if rid.startswith(f"t{thread_index}-")}
+            streams = {
+                rid: loop.submit(rid, None, greedy(6), prompt_token_ids=prompt)
+                for rid, prompt in prompts.items()
+                if rid.startswith(f"t{thread_index}-")
+            }
             for rid, stream in streams.items():
                 results[rid] = list(stream)
         except BaseException as exc:  # surfaced in the main thread below
@@ -151,7 +156,9 @@ def test_fault_in_one_request_fails_only_its_stream():
     loop = EngineLoop(engine)
     loop.start()
     prompts = {"good": random_prompt(9, 4), "bad": random_prompt(9, 5)}
-    streams = {rid: loop.submit(rid, None, greedy(5), prompt_token_ids=p) for rid, p in prompts.items()}
+    streams = {
+        rid: loop.submit(rid, None, greedy(5), prompt_token_ids=p) for rid, p in prompts.items()
+    }
     bad, good = _collect(streams["bad"])[-1], _collect(streams["good"])[-1]
     assert bad.error == "ValueError: broken detokenizer"
     assert bad.outputs[0].finish_reason == "error"

@@ -35,33 +35,55 @@ def reference(prompt: tuple[int, ...]) -> list[int]:
     return hf_greedy(hf, list(prompt), MAX_TOKENS)
 
 
-requests = st.lists(st.fixed_dictionaries({
-    "prompt_len": st.integers(1, 28),
-    "shared_prefix": st.booleans(),
-    "max_tokens": st.integers(1, MAX_TOKENS),
-    "arrival_step": st.integers(0, 4),
-    "abort_step": st.none() | st.integers(0, 14),
-}), min_size=2, max_size=8)
+requests = st.lists(
+    st.fixed_dictionaries(
+        {
+            "prompt_len": st.integers(1, 28),
+            "shared_prefix": st.booleans(),
+            "max_tokens": st.integers(1, MAX_TOKENS),
+            "arrival_step": st.integers(0, 4),
+            "abort_step": st.none() | st.integers(0, 14),
+        }
+    ),
+    min_size=2,
+    max_size=8,
+)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                HealthCheck.too_slow])
-@given(reqs=requests, num_blocks=st.sampled_from([6, 6, 7, 32]),
-       budget=st.sampled_from([8, 16, 256]), mode=st.sampled_from(["recompute", "swap"]))
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    reqs=requests,
+    num_blocks=st.sampled_from([6, 6, 7, 32]),
+    budget=st.sampled_from([8, 16, 256]),
+    mode=st.sampled_from(["recompute", "swap"]),
+)
 def test_random_workloads_keep_invariants_and_outputs(reqs, num_blocks, budget, mode):
     model_dir, _ = engine_checkpoint(ARCH)
-    engine = make_engine(model_dir, num_blocks=num_blocks, max_model_len=MAX_MODEL_LEN,
-                         max_num_batched_tokens=budget, preemption_mode=mode, swap_space=0.001)
-    prompts = {f"r{i}": (SHARED_PREFIX if r["shared_prefix"] else []) + random_prompt(r["prompt_len"], i)
-               for i, r in enumerate(reqs)}
+    engine = make_engine(
+        model_dir,
+        num_blocks=num_blocks,
+        max_model_len=MAX_MODEL_LEN,
+        max_num_batched_tokens=budget,
+        preemption_mode=mode,
+        swap_space=0.001,
+    )
+    prompts = {
+        f"r{i}": (SHARED_PREFIX if r["shared_prefix"] else []) + random_prompt(r["prompt_len"], i)
+        for i, r in enumerate(reqs)
+    }
     finals, added, step = {}, set(), 0
     last_event = max(max(r["arrival_step"], r["abort_step"] or 0) for r in reqs)
     while step <= last_event or engine.has_unfinished_requests():
         for i, r in enumerate(reqs):
             request_id = f"r{i}"
             if r["arrival_step"] == step:
-                engine.add_request(request_id, None, greedy(r["max_tokens"]),
-                                   prompt_token_ids=prompts[request_id])
+                engine.add_request(
+                    request_id, None, greedy(r["max_tokens"]), prompt_token_ids=prompts[request_id]
+                )
                 added.add(request_id)
             if r["abort_step"] == step and request_id in added:
                 aborted = engine.abort_request(request_id)
@@ -79,8 +101,8 @@ def test_random_workloads_keep_invariants_and_outputs(reqs, num_blocks, budget, 
         (completion,) = finals[f"r{i}"].outputs
         prompt = prompts[f"r{i}"]
         room = MAX_MODEL_LEN - len(prompt)  # generation stops at max_model_len as well
-        expected = reference(tuple(prompt))[:min(r["max_tokens"], room)]
+        expected = reference(tuple(prompt))[: min(r["max_tokens"], room)]
         if completion.finish_reason == "abort":
-            assert completion.token_ids == expected[:len(completion.token_ids)]
+            assert completion.token_ids == expected[: len(completion.token_ids)]
         else:
             assert (completion.token_ids, completion.finish_reason) == (expected, "length")

@@ -144,7 +144,10 @@ def test_fork_at_block_boundary_needs_no_copy():
     compute(kv, child, 1)
     compute(kv, parent, 1)
     assert kv.take_copies() == []
-    assert child.block_table[:2] == parent.block_table[:2] and child.block_table[2] != parent.block_table[2]
+    assert (
+        child.block_table[:2] == parent.block_table[:2]
+        and child.block_table[2] != parent.block_table[2]
+    )
 
 
 def test_swap_out_and_in_round_trip():

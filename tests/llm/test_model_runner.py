@@ -16,8 +16,9 @@ from backend_lib.llm.execution.model_runner import resolve_max_model_len
 from tests.llm.conftest import BLOCK_SIZE
 from tooling.hf_reference import hf_greedy, hf_next_logits
 
-SPEC = KVCacheSpec(num_layers=3, num_kv_heads=2, head_dim=4, block_size=BLOCK_SIZE,
-                   dtype=torch.float32)
+SPEC = KVCacheSpec(
+    num_layers=3, num_kv_heads=2, head_dim=4, block_size=BLOCK_SIZE, dtype=torch.float32
+)
 
 
 def _prompt(length: int, seed: int) -> list[int]:
@@ -72,8 +73,7 @@ def test_step_swaps_in_before_forward_and_logprobs_match_hf(checkpoint, session)
     assert out.sampled[seq.seq_id] == [int(ref.argmax())] == [lp.token_id]
     assert math.isclose(lp.logprob, ref.max().item(), abs_tol=1e-4)
     assert lp.top_token_ids == ref.topk(3).indices.tolist()
-    torch.testing.assert_close(torch.tensor(lp.top_logprobs), ref.topk(3).values, atol=1e-4,
-                               rtol=0)
+    torch.testing.assert_close(torch.tensor(lp.top_logprobs), ref.topk(3).values, atol=1e-4, rtol=0)
 
 
 def test_step_copies_shared_block_before_forward(checkpoint, session):
@@ -87,8 +87,9 @@ def test_step_copies_shared_block_before_forward(checkpoint, session):
     parent.append_token(40)
     child.append_token(41)
     child.block_table[-1] = s.take_block()
-    logits = s.logits([(parent, 1), (child, 1)],
-                      blocks_to_copy=[(parent.block_table[-1], child.block_table[-1])])
+    logits = s.logits(
+        [(parent, 1), (child, 1)], blocks_to_copy=[(parent.block_table[-1], child.block_table[-1])]
+    )
     for row, seq in zip(logits, (parent, child), strict=True):
         torch.testing.assert_close(row, hf_next_logits(hf, seq.token_ids), atol=1e-4, rtol=1e-4)
 
@@ -122,16 +123,23 @@ def test_max_model_len_defaults_to_checkpoint_limit(checkpoint, make_runner):
 def test_cpu_pool_sized_from_memory_settings(checkpoint, make_runner):
     model_dir, hf = checkpoint("Qwen3ForCausalLM")
     cfg = hf.config
-    block_bytes = 2 * cfg.num_hidden_layers * BLOCK_SIZE * cfg.num_key_value_heads * cfg.head_dim * 4
-    runner = make_runner(model_dir, num_blocks=0, cpu_kv_cache_gb=0.01, preemption_mode="swap",
-                         swap_space=0.002)
+    block_bytes = (
+        2 * cfg.num_hidden_layers * BLOCK_SIZE * cfg.num_key_value_heads * cfg.head_dim * 4
+    )
+    runner = make_runner(
+        model_dir, num_blocks=0, cpu_kv_cache_gb=0.01, preemption_mode="swap", swap_space=0.002
+    )
     assert runner.num_blocks == int(0.01 * GIB) // block_bytes
     assert runner.num_host_blocks == int(0.002 * GIB) // block_bytes
     assert runner.kv_pool.device_cache.shape[2] == runner.num_blocks
     assert make_runner(model_dir, num_blocks=40).num_blocks == 40
-    assert make_runner(model_dir, num_blocks=40).num_host_blocks == 0  # recompute mode: no host pool
+    assert (
+        make_runner(model_dir, num_blocks=40).num_host_blocks == 0
+    )  # recompute mode: no host pool
     with pytest.raises(ConfigError, match="max_model_len"):
-        make_runner(model_dir, num_blocks=0, cpu_kv_cache_gb=block_bytes * 3 / GIB, max_model_len=32)
+        make_runner(
+            model_dir, num_blocks=0, cpu_kv_cache_gb=block_bytes * 3 / GIB, max_model_len=32
+        )
 
 
 def test_gpu_budget_subtracts_everything_but_the_cache():
@@ -140,21 +148,35 @@ def test_gpu_budget_subtracts_everything_but_the_cache():
 
 
 @pytest.mark.parametrize("preemption_mode", ["swap", "recompute"])
-def test_steps_from_the_real_scheduler_reproduce_generate(checkpoint, make_runner,
-                                                           preemption_mode):
+def test_steps_from_the_real_scheduler_reproduce_generate(checkpoint, make_runner, preemption_mode):
     """Scheduler + runner on a pool too small for all requests: chunked prefill, prefix-cache
     hits and preemptions must leave every greedy output equal to `generate`."""
     model_dir, hf = checkpoint("Qwen2ForCausalLM")
-    runner = make_runner(model_dir, num_blocks=10, max_model_len=40, max_num_batched_tokens=16,
-                         preemption_mode=preemption_mode, swap_space=0.001)
-    scheduler = Scheduler(runner.config, runner.num_blocks, runner.num_host_blocks,
-                          runner.max_model_len)
+    runner = make_runner(
+        model_dir,
+        num_blocks=10,
+        max_model_len=40,
+        max_num_batched_tokens=16,
+        preemption_mode=preemption_mode,
+        swap_space=0.001,
+    )
+    scheduler = Scheduler(
+        runner.config, runner.num_blocks, runner.num_host_blocks, runner.max_model_len
+    )
     shared = _prompt(BLOCK_SIZE * 2, 20)
     prompts = [shared + _prompt(3, 21), _prompt(13, 22), shared + _prompt(6, 23), _prompt(7, 24)]
     num_new = 8
-    seqs = [Sequence(i, f"req-{i}", list(p), len(p),
-                     SamplingParams(temperature=0.0, max_tokens=num_new, ignore_eos=True), 0.0)
-            for i, p in enumerate(prompts)]
+    seqs = [
+        Sequence(
+            i,
+            f"req-{i}",
+            list(p),
+            len(p),
+            SamplingParams(temperature=0.0, max_tokens=num_new, ignore_eos=True),
+            0.0,
+        )
+        for i, p in enumerate(prompts)
+    ]
     for seq in seqs:
         scheduler.add(seq)
     for _ in range(200):
@@ -165,11 +187,12 @@ def test_steps_from_the_real_scheduler_reproduce_generate(checkpoint, make_runne
     stats = scheduler.stats
     assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
     for seq, prompt in zip(seqs, prompts, strict=True):
-        assert seq.token_ids[len(prompt):] == hf_greedy(hf, prompt, num_new), seq.seq_id
+        assert seq.token_ids[len(prompt) :] == hf_greedy(hf, prompt, num_new), seq.seq_id
 
 
 def test_batch_rows_put_decodes_first_longest_first_and_logits_keep_scheduled_order(
-        checkpoint, session):
+    checkpoint, session
+):
     # The CPU attention relies on the layout (similar-length decodes in consecutive rows); the
     # engine relies on logits rows in scheduled order.
     model_dir, hf = checkpoint("LlamaForCausalLM")

@@ -20,12 +20,21 @@ ATOL = RTOL = 1e-4
 
 VARIANTS = {
     "llama-llama3-rope": ("LlamaForCausalLM", {}),
-    "llama-biases-tied": ("LlamaForCausalLM", dict(attention_bias=True, mlp_bias=True,
-                                                   tie_word_embeddings=True)),
+    "llama-biases-tied": (
+        "LlamaForCausalLM",
+        dict(attention_bias=True, mlp_bias=True, tie_word_embeddings=True),
+    ),
     "mistral-sliding-window": ("MistralForCausalLM", {}),
     "qwen2-qkv-bias-tied": ("Qwen2ForCausalLM", {}),
-    "qwen2-sliding-upper-layers": ("Qwen2ForCausalLM", dict(
-        use_sliding_window=True, sliding_window=5, max_window_layers=1, tie_word_embeddings=False)),
+    "qwen2-sliding-upper-layers": (
+        "Qwen2ForCausalLM",
+        dict(
+            use_sliding_window=True,
+            sliding_window=5,
+            max_window_layers=1,
+            tie_word_embeddings=False,
+        ),
+    ),
     "qwen3-qk-norm-mqa": ("Qwen3ForCausalLM", {}),
 }
 
@@ -91,7 +100,7 @@ def test_greedy_execute_matches_generate(variant, session):
     while any(q.num_output_tokens < num_new for q in seqs):
         s.step([(q, 1) for q in seqs if q.num_output_tokens < num_new])
     for q, p in zip(seqs, prompts, strict=True):
-        assert q.token_ids[len(p):] == hf_greedy(hf, p, num_new)
+        assert q.token_ids[len(p) :] == hf_greedy(hf, p, num_new)
 
 
 def test_prefix_shared_through_block_tables_matches_hf(variant, session):
@@ -140,10 +149,16 @@ def test_bfloat16_on_cpu_close_to_float32(checkpoint, session):
 
 # --- loader -----------------------------------------------------------------------------------
 
+
 def _load(model_dir, dtype=torch.float32, pack=False):
     # Unpacked by default: these tests inspect the loaded weights themselves.
-    return load_model(model_dir, torch.device("cpu"), dtype, select_kernel_ops("torch", "cpu"),
-                      pack_linear_weights=pack)
+    return load_model(
+        model_dir,
+        torch.device("cpu"),
+        dtype,
+        select_kernel_ops("torch", "cpu"),
+        pack_linear_weights=pack,
+    )
 
 
 def test_packed_projections_compute_what_the_checkpoint_weights_do(checkpoint):
@@ -152,13 +167,17 @@ def test_packed_projections_compute_what_the_checkpoint_weights_do(checkpoint):
 
     model_dir, _ = checkpoint("Qwen2ForCausalLM")  # q/k/v biases too
     plain, packed = _load(model_dir), _load(model_dir, pack=True)
-    pairs = [(name, module, packed.get_submodule(name)) for name, module in plain.named_modules()
-             if isinstance(module, torch.nn.Linear)]
+    pairs = [
+        (name, module, packed.get_submodule(name))
+        for name, module in plain.named_modules()
+        if isinstance(module, torch.nn.Linear)
+    ]
     assert pairs and all(isinstance(p, PackedLinear) for _, _, p in pairs)
     for name, linear, packed_linear in pairs:
         x_in = torch.randn(3, 5, linear.in_features)
-        torch.testing.assert_close(packed_linear(x_in), linear(x_in), rtol=1e-5, atol=1e-5,
-                                   msg=name)
+        torch.testing.assert_close(
+            packed_linear(x_in), linear(x_in), rtol=1e-5, atol=1e-5, msg=name
+        )
 
 
 def test_fused_weights_and_tied_head_come_from_checkpoint(checkpoint):
@@ -166,10 +185,18 @@ def test_fused_weights_and_tied_head_come_from_checkpoint(checkpoint):
     model = _load(model_dir)
     ref = hf.state_dict()
     attn = model.model.layers[1].self_attn
-    torch.testing.assert_close(attn.qkv_proj.bias, torch.cat(
-        [ref[f"model.layers.1.self_attn.{p}_proj.bias"] for p in "qkv"]), atol=0, rtol=0)
-    torch.testing.assert_close(model.model.layers[0].mlp.gate_up_proj.weight, torch.cat(
-        [ref[f"model.layers.0.mlp.{p}_proj.weight"] for p in ("gate", "up")]), atol=0, rtol=0)
+    torch.testing.assert_close(
+        attn.qkv_proj.bias,
+        torch.cat([ref[f"model.layers.1.self_attn.{p}_proj.bias"] for p in "qkv"]),
+        atol=0,
+        rtol=0,
+    )
+    torch.testing.assert_close(
+        model.model.layers[0].mlp.gate_up_proj.weight,
+        torch.cat([ref[f"model.layers.0.mlp.{p}_proj.weight"] for p in ("gate", "up")]),
+        atol=0,
+        rtol=0,
+    )
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
     untied_dir, untied_hf = checkpoint("LlamaForCausalLM")
@@ -184,7 +211,9 @@ def test_sharded_checkpoint_loads_like_single_file(tmp_path, checkpoint):
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
     single, sharded = _load(single_dir), _load(tmp_path)
-    for (name, a), (_, b) in zip(single.named_parameters(), sharded.named_parameters(), strict=True):
+    for (name, a), (_, b) in zip(
+        single.named_parameters(), sharded.named_parameters(), strict=True
+    ):
         torch.testing.assert_close(a, b, atol=0, rtol=0, msg=name)
 
 

@@ -16,7 +16,9 @@ EOS = 3
 
 
 def _row(prompt=(5, 6), output=(), generator=None, **params) -> SamplingRow:
-    return SamplingRow(SamplingParams(**params), list(prompt) + list(output), len(prompt), generator)
+    return SamplingRow(
+        SamplingParams(**params), list(prompt) + list(output), len(prompt), generator
+    )
 
 
 def _seeded(seed: int) -> torch.Generator:
@@ -45,8 +47,12 @@ def test_seeded_row_is_reproducible_whatever_the_batch():
     def run(seed: int, position: int | None, sampler_seed: int) -> list[int]:
         """Sample 6 steps for one seeded request; position None: alone in the batch."""
         generator = _seeded(seed)
-        others = [_row(temperature=0.9), _row(temperature=1.2, seed=99, generator=_seeded(99)),
-                  _row(temperature=0.0), _row(temperature=0.7, top_k=20)]
+        others = [
+            _row(temperature=0.9),
+            _row(temperature=1.2, seed=99, generator=_seeded(99)),
+            _row(temperature=0.0),
+            _row(temperature=0.7, top_k=20),
+        ]
         sampler = Sampler([EOS], CPU, sampler_seed)
         tokens = []
         for own, other in zip(mine, theirs, strict=True):
@@ -55,8 +61,9 @@ def test_seeded_row_is_reproducible_whatever_the_batch():
                 tokens += sampler(own[None], [row]).token_ids
                 continue
             logits = torch.cat([other[:position], own[None], other[position:]])
-            tokens.append(sampler(logits, others[:position] + [row] + others[position:])
-                          .token_ids[position])
+            tokens.append(
+                sampler(logits, others[:position] + [row] + others[position:]).token_ids[position]
+            )
         return tokens
 
     alone = run(seed=1234, position=None, sampler_seed=0)
@@ -107,8 +114,13 @@ def test_penalties_match_reference():
     cases = [
         dict(prompt=[1, 2, 2, 9], output=[9, 9, 4, 30], repetition_penalty=1.3),
         dict(prompt=[7], output=[7, 8, 8, 8, 12], frequency_penalty=0.4, presence_penalty=0.25),
-        dict(prompt=[0, 5, 5], output=[5, 6], repetition_penalty=0.8, frequency_penalty=-0.3,
-             presence_penalty=0.5),
+        dict(
+            prompt=[0, 5, 5],
+            output=[5, 6],
+            repetition_penalty=0.8,
+            frequency_penalty=-0.3,
+            presence_penalty=0.5,
+        ),
         dict(prompt=[3, 4], output=[]),
     ]
     logits = torch.randn(len(cases), vocab) * 3
@@ -116,7 +128,7 @@ def test_penalties_match_reference():
     got = logits.clone()
     apply_penalties(got, rows)
     for i, c in enumerate(cases):
-        ref = logits[i:i + 1].clone()
+        ref = logits[i : i + 1].clone()
         ids = torch.tensor([c["prompt"] + c["output"]])
         ref = RepetitionPenaltyLogitsProcessor(c.get("repetition_penalty", 1.0))(ids, ref)[0]
         for token in set(c["output"]):  # OpenAI/vLLM: output tokens only
@@ -144,10 +156,18 @@ def test_min_tokens_bans_eos_and_stop_ids_until_reached():
 def test_logprobs_come_from_raw_logits():
     torch.manual_seed(4)
     logits = torch.randn(3, 30)
-    rows = [_row(output=[4, 4], temperature=0.8, repetition_penalty=1.5, logprobs=4, seed=1,
-                 generator=_seeded(1)),
-            _row(temperature=0.0, logprobs=0),
-            _row(temperature=0.0)]
+    rows = [
+        _row(
+            output=[4, 4],
+            temperature=0.8,
+            repetition_penalty=1.5,
+            logprobs=4,
+            seed=1,
+            generator=_seeded(1),
+        ),
+        _row(temperature=0.0, logprobs=0),
+        _row(temperature=0.0),
+    ]
     out = Sampler([EOS], CPU)(logits, rows)
     raw = torch.log_softmax(logits, -1)
     for i in (0, 1):

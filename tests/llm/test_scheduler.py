@@ -37,7 +37,7 @@ def reference_output(token_ids: list[int], num_tokens: int) -> list[int]:
     tokens = list(token_ids)
     for _ in range(num_tokens):
         tokens.append(next_token(tokens))
-    return tokens[len(token_ids):]
+    return tokens[len(token_ids) :]
 
 
 class FakeRunner:
@@ -59,20 +59,24 @@ class FakeRunner:
         for item in out.scheduled:
             seq, start = item.seq, item.seq.num_computed_tokens
             for pos in range(start, start + item.num_new_tokens):
-                self.device[seq.block_table[pos // BS]][pos % BS] = tuple(seq.token_ids[:pos + 1])
+                self.device[seq.block_table[pos // BS]][pos % BS] = tuple(seq.token_ids[: pos + 1])
         sampled = {}
         for item in out.scheduled:
             seq = item.seq
             end = seq.num_computed_tokens + item.num_new_tokens
             for pos in range(end):
                 slot = self.device[seq.block_table[pos // BS]][pos % BS]
-                assert slot == tuple(seq.token_ids[:pos + 1]), f"seq {seq.seq_id} reads wrong K/V at {pos}"
+                assert slot == tuple(seq.token_ids[: pos + 1]), (
+                    f"seq {seq.seq_id} reads wrong K/V at {pos}"
+                )
             if item.samples:
                 sampled[seq.seq_id] = [sample(seq.token_ids)]
         return sampled
 
 
-def make_scheduler(num_blocks=64, num_host_blocks=0, max_model_len=64, eos=(), **config) -> Scheduler:
+def make_scheduler(
+    num_blocks=64, num_host_blocks=0, max_model_len=64, eos=(), **config
+) -> Scheduler:
     cfg = LLMConfig(**{"block_size": BS, **config})
     cfg.validate()
     return Scheduler(cfg, num_blocks, num_host_blocks, max_model_len, eos_token_ids=eos)
@@ -80,14 +84,26 @@ def make_scheduler(num_blocks=64, num_host_blocks=0, max_model_len=64, eos=(), *
 
 def make_seq(prompt, request_id=None, **params) -> Sequence:
     seq_id = next(_seq_ids)
-    return Sequence(seq_id, request_id or f"req-{seq_id}", list(prompt), len(prompt),
-                    SamplingParams(**params), arrival_time=float(seq_id))
+    return Sequence(
+        seq_id,
+        request_id or f"req-{seq_id}",
+        list(prompt),
+        len(prompt),
+        SamplingParams(**params),
+        arrival_time=float(seq_id),
+    )
 
 
 def make_child(parent: Sequence, first_token: int) -> Sequence:
     """A parallel-sampling sibling: the parent's prompt plus its own first sampled token."""
-    return Sequence(next(_seq_ids), parent.request_id, parent.prompt_token_ids + [first_token],
-                    parent.num_prompt_tokens, parent.sampling_params, parent.arrival_time)
+    return Sequence(
+        next(_seq_ids),
+        parent.request_id,
+        parent.prompt_token_ids + [first_token],
+        parent.num_prompt_tokens,
+        parent.sampling_params,
+        parent.arrival_time,
+    )
 
 
 def check_step(sched: Scheduler, out: SchedulerOutput) -> None:
@@ -113,7 +129,9 @@ def check_blocks(sched: Scheduler) -> None:
     kv = sched.kv_cache_manager
     owners = Counter(b for s in sched.running for b in s.block_table)
     assert [b.ref_count for b in kv.pool.blocks] == [owners[i] for i in range(kv.pool.num_blocks)]
-    assert sorted(kv.pool.free_block_ids()) == [i for i in range(kv.pool.num_blocks) if not owners[i]]
+    assert sorted(kv.pool.free_block_ids()) == [
+        i for i in range(kv.pool.num_blocks) if not owners[i]
+    ]
     host_owners = Counter(b for s in sched.swapped for b in kv.host_block_table(s))
     assert len(host_owners) == sum(host_owners.values())  # host blocks are never shared
     assert kv.host_pool.num_free_blocks == kv.host_pool.num_blocks - len(host_owners)
@@ -133,7 +151,9 @@ def check_drained(sched: Scheduler) -> None:
     assert sched.stats.kv_usage == 0.0
 
 
-def step(sched: Scheduler, runner: FakeRunner, forks=None) -> tuple[SchedulerOutput, list[Sequence]]:
+def step(
+    sched: Scheduler, runner: FakeRunner, forks=None
+) -> tuple[SchedulerOutput, list[Sequence]]:
     out = sched.schedule()
     check_step(sched, out)
     finished = sched.update(out, runner.execute(out), forks)
@@ -156,6 +176,7 @@ def assert_reference_outputs(seqs: list[Sequence]) -> None:
 
 
 # --- admission, chunked prefill ------------------------------------------------------------------
+
 
 def test_chunked_prefill_splits_prompt_and_keeps_decodes_running():
     sched = make_scheduler(max_num_batched_tokens=16)
@@ -180,7 +201,9 @@ def test_chunked_prefill_splits_prompt_and_keeps_decodes_running():
 
 
 def test_without_chunked_prefill_a_prompt_waits_for_its_whole_budget():
-    sched = make_scheduler(max_num_batched_tokens=40, enable_chunked_prefill=False, max_model_len=40)
+    sched = make_scheduler(
+        max_num_batched_tokens=40, enable_chunked_prefill=False, max_model_len=40
+    )
     runner = FakeRunner(sched)
     firsts = [make_seq(range(i, i + 4), max_tokens=3) for i in range(2)]
     for seq in firsts:
@@ -210,12 +233,15 @@ def test_max_num_seqs_limits_the_batch():
     assert max(len(o.scheduled) for o in outputs) == 2
     assert_reference_outputs(seqs)
     # First come, first served.
-    first_step = {s.seq_id: next(n for n, o in enumerate(outputs) if s in [i.seq for i in o.scheduled])
-                  for s in seqs}
+    first_step = {
+        s.seq_id: next(n for n, o in enumerate(outputs) if s in [i.seq for i in o.scheduled])
+        for s in seqs
+    }
     assert [first_step[s.seq_id] for s in seqs] == sorted(first_step.values())
 
 
 # --- prefix cache --------------------------------------------------------------------------------
+
 
 def test_prefix_cache_hits_counted_in_tokens():
     sched = make_scheduler()
@@ -232,7 +258,10 @@ def test_prefix_cache_hits_counted_in_tokens():
     first = sched.schedule()
     assert [i.num_new_tokens for i in first.scheduled] == [4, 8, 9]
     assert [s.num_cached_prompt_tokens for s in (b, c, d)] == [16, 8, 0]
-    assert (sched.stats.prefix_cache_queries, sched.stats.prefix_cache_hits) == (20 + 20 + 16 + 9, 24)
+    assert (sched.stats.prefix_cache_queries, sched.stats.prefix_cache_hits) == (
+        20 + 20 + 16 + 9,
+        24,
+    )
     sched.update(first, runner.execute(first))
     run(sched, runner)
     assert_reference_outputs([a, b, c, d])
@@ -249,6 +278,7 @@ def test_prefix_caching_disabled_computes_everything():
 
 
 # --- preemption ----------------------------------------------------------------------------------
+
 
 def test_recompute_preemption_evicts_newest_and_resumes_exactly():
     # 5 blocks of 8 = 40 token slots; three sequences growing to 26 tokens cannot all fit.
@@ -294,7 +324,9 @@ def test_victim_is_the_newest_even_when_an_older_sequence_needs_the_block():
 
 
 def test_swap_preemption_round_trip():
-    sched = make_scheduler(num_blocks=5, num_host_blocks=8, max_model_len=40, preemption_mode="swap")
+    sched = make_scheduler(
+        num_blocks=5, num_host_blocks=8, max_model_len=40, preemption_mode="swap"
+    )
     runner = FakeRunner(sched, num_host_blocks=8)
     seqs = [make_seq(range(10 * i, 10 * i + 6), max_tokens=20) for i in range(3)]
     for seq in seqs:
@@ -310,7 +342,9 @@ def test_swap_preemption_round_trip():
 
 
 def test_swap_falls_back_to_recompute_when_host_pool_is_full():
-    sched = make_scheduler(num_blocks=5, num_host_blocks=1, max_model_len=40, preemption_mode="swap")
+    sched = make_scheduler(
+        num_blocks=5, num_host_blocks=1, max_model_len=40, preemption_mode="swap"
+    )
     runner = FakeRunner(sched, num_host_blocks=1)
     seqs = [make_seq(range(10 * i, 10 * i + 6), max_tokens=20) for i in range(3)]
     for seq in seqs:
@@ -322,6 +356,7 @@ def test_swap_falls_back_to_recompute_when_host_pool_is_full():
 
 
 # --- parallel sampling: fork + copy-on-write -----------------------------------------------------
+
 
 def test_fork_shares_prompt_blocks_and_copies_on_write():
     sched = make_scheduler()
@@ -355,7 +390,9 @@ def test_fork_survives_the_parent_stopping_on_its_first_token():
     sched.add(parent)
     out = sched.schedule()
     child, stopping_child = make_child(parent, 5), make_child(parent, eos)
-    finished = sched.update(out, runner.execute(out), forks={parent.seq_id: [child, stopping_child]})
+    finished = sched.update(
+        out, runner.execute(out), forks={parent.seq_id: [child, stopping_child]}
+    )
     assert finished == [stopping_child, parent]
     assert parent.finish_reason == "stop" and parent.stop_reason is None
     assert child.status is SequenceStatus.RUNNING and child.num_computed_tokens == 12
@@ -384,6 +421,7 @@ def test_fork_preconditions():
 
 # --- stops, limits -------------------------------------------------------------------------------
 
+
 def test_token_stops_and_min_tokens():
     prompt = list(range(5))
     ref = reference_output(prompt, 12)
@@ -403,7 +441,7 @@ def test_token_stops_and_min_tokens():
     assert (ignores_eos.output_token_ids, ignores_eos.finish_reason) == (ref, "length")
     assert (stop_id.output_token_ids, stop_id.stop_reason) == (ref[:2], ref[1])
     later = [i for i, t in enumerate(ref) if t == eos and i + 1 >= late.sampling_params.min_tokens]
-    expected = ref[:later[0] + 1] if later else ref
+    expected = ref[: later[0] + 1] if later else ref
     assert late.output_token_ids == expected
 
 
@@ -427,7 +465,9 @@ def test_queue_full():
     sched = make_scheduler(max_queue_size=2)
     sched.add(make_seq([1]))
     sched.add(make_seq([1]))
-    with pytest.raises(QueueFullError, match=r"queue full: 2 requests waiting \(max_queue_size=2\)"):
+    with pytest.raises(
+        QueueFullError, match=r"queue full: 2 requests waiting \(max_queue_size=2\)"
+    ):
         sched.add(make_seq([1]))
     sched.schedule()  # both admitted: the queue has room again
     sched.add(make_seq([1]))
@@ -454,9 +494,15 @@ def test_finish_reason_override_by_stop_string():
 
 # --- abort ---------------------------------------------------------------------------------------
 
+
 def test_abort_in_every_state():
-    sched = make_scheduler(num_blocks=5, num_host_blocks=8, max_model_len=40, preemption_mode="swap",
-                           max_num_batched_tokens=8)
+    sched = make_scheduler(
+        num_blocks=5,
+        num_host_blocks=8,
+        max_model_len=40,
+        preemption_mode="swap",
+        max_num_batched_tokens=8,
+    )
     runner = FakeRunner(sched, num_host_blocks=8)
     waiting = make_seq(range(3), request_id="w")
     sched.add(waiting)
@@ -471,7 +517,9 @@ def test_abort_in_every_state():
     check_blocks(sched)
     assert prefilling.block_table == [] and sched.stats.kv_usage == 0.0
 
-    seqs = [make_seq(range(10 * i, 10 * i + 6), request_id=f"s{i}", max_tokens=30) for i in range(3)]
+    seqs = [
+        make_seq(range(10 * i, 10 * i + 6), request_id=f"s{i}", max_tokens=30) for i in range(3)
+    ]
     for seq in seqs:
         sched.add(seq)
     while not sched.swapped:
@@ -510,6 +558,7 @@ def test_abort_request_with_forked_sequences():
 
 # --- random workloads ----------------------------------------------------------------------------
 
+
 @st.composite
 def workloads(draw):
     chunked = draw(st.booleans())
@@ -524,14 +573,30 @@ def workloads(draw):
     num_blocks = draw(st.integers(-(-max_model_len // BS), 10))
     num_host_blocks = draw(st.integers(0, 8))
     # Prompts are prefixes of two base texts, so they often share full blocks (prefix-cache hits).
-    bases = draw(st.lists(st.lists(st.integers(3, 99), min_size=max_model_len, max_size=max_model_len),
-                          min_size=2, max_size=2))
-    requests = draw(st.lists(st.fixed_dictionaries({
-        "arrival": st.integers(0, 15), "base": st.integers(0, 1),
-        "length": st.integers(1, max_model_len - 1), "tweak": st.booleans(),
-        "max_tokens": st.one_of(st.none(), st.integers(1, 12)), "n": st.integers(1, 3),
-        "abort": st.one_of(st.none(), st.integers(0, 30)),
-    }), min_size=2, max_size=10))
+    bases = draw(
+        st.lists(
+            st.lists(st.integers(3, 99), min_size=max_model_len, max_size=max_model_len),
+            min_size=2,
+            max_size=2,
+        )
+    )
+    requests = draw(
+        st.lists(
+            st.fixed_dictionaries(
+                {
+                    "arrival": st.integers(0, 15),
+                    "base": st.integers(0, 1),
+                    "length": st.integers(1, max_model_len - 1),
+                    "tweak": st.booleans(),
+                    "max_tokens": st.one_of(st.none(), st.integers(1, 12)),
+                    "n": st.integers(1, 3),
+                    "abort": st.one_of(st.none(), st.integers(0, 30)),
+                }
+            ),
+            min_size=2,
+            max_size=10,
+        )
+    )
     return config, num_blocks, num_host_blocks, max_model_len, bases, requests
 
 
@@ -550,11 +615,10 @@ def test_random_workloads_keep_invariants(workload):
         assert now < 600, "no progress"
         while pending and pending[0][1]["arrival"] <= now:
             index, req = pending.pop(0)
-            prompt = bases[req["base"]][:req["length"]]
+            prompt = bases[req["base"]][: req["length"]]
             if req["tweak"]:
                 prompt[-1] += 100
-            seq = make_seq(prompt, request_id=f"r{index}", max_tokens=req["max_tokens"],
-                           n=req["n"])
+            seq = make_seq(prompt, request_id=f"r{index}", max_tokens=req["max_tokens"], n=req["n"])
             sched.add(seq)
             all_seqs.append(seq)
             parents[seq.seq_id] = (seq, req["n"])
@@ -576,7 +640,9 @@ def test_random_workloads_keep_invariants(workload):
             seq = item.seq
             if item.samples and seq.seq_id in parents and seq.num_output_tokens == 0:
                 _, n = parents.pop(seq.seq_id)
-                forks[seq.seq_id] = [make_child(seq, eos if k == 1 else 60 + k) for k in range(1, n)]
+                forks[seq.seq_id] = [
+                    make_child(seq, eos if k == 1 else 60 + k) for k in range(1, n)
+                ]
                 all_seqs.extend(forks[seq.seq_id])
                 children.update(c.seq_id for c in forks[seq.seq_id])
         sched.update(out, sampled, forks)

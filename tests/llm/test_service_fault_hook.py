@@ -27,17 +27,25 @@ MAX_TOKENS = 8
 
 
 def service_from_context(model_dir) -> LLMService:
-    parameters = {"model": str(model_dir), "dtype": "float32", "kernel_backend": "torch",
-                  "block_size": "8", "num_blocks": "64", "max_model_len": "128"}
+    parameters = {
+        "model": str(model_dir),
+        "dtype": "float32",
+        "kernel_backend": "torch",
+        "block_size": "8",
+        "num_blocks": "64",
+        "max_model_len": "128",
+    }
     context = ModelContext("llm", "1", model_dir, torch.device("cpu"), parameters, {})
     return LLMService.from_context(context, None)
 
 
 def inputs(prompt: str) -> dict[str, np.ndarray]:
     params = json.dumps({"temperature": 0, "max_tokens": MAX_TOKENS, "ignore_eos": True})
-    return {"text_input": np.array([prompt.encode()], dtype=object),
-            "stream": np.array([True]),
-            "sampling_parameters": np.array([params.encode()], dtype=object)}
+    return {
+        "text_input": np.array([prompt.encode()], dtype=object),
+        "stream": np.array([True]),
+        "sampling_parameters": np.array([params.encode()], dtype=object),
+    }
 
 
 def collect(service: LLMService, job) -> tuple[str, Exception | None]:
@@ -63,8 +71,11 @@ def test_marked_request_fails_alone_and_the_pool_is_released(monkeypatch):
     try:
         assert service.fault_marker == MARKER and service.engine.fault_injector is not None
         # The faulty request is submitted between two good ones, so they share engine steps.
-        jobs = [service.submit(inputs(PROMPTS[0])), service.submit(inputs(f"ka {MARKER} ro")),
-                service.submit(inputs(PROMPTS[1]))]
+        jobs = [
+            service.submit(inputs(PROMPTS[0])),
+            service.submit(inputs(f"ka {MARKER} ro")),
+            service.submit(inputs(PROMPTS[1])),
+        ]
         results = [collect(service, job) for job in jobs]
         assert results[1][0] == "" and isinstance(results[1][1], RuntimeError)
         assert "injected fault" in str(results[1][1])

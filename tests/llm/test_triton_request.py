@@ -21,18 +21,39 @@ def flag(value: bool) -> np.ndarray:
 
 
 def test_vllm_backend_client_payload_with_string_numbers_and_booleans():
-    params = {"max_tokens": "100", "temperature": "0.7", "top_p": "0.9", "ignore_eos": "false",
-              "skip_special_tokens": "true", "stop": "\n\n", "seed": "3"}
-    request = parse_generate_request({
-        "text_input": text("Hello"), "sampling_parameters": text(json.dumps(params)),
-        "exclude_input_in_output": flag(True), "return_finish_reason": flag(True),
-        "return_num_output_tokens": flag(True)}, **LIMITS)
+    params = {
+        "max_tokens": "100",
+        "temperature": "0.7",
+        "top_p": "0.9",
+        "ignore_eos": "false",
+        "skip_special_tokens": "true",
+        "stop": "\n\n",
+        "seed": "3",
+    }
+    request = parse_generate_request(
+        {
+            "text_input": text("Hello"),
+            "sampling_parameters": text(json.dumps(params)),
+            "exclude_input_in_output": flag(True),
+            "return_finish_reason": flag(True),
+            "return_num_output_tokens": flag(True),
+        },
+        **LIMITS,
+    )
     p = request.params
     assert (p.max_tokens, p.temperature, p.top_p, p.ignore_eos, p.skip_special_tokens) == (
-        100, 0.7, 0.9, False, True)
+        100,
+        0.7,
+        0.9,
+        False,
+        True,
+    )
     assert p.stop == ["\n\n"] and p.seed == 3
     assert request.prepend_input is False and request.stream is False
-    assert request.return_flags["return_finish_reason"] and request.return_flags["return_num_output_tokens"]
+    assert (
+        request.return_flags["return_finish_reason"]
+        and request.return_flags["return_num_output_tokens"]
+    )
     assert not request.return_flags["return_logprobs"]
 
 
@@ -41,35 +62,64 @@ def test_prepend_defaults_follow_vllm_backend():
     streaming = parse_generate_request({"text_input": text("a"), "stream": flag(True)}, **LIMITS)
     assert streaming.prepend_input is False and streaming.stream is True
     with pytest.raises(InputError, match="exclude_input_in_output=false is not allowed"):
-        parse_generate_request({"text_input": text("a"), "stream": flag(True),
-                                "exclude_input_in_output": flag(False)}, **LIMITS)
+        parse_generate_request(
+            {"text_input": text("a"), "stream": flag(True), "exclude_input_in_output": flag(False)},
+            **LIMITS,
+        )
 
 
 def test_scalar_inputs_override_json_fields():
-    request = parse_generate_request({
-        "text_input": text("a"), "sampling_parameters": text('{"max_tokens": 5, "top_k": 3}'),
-        "max_tokens": np.array([20], dtype=np.int32), "temperature": np.array([0.0], dtype=np.float32),
-        "stop_words": np.array([b"END", b"STOP"], dtype=object)}, **LIMITS)
+    request = parse_generate_request(
+        {
+            "text_input": text("a"),
+            "sampling_parameters": text('{"max_tokens": 5, "top_k": 3}'),
+            "max_tokens": np.array([20], dtype=np.int32),
+            "temperature": np.array([0.0], dtype=np.float32),
+            "stop_words": np.array([b"END", b"STOP"], dtype=object),
+        },
+        **LIMITS,
+    )
     assert request.params.max_tokens == 20 and request.params.temperature == 0.0
     assert request.params.stop == ["END", "STOP"]
 
 
-@pytest.mark.parametrize("inputs,fragment", [
-    ({"text_input": text("")}, "empty"),
-    ({}, "missing required input 'text_input'"),
-    ({"text_input": text(b"\xff")}, "not valid UTF-8"),
-    ({"text_input": text("x" * 1001)}, "over the limit of 1000 bytes"),
-    ({"text_input": text("a"), "sampling_parameters": text("{bad json")}, "not valid JSON"),
-    ({"text_input": text("a"), "sampling_parameters": text("[1, 2]")}, "must be a JSON object"),
-    ({"text_input": text("a"), "sampling_parameters": text('{"colour": 1}')}, "unknown sampling parameter 'colour'"),
-    ({"text_input": text("a"), "sampling_parameters": text('{"temperature": -1}')}, "temperature must be >= 0"),
-    ({"text_input": text("a"), "sampling_parameters": text('{"top_p": NaN}')}, "top_p must be finite"),
-    ({"text_input": text("a"), "sampling_parameters": text('{"max_tokens": 0}')}, "max_tokens must be >= 1"),
-    ({"text_input": text("a"), "sampling_parameters": text('{"n": 99, "temperature": 1}')}, "n must be <= 8"),
-    ({"text_input": text("a"), "sampling_parameters": text('{"logprobs": 50}')}, "logprobs must be <= 20"),
-    ({"text_input": text("a"), "temperature": np.array([np.inf], dtype=np.float32)}, "finite"),
-    ({"text_input": np.array([b"a", b"b"], dtype=object)}, "exactly one prompt"),
-])
+@pytest.mark.parametrize(
+    "inputs,fragment",
+    [
+        ({"text_input": text("")}, "empty"),
+        ({}, "missing required input 'text_input'"),
+        ({"text_input": text(b"\xff")}, "not valid UTF-8"),
+        ({"text_input": text("x" * 1001)}, "over the limit of 1000 bytes"),
+        ({"text_input": text("a"), "sampling_parameters": text("{bad json")}, "not valid JSON"),
+        ({"text_input": text("a"), "sampling_parameters": text("[1, 2]")}, "must be a JSON object"),
+        (
+            {"text_input": text("a"), "sampling_parameters": text('{"colour": 1}')},
+            "unknown sampling parameter 'colour'",
+        ),
+        (
+            {"text_input": text("a"), "sampling_parameters": text('{"temperature": -1}')},
+            "temperature must be >= 0",
+        ),
+        (
+            {"text_input": text("a"), "sampling_parameters": text('{"top_p": NaN}')},
+            "top_p must be finite",
+        ),
+        (
+            {"text_input": text("a"), "sampling_parameters": text('{"max_tokens": 0}')},
+            "max_tokens must be >= 1",
+        ),
+        (
+            {"text_input": text("a"), "sampling_parameters": text('{"n": 99, "temperature": 1}')},
+            "n must be <= 8",
+        ),
+        (
+            {"text_input": text("a"), "sampling_parameters": text('{"logprobs": 50}')},
+            "logprobs must be <= 20",
+        ),
+        ({"text_input": text("a"), "temperature": np.array([np.inf], dtype=np.float32)}, "finite"),
+        ({"text_input": np.array([b"a", b"b"], dtype=object)}, "exactly one prompt"),
+    ],
+)
 def test_bad_requests_name_the_problem(inputs, fragment):
     with pytest.raises(InputError) as info:
         parse_generate_request(inputs, **LIMITS)
@@ -78,11 +128,31 @@ def test_bad_requests_name_the_problem(inputs, fragment):
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),
-    max_leaves=8)
-FIELDS = st.sampled_from(["n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens",
-                          "min_tokens", "stop", "stop_token_ids", "ignore_eos", "logprobs",
-                          "repetition_penalty", "presence_penalty", "frequency_penalty", "unknown"])
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3)
+    ),
+    max_leaves=8,
+)
+FIELDS = st.sampled_from(
+    [
+        "n",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "seed",
+        "max_tokens",
+        "min_tokens",
+        "stop",
+        "stop_token_ids",
+        "ignore_eos",
+        "logprobs",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "unknown",
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -90,8 +160,9 @@ FIELDS = st.sampled_from(["n", "temperature", "top_p", "top_k", "min_p", "seed",
 def test_fuzzed_sampling_parameters_parse_or_raise_input_error(fields):
     payload = text(json.dumps(fields))
     try:
-        request = parse_generate_request({"text_input": text("hi"), "sampling_parameters": payload},
-                                         **LIMITS)
+        request = parse_generate_request(
+            {"text_input": text("hi"), "sampling_parameters": payload}, **LIMITS
+        )
     except InputError as exc:
         assert str(exc)
     else:

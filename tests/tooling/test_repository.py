@@ -18,24 +18,35 @@ def test_committed_default_repository_matches_templates():
         for relative, text in render_model_files(spec).items():
             committed = REPO_ROOT / "model_repository" / relative
             assert committed.read_text() == text, (
-                f"{committed} differs from its template: run scripts/render_repository.py")
+                f"{committed} differs from its template: run scripts/render_repository.py"
+            )
 
 
 def test_render_config_parameters_and_policy():
-    spec = ModelSpec("m", "embedding", {"model": "/x", "max_batch_tokens": "512"},
-                     version_policy="all: {}", instance_kind="KIND_CPU")
+    spec = ModelSpec(
+        "m",
+        "embedding",
+        {"model": "/x", "max_batch_tokens": "512"},
+        version_policy="all: {}",
+        instance_kind="KIND_CPU",
+    )
     text = render_config(spec)
-    assert 'name: "m"' in text and "kind: KIND_CPU" in text and "version_policy: { all: {} }" in text
+    assert (
+        'name: "m"' in text and "kind: KIND_CPU" in text and "version_policy: { all: {} }" in text
+    )
     assert 'key: "max_batch_tokens"\n  value: { string_value: "512" }' in text
     with pytest.raises(ValueError, match="quote"):
         render_config(ModelSpec("m", "embedding", {"model": 'a"b'}))
 
 
-@pytest.mark.parametrize("architecture,kind", [
-    ("LlamaForCausalLM", "llm"),
-    ("BertForSequenceClassification", "rerank"),
-    ("BertModel", "embedding"),
-])
+@pytest.mark.parametrize(
+    "architecture,kind",
+    [
+        ("LlamaForCausalLM", "llm"),
+        ("BertForSequenceClassification", "rerank"),
+        ("BertModel", "embedding"),
+    ],
+)
 def test_detect_kind(tmp_path: Path, architecture, kind):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": [architecture]}))
     assert detect_kind(tmp_path) == kind

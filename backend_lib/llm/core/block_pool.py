@@ -108,8 +108,13 @@ class BlockPool:
                 if block.block_hash is None:
                     self._free.move_to_end(block_id, last=False)
 
-    def cache_block(self, block_id: int, block_hash: BlockHash, parent_hash: BlockHash | None,
-                    token_ids: Sequence[int]) -> None:
+    def cache_block(
+        self,
+        block_id: int,
+        block_hash: BlockHash,
+        parent_hash: BlockHash | None,
+        token_ids: Sequence[int],
+    ) -> None:
         """Register a full, computed block under its chained hash.
 
         No-op when the block is already registered or another block holds the same hash (the same
@@ -118,11 +123,16 @@ class BlockPool:
         block = self.blocks[block_id]
         if block.block_hash is not None or block_hash in self._cached:
             return
-        block.block_hash, block.parent_hash, block.token_ids = block_hash, parent_hash, tuple(token_ids)
+        block.block_hash, block.parent_hash, block.token_ids = (
+            block_hash,
+            parent_hash,
+            tuple(token_ids),
+        )
         self._cached[block_hash] = block_id
 
-    def lookup(self, block_hash: BlockHash, parent_hash: BlockHash | None,
-               token_ids: Sequence[int]) -> int | None:
+    def lookup(
+        self, block_hash: BlockHash, parent_hash: BlockHash | None, token_ids: Sequence[int]
+    ) -> int | None:
         """The cached block with this hash, parent and tokens, or None."""
         block_id = self._cached.get(block_hash)
         if block_id is None:

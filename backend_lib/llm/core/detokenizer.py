@@ -26,12 +26,16 @@ def _decode_fn(tokenizer, skip_special_tokens: bool) -> Callable[[list[int]], st
     A fast transformers tokenizer is decoded by its backend: transformers' extra
     `clean_up_tokenization_spaces` step would make windows disagree with each other.
     """
-    backend = tokenizer if isinstance(tokenizer, tokenizers.Tokenizer) else \
-        getattr(tokenizer, "backend_tokenizer", None)
+    backend = (
+        tokenizer
+        if isinstance(tokenizer, tokenizers.Tokenizer)
+        else getattr(tokenizer, "backend_tokenizer", None)
+    )
     if backend is not None:
         return lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
-    return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens,
-                                        clean_up_tokenization_spaces=False)
+    return lambda ids: tokenizer.decode(
+        ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
+    )
 
 
 class IncrementalDetokenizer:
@@ -102,15 +106,15 @@ class IncrementalDetokenizer:
 
     def _decode_new(self, final: bool) -> str:
         """Decode the text the newest tokens add; '' while they end in an unfinished character."""
-        prefix_text = self._decode(self._ids[:self._read_offset])
+        prefix_text = self._decode(self._ids[: self._read_offset])
         full_text = self._decode(self._ids)
         if len(full_text) <= len(prefix_text):
             return ""
         if full_text.endswith(_REPLACEMENT_CHAR) and not final:
             return ""
-        new_text = full_text[len(prefix_text):]
+        new_text = full_text[len(prefix_text) :]
         # The window moves on: the just-decoded tokens become the context of the next ones.
-        del self._ids[:self._read_offset]
+        del self._ids[: self._read_offset]
         self._read_offset = len(self._ids)
         self.text += new_text
         return new_text
@@ -128,7 +132,7 @@ class IncrementalDetokenizer:
         if not matches:
             return False
         end, neg_start, stop = min(matches)
-        self.text = self.text[:end if self._include_stop else -neg_start]
+        self.text = self.text[: end if self._include_stop else -neg_start]
         self.stop_string = stop
         return True
 
@@ -136,6 +140,6 @@ class IncrementalDetokenizer:
         """Send text[emitted:upto] (never text already sent)."""
         if upto <= self._num_emitted:
             return ""
-        delta = self.text[self._num_emitted:upto]
+        delta = self.text[self._num_emitted : upto]
         self._num_emitted = upto
         return delta

@@ -93,16 +93,22 @@ class _Request:
 class LLMEngine:
     """Continuous-batching generation over one model replica (see module docstring)."""
 
-    def __init__(self, config: LLMConfig, model_dir: str | Path, device: torch.device,
-                 tokenizer=None) -> None:
+    def __init__(
+        self, config: LLMConfig, model_dir: str | Path, device: torch.device, tokenizer=None
+    ) -> None:
         self.config = config
         self.device = torch.device(device)
         self.runner = ModelRunner(config, self.device, model_dir)
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
         self.max_model_len = self.runner.max_model_len
         self.vocab_size = self.runner.model.args.vocab_size
-        self.scheduler = Scheduler(config, self.runner.num_blocks, self.runner.num_host_blocks,
-                                   self.max_model_len, self.runner.sampler.eos_token_ids)
+        self.scheduler = Scheduler(
+            config,
+            self.runner.num_blocks,
+            self.runner.num_host_blocks,
+            self.max_model_len,
+            self.runner.sampler.eos_token_ids,
+        )
         # transformers may reconfigure the Rust tokenizer inside a call (truncation, padding);
         # concurrent callers of prepare_request must not interleave there.
         self._tokenizer_lock = threading.Lock()
@@ -115,15 +121,22 @@ class LLMEngine:
         self._stats = StatsCollector()
 
     @classmethod
-    def from_config(cls, config: LLMConfig, base_dir: str | Path, device: torch.device) -> LLMEngine:
+    def from_config(
+        cls, config: LLMConfig, base_dir: str | Path, device: torch.device
+    ) -> LLMEngine:
         """Engine on the checkpoint `config.model` (resolved against `base_dir`)."""
         return cls(config, resolve_model_path(config.model, Path(base_dir)), device)
 
     # --- requests ----------------------------------------------------------------------------
 
-    def prepare_request(self, request_id: str, prompt: str | None, params: SamplingParams,
-                        prompt_token_ids: Seq[int] | None = None,
-                        arrival_time: float | None = None) -> PreparedRequest:
+    def prepare_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        params: SamplingParams,
+        prompt_token_ids: Seq[int] | None = None,
+        arrival_time: float | None = None,
+    ) -> PreparedRequest:
         """Validate and tokenize without touching engine state (safe from any thread).
 
         Raises InputError for bad parameters, an empty prompt, token ids outside the vocabulary,
@@ -146,29 +159,43 @@ class LLMEngine:
         if not ids:
             raise InputError("the prompt is empty")
         if len(ids) >= self.max_model_len:
-            raise InputError(f"the prompt has {len(ids)} tokens, but max_model_len is "
-                             f"{self.max_model_len} (prompt plus output); at least one token must "
-                             "remain for the output")
+            raise InputError(
+                f"the prompt has {len(ids)} tokens, but max_model_len is "
+                f"{self.max_model_len} (prompt plus output); at least one token must "
+                "remain for the output"
+            )
         return PreparedRequest(request_id, prompt, ids, params, arrival_time)
 
     def add_prepared(self, prepared: PreparedRequest) -> None:
         """Queue a prepared request. Raises InputError (duplicate id) or QueueFullError."""
         if prepared.request_id in self._requests:
             raise InputError(f"request id {prepared.request_id!r} is already running")
-        seq = Sequence(next(self._seq_ids), prepared.request_id, list(prepared.prompt_token_ids),
-                       len(prepared.prompt_token_ids), prepared.params, prepared.arrival_time)
+        seq = Sequence(
+            next(self._seq_ids),
+            prepared.request_id,
+            list(prepared.prompt_token_ids),
+            len(prepared.prompt_token_ids),
+            prepared.params,
+            prepared.arrival_time,
+        )
         state = self._new_seq_state(seq, 0)
         self.scheduler.add(seq)
         request = _Request(prepared, RequestMetrics(prepared.arrival_time))
         self._track(request, state)
         self._requests[prepared.request_id] = request
 
-    def add_request(self, request_id: str, prompt: str | None, params: SamplingParams,
-                    prompt_token_ids: Seq[int] | None = None,
-                    arrival_time: float | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        params: SamplingParams,
+        prompt_token_ids: Seq[int] | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
         """Validate, tokenize (unless `prompt_token_ids` is given) and queue a request."""
-        self.add_prepared(self.prepare_request(request_id, prompt, params, prompt_token_ids,
-                                               arrival_time))
+        self.add_prepared(
+            self.prepare_request(request_id, prompt, params, prompt_token_ids, arrival_time)
+        )
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Finish the request now with reason "abort", freeing its blocks; returns its final
@@ -217,10 +244,13 @@ class LLMEngine:
             return self._fail_step(sched_out, exc)
         return self._process_tokens(sched_out, model_out, forks, time.monotonic())
 
-    def generate(self, prompts: Seq[str | Seq[int]],
-                 params: SamplingParams | Seq[SamplingParams]) -> list[RequestOutput]:
+    def generate(
+        self, prompts: Seq[str | Seq[int]], params: SamplingParams | Seq[SamplingParams]
+    ) -> list[RequestOutput]:
         """Run `prompts` (texts or token id lists) to completion; final outputs in order."""
-        params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        params_list = (
+            [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        )
         if len(params_list) != len(prompts):
             raise ValueError("need one SamplingParams per prompt")
         request_ids: list[str] = []
@@ -252,13 +282,18 @@ class LLMEngine:
         for item in sched_out.scheduled:
             seq = item.seq
             n = seq.sampling_params.n
-            if n > 1 and item.samples and seq.num_output_tokens == 0 \
-                    and not self._requests[seq.request_id].forked:
+            if (
+                n > 1
+                and item.samples
+                and seq.num_output_tokens == 0
+                and not self._requests[seq.request_id].forked
+            ):
                 result[seq.seq_id] = n
         return result
 
-    def _split_samples(self, model_out: ModelOutput, num_samples: dict[int, int]
-                       ) -> tuple[dict[int, list[int]], dict[int, list[Sequence]]]:
+    def _split_samples(
+        self, model_out: ModelOutput, num_samples: dict[int, int]
+    ) -> tuple[dict[int, list[int]], dict[int, list[Sequence]]]:
         """The parent keeps its first sample; each other sample starts a child sequence."""
         sampled = dict(model_out.sampled)
         forks: dict[int, list[Sequence]] = {}
@@ -266,23 +301,34 @@ class LLMEngine:
             tokens = model_out.sampled[parent_id]
             sampled[parent_id] = tokens[:1]
             parent = self._seq_states[parent_id].seq
-            forks[parent_id] = [self._child(parent, i, token)
-                                for i, token in enumerate(tokens[1:], start=1)]
+            forks[parent_id] = [
+                self._child(parent, i, token) for i, token in enumerate(tokens[1:], start=1)
+            ]
         return sampled, forks
 
     def _child(self, parent: Sequence, index: int, first_token: int) -> Sequence:
         params = parent.sampling_params
-        child = Sequence(next(self._seq_ids), parent.request_id,
-                         parent.prompt_token_ids + [first_token], parent.num_prompt_tokens,
-                         params, parent.arrival_time)
+        child = Sequence(
+            next(self._seq_ids),
+            parent.request_id,
+            parent.prompt_token_ids + [first_token],
+            parent.num_prompt_tokens,
+            params,
+            parent.arrival_time,
+        )
         if params.seed is not None:
             # Its own stream, as the runner seeds a parent's, so siblings are not correlated.
             child.generator = torch.Generator(device=self.device)
             child.generator.manual_seed((params.seed + index) % _SEED_MODULUS)
         return child
 
-    def _process_tokens(self, sched_out: SchedulerOutput, model_out: ModelOutput,
-                        forks: dict[int, list[Sequence]], now: float) -> list[RequestOutput]:
+    def _process_tokens(
+        self,
+        sched_out: SchedulerOutput,
+        model_out: ModelOutput,
+        forks: dict[int, list[Sequence]],
+        now: float,
+    ) -> list[RequestOutput]:
         """Record each new token (logprobs, text, stop strings, latencies); build outputs."""
         # request_id -> [(sequence, logprobs of its new token)] in scheduling order; a parent's
         # new children follow it.
@@ -308,8 +354,9 @@ class LLMEngine:
             outputs.append(self._finish(request) if request.finished else self._output(request))
         return outputs
 
-    def _record_tokens(self, request: _Request, entries: list[tuple[Sequence, TokenLogprobs | None]],
-                       now: float) -> None:
+    def _record_tokens(
+        self, request: _Request, entries: list[tuple[Sequence, TokenLogprobs | None]], now: float
+    ) -> None:
         latencies = []
         for seq, logprobs in entries:
             state = self._seq_states.get(seq.seq_id)
@@ -317,8 +364,12 @@ class LLMEngine:
                 state = self._track(request, self._new_seq_state(seq, len(request.seqs)))
                 request.forked = True
             if logprobs is not None and state.logprobs is not None:
-                entry = {token: Logprob(value, rank) for rank, (token, value) in enumerate(
-                    zip(logprobs.top_token_ids, logprobs.top_logprobs, strict=True), start=1)}
+                entry = {
+                    token: Logprob(value, rank)
+                    for rank, (token, value) in enumerate(
+                        zip(logprobs.top_token_ids, logprobs.top_logprobs, strict=True), start=1
+                    )
+                }
                 entry[logprobs.token_id] = Logprob(logprobs.logprob, logprobs.rank)
                 state.logprobs.append(entry)
                 state.cumulative_logprob += logprobs.logprob
@@ -337,8 +388,9 @@ class LLMEngine:
         metrics = request.metrics
         if metrics.first_token_time is None:
             metrics.first_token_time = now
-            self._stats.first_token(now - metrics.arrival_time,
-                                    len(request.prepared.prompt_token_ids))
+            self._stats.first_token(
+                now - metrics.arrival_time, len(request.prepared.prompt_token_ids)
+            )
         metrics.last_token_time = now
         self._stats.tokens(len(entries), latencies)
 
@@ -354,8 +406,11 @@ class LLMEngine:
         seqs = [item.seq for item in sched_out.scheduled]
         seqs += [s for s in sched_out.preempted if s.status is SequenceStatus.SWAPPED]
         request_ids = dict.fromkeys(s.request_id for s in seqs)
-        return [self._fail(self._requests[r], _describe(exc)) for r in request_ids
-                if r in self._requests]
+        return [
+            self._fail(self._requests[r], _describe(exc))
+            for r in request_ids
+            if r in self._requests
+        ]
 
     def _fail(self, request: _Request, error: str) -> RequestOutput:
         request.error = error
@@ -386,43 +441,55 @@ class LLMEngine:
             del self._seq_states[state.seq.seq_id]
         params = request.prepared.params
         first = metrics.first_token_time
-        self._stats.finished(FinishedRequest(
-            request_id=request.prepared.request_id,
-            finish_reason=request.seqs[0].seq.finish_reason or "abort",
-            num_prompt_tokens=len(request.prepared.prompt_token_ids),
-            num_generation_tokens=sum(s.seq.num_output_tokens for s in request.seqs),
-            n=params.n, max_tokens=params.max_tokens,
-            e2e_latency=metrics.finished_time - metrics.arrival_time,
-            queue_time=_elapsed(metrics.arrival_time, metrics.first_scheduled_time),
-            time_to_first_token=_elapsed(metrics.arrival_time, first),
-            prefill_time=_elapsed(metrics.first_scheduled_time, first),
-            decode_time=_elapsed(first, metrics.last_token_time)))
+        self._stats.finished(
+            FinishedRequest(
+                request_id=request.prepared.request_id,
+                finish_reason=request.seqs[0].seq.finish_reason or "abort",
+                num_prompt_tokens=len(request.prepared.prompt_token_ids),
+                num_generation_tokens=sum(s.seq.num_output_tokens for s in request.seqs),
+                n=params.n,
+                max_tokens=params.max_tokens,
+                e2e_latency=metrics.finished_time - metrics.arrival_time,
+                queue_time=_elapsed(metrics.arrival_time, metrics.first_scheduled_time),
+                time_to_first_token=_elapsed(metrics.arrival_time, first),
+                prefill_time=_elapsed(metrics.first_scheduled_time, first),
+                decode_time=_elapsed(first, metrics.last_token_time),
+            )
+        )
         return self._output(request)
 
     def _output(self, request: _Request) -> RequestOutput:
         prepared = request.prepared
         return RequestOutput(
-            request_id=prepared.request_id, prompt=prepared.prompt,
+            request_id=prepared.request_id,
+            prompt=prepared.prompt,
             prompt_token_ids=prepared.prompt_token_ids,  # never mutated: shared, not copied
             outputs=[self._completion(s) for s in request.seqs],
             finished=request.finished,
             num_cached_tokens=request.seqs[0].seq.num_cached_prompt_tokens,
-            metrics=dataclasses.replace(request.metrics), error=request.error)
+            metrics=dataclasses.replace(request.metrics),
+            error=request.error,
+        )
 
     @staticmethod
     def _completion(state: _SeqState) -> CompletionOutput:
         seq = state.seq
         token_ids = seq.output_token_ids
-        delta_ids = token_ids[state.num_sent_tokens:]
+        delta_ids = token_ids[state.num_sent_tokens :]
         state.num_sent_tokens = len(token_ids)
         delta_text, state.delta_text = state.delta_text, ""
         with_logprobs = state.logprobs is not None
         return CompletionOutput(
-            index=state.index, text=state.text, token_ids=token_ids, delta_text=delta_text,
+            index=state.index,
+            text=state.text,
+            token_ids=token_ids,
+            delta_text=delta_text,
             delta_token_ids=delta_ids,
             cumulative_logprob=state.cumulative_logprob if with_logprobs else None,
             logprobs=list(state.logprobs) if with_logprobs else None,
-            finish_reason=seq.finish_reason, stop_reason=seq.stop_reason)
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+        )
 
     def _tokenize(self, prompt: str) -> list[int]:
         """Token ids exactly as `AutoTokenizer(prompt).input_ids` (special tokens such as BOS
@@ -432,10 +499,14 @@ class LLMEngine:
 
     def _check_token_ids(self, name: str, ids: list[int]) -> None:
         for token in ids:
-            if not isinstance(token, int) or isinstance(token, bool) \
-                    or not 0 <= token < self.vocab_size:
-                raise InputError(f"{name} must hold token ids in [0, {self.vocab_size}), "
-                                 f"got {token!r}")
+            if (
+                not isinstance(token, int)
+                or isinstance(token, bool)
+                or not 0 <= token < self.vocab_size
+            ):
+                raise InputError(
+                    f"{name} must hold token ids in [0, {self.vocab_size}), got {token!r}"
+                )
 
 
 def load_tokenizer(model_dir: str | Path):

@@ -26,8 +26,13 @@ class CachedPrefix:
 class KVCacheManager:
     """Owns the device block pool and the host (swap) pool on behalf of the scheduler."""
 
-    def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int = 0,
-                 enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        num_host_blocks: int = 0,
+        enable_prefix_caching: bool = True,
+    ) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
@@ -62,8 +67,9 @@ class KVCacheManager:
             return prefix
         hashes = self._hashes(seq, (seq.num_tokens - 1) // self.block_size)
         for index, block_hash in enumerate(hashes):
-            block_id = self.pool.lookup(block_hash, hashes[index - 1] if index else None,
-                                        self._block_tokens(seq, index))
+            block_id = self.pool.lookup(
+                block_hash, hashes[index - 1] if index else None, self._block_tokens(seq, index)
+            )
             if block_id is None:
                 break
             prefix.block_ids.append(block_id)
@@ -102,8 +108,11 @@ class KVCacheManager:
         table = seq.block_table
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens
         last_written = min(self.num_blocks_for(end), len(table))
-        shared = [i for i in range(start // self.block_size, last_written)
-                  if self.pool.blocks[table[i]].ref_count > 1]
+        shared = [
+            i
+            for i in range(start // self.block_size, last_written)
+            if self.pool.blocks[table[i]].ref_count > 1
+        ]
         num_grow = self.num_blocks_for(end) - len(table)
         if num_grow + len(shared) > self.pool.num_free_blocks:
             return False
@@ -127,9 +136,12 @@ class KVCacheManager:
         num_full = seq.num_computed_tokens // self.block_size
         hashes = self._hashes(seq, num_full)
         for index in range(self._num_cached_blocks.get(seq.seq_id, 0), num_full):
-            self.pool.cache_block(seq.block_table[index], hashes[index],
-                                  hashes[index - 1] if index else None,
-                                  self._block_tokens(seq, index))
+            self.pool.cache_block(
+                seq.block_table[index],
+                hashes[index],
+                hashes[index - 1] if index else None,
+                self._block_tokens(seq, index),
+            )
         self._num_cached_blocks[seq.seq_id] = num_full
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
@@ -188,11 +200,13 @@ class KVCacheManager:
         return pairs
 
     def _block_tokens(self, seq: Sequence, index: int) -> list[int]:
-        return seq.token_ids[index * self.block_size:(index + 1) * self.block_size]
+        return seq.token_ids[index * self.block_size : (index + 1) * self.block_size]
 
     def _hashes(self, seq: Sequence, num_blocks: int) -> list[BlockHash]:
         """Chained hashes of the sequence's first `num_blocks` full blocks (computed once)."""
         hashes = self._block_hashes.setdefault(seq.seq_id, [])
         for index in range(len(hashes), num_blocks):
-            hashes.append(hash_block(hashes[-1] if hashes else None, self._block_tokens(seq, index)))
+            hashes.append(
+                hash_block(hashes[-1] if hashes else None, self._block_tokens(seq, index))
+            )
         return hashes[:num_blocks]

@@ -86,11 +86,19 @@ class SamplingParams:
 
     def validate(self, *, max_logprobs: int | None = None, max_n: int | None = None) -> None:
         """Raise InputError naming the first field out of range (limits of None are not checked)."""
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty",
-                     "presence_penalty", "frequency_penalty"):
+        for name in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+        ):
             value = getattr(self, name)
-            _check(isinstance(value, (int, float)) and not isinstance(value, bool),
-                   f"{name} must be a number, got {value!r}")
+            _check(
+                isinstance(value, (int, float)) and not isinstance(value, bool),
+                f"{name} must be a number, got {value!r}",
+            )
             _check(math.isfinite(value), f"{name} must be finite, got {value}")
         for name in ("n", "top_k", "min_tokens"):
             _check_int(name, getattr(self, name))
@@ -105,40 +113,57 @@ class SamplingParams:
         _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
         _check(self.top_k >= -1, f"top_k must be -1 or 0 (disabled) or >= 1, got {self.top_k}")
         _check(0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}")
-        _check(self.repetition_penalty > 0,
-               f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        _check(
+            self.repetition_penalty > 0,
+            f"repetition_penalty must be > 0, got {self.repetition_penalty}",
+        )
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _check(-2 <= value <= 2, f"{name} must be in [-2, 2], got {value}")
         if self.seed is not None:
-            _check(_SEED_MIN <= self.seed <= _SEED_MAX,
-                   f"seed must be in [{_SEED_MIN}, {_SEED_MAX}], got {self.seed}")
+            _check(
+                _SEED_MIN <= self.seed <= _SEED_MAX,
+                f"seed must be in [{_SEED_MIN}, {_SEED_MAX}], got {self.seed}",
+            )
         if self.max_tokens is not None:
             _check(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
         _check(self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}")
         if self.max_tokens is not None:
-            _check(self.min_tokens <= self.max_tokens,
-                   f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+            _check(
+                self.min_tokens <= self.max_tokens,
+                f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}",
+            )
         if self.logprobs is not None:
             _check(self.logprobs >= 0, f"logprobs must be >= 0, got {self.logprobs}")
             if max_logprobs is not None:
-                _check(self.logprobs <= max_logprobs,
-                       f"logprobs must be <= {max_logprobs}, got {self.logprobs}")
+                _check(
+                    self.logprobs <= max_logprobs,
+                    f"logprobs must be <= {max_logprobs}, got {self.logprobs}",
+                )
         for text in self.stop:  # type: ignore[union-attr]
-            _check(isinstance(text, str) and text != "",
-                   f"stop must contain non-empty strings, got {text!r}")
+            _check(
+                isinstance(text, str) and text != "",
+                f"stop must contain non-empty strings, got {text!r}",
+            )
         for token in self.stop_token_ids:  # type: ignore[union-attr]
-            _check(isinstance(token, int) and not isinstance(token, bool) and token >= 0,
-                   f"stop_token_ids must contain token ids >= 0, got {token!r}")
+            _check(
+                isinstance(token, int) and not isinstance(token, bool) and token >= 0,
+                f"stop_token_ids must contain token ids >= 0, got {token!r}",
+            )
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
-            _check(isinstance(getattr(self, name), bool),
-                   f"{name} must be a boolean, got {getattr(self, name)!r}")
+            _check(
+                isinstance(getattr(self, name), bool),
+                f"{name} must be a boolean, got {getattr(self, name)!r}",
+            )
         if self.is_greedy:
-            _check(self.n == 1, f"n must be 1 when using greedy sampling (temperature=0), got {self.n}")
+            _check(
+                self.n == 1, f"n must be 1 when using greedy sampling (temperature=0), got {self.n}"
+            )
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], *, max_logprobs: int = 20, max_n: int = 64
-                  ) -> SamplingParams:
+    def from_dict(
+        cls, d: dict[str, Any], *, max_logprobs: int = 20, max_n: int = 64
+    ) -> SamplingParams:
         """Build from a JSON object as clients of Triton's vLLM backend send it.
 
         Numbers and booleans may arrive as strings ("100", "0.7", "false"); `stop` may be a string
@@ -151,8 +176,10 @@ class SamplingParams:
         values = {}
         for key, raw in d.items():
             if key not in known:
-                raise InputError(f"unknown sampling parameter '{key}'; known parameters: "
-                                 f"{', '.join(sorted(known))}")
+                raise InputError(
+                    f"unknown sampling parameter '{key}'; known parameters: "
+                    f"{', '.join(sorted(known))}"
+                )
             values[key] = _parse_field(key, raw, hints[key])
         params = cls(**values)
         params.validate(max_logprobs=max_logprobs, max_n=max_n)
@@ -165,8 +192,10 @@ def _check(condition: bool, message: str) -> None:
 
 
 def _check_int(name: str, value: Any) -> None:
-    _check(isinstance(value, int) and not isinstance(value, bool),
-           f"{name} must be an integer, got {value!r}")
+    _check(
+        isinstance(value, int) and not isinstance(value, bool),
+        f"{name} must be an integer, got {value!r}",
+    )
 
 
 def _parse_field(key: str, raw: Any, annotation: Any) -> Any:

@@ -92,20 +92,34 @@ class SchedulerStats:
 class Scheduler:
     """Admits, batches, preempts and retires sequences; see the module docstring for the policy."""
 
-    def __init__(self, config: LLMConfig, num_blocks: int, num_host_blocks: int,
-                 max_model_len: int, eos_token_ids: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        config: LLMConfig,
+        num_blocks: int,
+        num_host_blocks: int,
+        max_model_len: int,
+        eos_token_ids: Iterable[int] = (),
+    ) -> None:
         require(max_model_len >= 1, "max_model_len", max_model_len, "must be >= 1")
-        require(num_blocks * config.block_size >= max_model_len, "num_blocks", num_blocks,
-                f"the KV pool holds {num_blocks * config.block_size} tokens, fewer than "
-                f"max_model_len ({max_model_len})")
-        require(config.enable_chunked_prefill or config.max_num_batched_tokens >= max_model_len,
-                "max_num_batched_tokens", config.max_num_batched_tokens,
-                f"must be >= max_model_len ({max_model_len}) without chunked prefill")
+        require(
+            num_blocks * config.block_size >= max_model_len,
+            "num_blocks",
+            num_blocks,
+            f"the KV pool holds {num_blocks * config.block_size} tokens, fewer than "
+            f"max_model_len ({max_model_len})",
+        )
+        require(
+            config.enable_chunked_prefill or config.max_num_batched_tokens >= max_model_len,
+            "max_num_batched_tokens",
+            config.max_num_batched_tokens,
+            f"must be >= max_model_len ({max_model_len}) without chunked prefill",
+        )
         self.config = config
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, num_host_blocks,
-                                               config.enable_prefix_caching)
+        self.kv_cache_manager = KVCacheManager(
+            num_blocks, config.block_size, num_host_blocks, config.enable_prefix_caching
+        )
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         """Admission order: the last one is the first preemption victim."""
@@ -121,12 +135,16 @@ class Scheduler:
         if seq.num_prompt_tokens < 1 or seq.num_tokens != seq.num_prompt_tokens:
             raise InputError("the prompt must have at least one token")
         if seq.num_prompt_tokens >= self.max_model_len:
-            raise InputError(f"the prompt has {seq.num_prompt_tokens} tokens, but max_model_len is "
-                             f"{self.max_model_len} (prompt plus output); at least one token must "
-                             "remain for the output")
+            raise InputError(
+                f"the prompt has {seq.num_prompt_tokens} tokens, but max_model_len is "
+                f"{self.max_model_len} (prompt plus output); at least one token must "
+                "remain for the output"
+            )
         if len(self.waiting) >= self.config.max_queue_size:
-            raise QueueFullError(f"queue full: {len(self.waiting)} requests waiting "
-                                 f"(max_queue_size={self.config.max_queue_size})")
+            raise QueueFullError(
+                f"queue full: {len(self.waiting)} requests waiting "
+                f"(max_queue_size={self.config.max_queue_size})"
+            )
         if seq.seq_id in self._seqs:
             raise ValueError(f"sequence id {seq.seq_id} is already scheduled")
         seq.status = SequenceStatus.WAITING
@@ -145,7 +163,10 @@ class Scheduler:
         if parent.status is not SequenceStatus.RUNNING:
             raise ValueError(f"can only fork a running sequence, got {parent.status.name}")
         computed = parent.num_computed_tokens
-        if child.token_ids[:computed] != parent.token_ids[:computed] or child.num_tokens <= computed:
+        if (
+            child.token_ids[:computed] != parent.token_ids[:computed]
+            or child.num_tokens <= computed
+        ):
             raise ValueError("the child must extend the parent's computed tokens")
         if child.num_prompt_tokens != parent.num_prompt_tokens:
             raise ValueError("the child must have the parent's prompt length")
@@ -197,10 +218,14 @@ class Scheduler:
     def stats(self) -> SchedulerStats:
         kv = self.kv_cache_manager
         return SchedulerStats(
-            num_running=len(self.running), num_waiting=len(self.waiting),
-            num_swapped=len(self.swapped), kv_usage=kv.usage,
-            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
-            num_preemptions=self.num_preemptions)
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_swapped=len(self.swapped),
+            kv_usage=kv.usage,
+            prefix_cache_queries=kv.prefix_cache_queries,
+            prefix_cache_hits=kv.prefix_cache_hits,
+            num_preemptions=self.num_preemptions,
+        )
 
     # --- one step --------------------------------------------------------------------------------
 
@@ -215,8 +240,12 @@ class Scheduler:
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
         return out
 
-    def update(self, output: SchedulerOutput, sampled: Mapping[int, Seq[int] | int],
-               forks: Mapping[int, Seq[Sequence]] | None = None) -> list[Sequence]:
+    def update(
+        self,
+        output: SchedulerOutput,
+        sampled: Mapping[int, Seq[int] | int],
+        forks: Mapping[int, Seq[Sequence]] | None = None,
+    ) -> list[Sequence]:
         """Advance the step's sequences after the runner; returns those finished by it.
 
         `sampled` maps seq_id to the one token sampled (an int or a 1-element list) for each
@@ -250,8 +279,9 @@ class Scheduler:
     # --- internals -------------------------------------------------------------------------------
 
     @staticmethod
-    def _sampled_tokens(output: SchedulerOutput, sampled: Mapping[int, Seq[int] | int]
-                        ) -> dict[int, int]:
+    def _sampled_tokens(
+        output: SchedulerOutput, sampled: Mapping[int, Seq[int] | int]
+    ) -> dict[int, int]:
         tokens = {}
         for item in output.scheduled:
             if not item.samples or item.seq.is_finished:
@@ -260,8 +290,10 @@ class Scheduler:
             if value is not None and not isinstance(value, (list, tuple)):
                 value = [value]  # a bare token (int, numpy or 0-d tensor)
             if value is None or len(value) != 1:
-                raise ValueError(f"expected one sampled token for sequence {item.seq.seq_id}, "
-                                 f"got {value!r} (for n > 1, pass the other samples as forks)")
+                raise ValueError(
+                    f"expected one sampled token for sequence {item.seq.seq_id}, "
+                    f"got {value!r} (for n > 1, pass the other samples as forks)"
+                )
             tokens[item.seq.seq_id] = int(value[0])
         return tokens
 
@@ -276,8 +308,11 @@ class Scheduler:
         return budget if self.config.enable_chunked_prefill else 0
 
     def _room_for_another(self, out: SchedulerOutput, budget: int) -> bool:
-        return (budget > 0 and len(self.running) < self.config.max_num_seqs
-                and len(out.scheduled) < self.config.max_num_seqs)
+        return (
+            budget > 0
+            and len(self.running) < self.config.max_num_seqs
+            and len(out.scheduled) < self.config.max_num_seqs
+        )
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         # Oldest first. A running prefill is never older than a running decode: a later sequence
@@ -370,8 +405,9 @@ class Scheduler:
         params = seq.sampling_params
         if seq.num_output_tokens >= params.min_tokens:
             token = seq.last_token_id
-            if (token in self.eos_token_ids and not params.ignore_eos) or \
-                    token in params.stop_token_ids:  # type: ignore[operator]
+            if (
+                token in self.eos_token_ids and not params.ignore_eos
+            ) or token in params.stop_token_ids:  # type: ignore[operator]
                 return "stop"
         if seq.num_tokens >= self.max_model_len:
             return "length"

@@ -34,8 +34,9 @@ class EngineCounters:
 
     def __sub__(self, other: EngineCounters) -> EngineCounters:
         """Increments since `other` (an earlier snapshot)."""
-        return EngineCounters(*(getattr(self, f.name) - getattr(other, f.name)
-                                for f in dataclasses.fields(self)))
+        return EngineCounters(
+            *(getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self))
+        )
 
 
 @dataclass(frozen=True)
@@ -104,11 +105,23 @@ class StatsCollector:
 
     def snapshot(self, sched: SchedulerStats) -> EngineStats:
         counters = EngineCounters(
-            prompt_tokens=self.prompt_tokens, generation_tokens=self.generation_tokens,
-            num_preemptions=sched.num_preemptions, prefix_cache_queries=sched.prefix_cache_queries,
-            prefix_cache_hits=sched.prefix_cache_hits, requests_finished=self.requests_finished)
-        stats = EngineStats(sched.num_running, sched.num_waiting, sched.num_swapped, sched.kv_usage,
-                            counters, list(self._ttft), list(self._itl), list(self._finished))
+            prompt_tokens=self.prompt_tokens,
+            generation_tokens=self.generation_tokens,
+            num_preemptions=sched.num_preemptions,
+            prefix_cache_queries=sched.prefix_cache_queries,
+            prefix_cache_hits=sched.prefix_cache_hits,
+            requests_finished=self.requests_finished,
+        )
+        stats = EngineStats(
+            sched.num_running,
+            sched.num_waiting,
+            sched.num_swapped,
+            sched.kv_usage,
+            counters,
+            list(self._ttft),
+            list(self._itl),
+            list(self._finished),
+        )
         self._ttft.clear()
         self._itl.clear()
         self._finished.clear()

@@ -45,20 +45,41 @@ def select_kernel_ops(setting: str, device: torch.device) -> KernelOps:
 class PagedAttention(nn.Module):
     """One layer's attention: store the new tokens' K/V in the cache, then attend over it."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 sliding_window: int | None, ops: KernelOps):
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        sliding_window: int | None,
+        ops: KernelOps,
+    ):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
         self.sliding_window = sliding_window
         self.ops = ops
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]."""
         k_cache, v_cache = kv_cache
         self.ops.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         plan = {} if meta.plan is None else {"plan": meta.plan}
-        return self.ops.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
-                                        meta.block_tables, self.scale,
-                                        sliding_window=self.sliding_window, **plan)
+        return self.ops.paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.query_start_loc,
+            meta.seq_lens,
+            meta.block_tables,
+            self.scale,
+            sliding_window=self.sliding_window,
+            **plan,
+        )

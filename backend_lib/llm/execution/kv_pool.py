@@ -43,29 +43,35 @@ def blocks_in(num_bytes: float, spec: KVCacheSpec) -> int:
     return max(0, int(num_bytes // spec.bytes_per_block))
 
 
-def gpu_kv_cache_bytes(total: int, utilization: float, weights: int, activation_peak: int,
-                       non_torch: int) -> int:
+def gpu_kv_cache_bytes(
+    total: int, utilization: float, weights: int, activation_peak: int, non_torch: int
+) -> int:
     """KV budget on a GPU: its share of total memory minus what the model needs besides the cache
     (weights, the activation peak of a full-budget step, memory outside PyTorch's allocator)."""
     return int(total * utilization) - weights - activation_peak - non_torch
 
 
-def check_fits_one_sequence(num_blocks: int, max_model_len: int, block_size: int, key: str,
-                            value: object) -> None:
+def check_fits_one_sequence(
+    num_blocks: int, max_model_len: int, block_size: int, key: str, value: object
+) -> None:
     """A pool that cannot hold one sequence of max_model_len tokens makes the engine unusable."""
     needed = -(-max_model_len // block_size)
     if num_blocks < needed:
-        raise ConfigError(key, value,
-                          f"the KV pool holds {num_blocks} blocks ({num_blocks * block_size} tokens) but "
-                          f"one sequence of max_model_len={max_model_len} needs {needed}: give the "
-                          "cache more memory or lower max_model_len")
+        raise ConfigError(
+            key,
+            value,
+            f"the KV pool holds {num_blocks} blocks ({num_blocks * block_size} tokens) but "
+            f"one sequence of max_model_len={max_model_len} needs {needed}: give the "
+            "cache more memory or lower max_model_len",
+        )
 
 
 class KVPool:
     """Device KV pool plus an optional host pool for swapped-out blocks."""
 
-    def __init__(self, spec: KVCacheSpec, num_blocks: int, num_host_blocks: int,
-                 device: torch.device):
+    def __init__(
+        self, spec: KVCacheSpec, num_blocks: int, num_host_blocks: int, device: torch.device
+    ):
         self.spec = spec
         self.num_blocks, self.num_host_blocks = num_blocks, num_host_blocks
         self.device = device
@@ -73,10 +79,14 @@ class KVPool:
         # there would poison the result.
         self.device_cache = torch.zeros(spec.shape(num_blocks), dtype=spec.dtype, device=device)
         # Pinned host memory makes swap transfers DMA-able.
-        self.host_cache = torch.zeros(spec.shape(num_host_blocks), dtype=spec.dtype,
-                                      pin_memory=device.type == "cuda" and num_host_blocks > 0)
+        self.host_cache = torch.zeros(
+            spec.shape(num_host_blocks),
+            dtype=spec.dtype,
+            pin_memory=device.type == "cuda" and num_host_blocks > 0,
+        )
         self.layer_caches: list[KVCache] = [
-            (self.device_cache[i, 0], self.device_cache[i, 1]) for i in range(spec.num_layers)]
+            (self.device_cache[i, 0], self.device_cache[i, 1]) for i in range(spec.num_layers)
+        ]
 
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:
         """Copy device blocks to host blocks: pairs of (device block, host block)."""
@@ -100,11 +110,13 @@ class KVPool:
         if not pairs:
             return
         src, dst = self._ids(pairs, self.device, self.device)
-        self.device_cache.index_copy_(_BLOCK_DIM, dst,
-                                      self.device_cache.index_select(_BLOCK_DIM, src))
+        self.device_cache.index_copy_(
+            _BLOCK_DIM, dst, self.device_cache.index_select(_BLOCK_DIM, src)
+        )
 
     @staticmethod
-    def _ids(pairs: list[tuple[int, int]], src_device: torch.device,
-             dst_device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _ids(
+        pairs: list[tuple[int, int]], src_device: torch.device, dst_device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.tensor(pairs, dtype=torch.int64)
         return ids[:, 0].to(src_device), ids[:, 1].to(dst_device)

@@ -38,9 +38,11 @@ def model_class_for(cfg: dict[str, Any], model_dir: str | Path = "") -> type[tor
     archs = cfg.get("architectures") or []
     arch = archs[0] if archs else None
     if arch not in MODEL_REGISTRY:
-        raise ConfigError("model", str(model_dir),
-                          f"unsupported architecture {arch!r}; supported: "
-                          f"{', '.join(supported_architectures())}")
+        raise ConfigError(
+            "model",
+            str(model_dir),
+            f"unsupported architecture {arch!r}; supported: {', '.join(supported_architectures())}",
+        )
     if cfg.get("quantization_config"):
         raise ConfigError("model", str(model_dir), "quantized checkpoints are not supported")
     return MODEL_REGISTRY[arch]
@@ -57,11 +59,15 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
     if (root / _SINGLE_FILE).is_file():
         return [root / _SINGLE_FILE]
     if any(root.glob("*.bin")) or any(root.glob("*.pt")) or any(root.glob("*.pth")):
-        raise ConfigError("model", str(model_dir),
-                          "only safetensors weights are loaded; pickle (.bin/.pt) checkpoints are "
-                          "refused because unpickling can execute code: convert them to safetensors")
-    raise ConfigError("model", str(model_dir),
-                      f"no {_SINGLE_FILE} or {_INDEX_FILE} in the checkpoint directory")
+        raise ConfigError(
+            "model",
+            str(model_dir),
+            "only safetensors weights are loaded; pickle (.bin/.pt) checkpoints are "
+            "refused because unpickling can execute code: convert them to safetensors",
+        )
+    raise ConfigError(
+        "model", str(model_dir), f"no {_SINGLE_FILE} or {_INDEX_FILE} in the checkpoint directory"
+    )
 
 
 def iter_safetensors(files: list[Path], device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
@@ -72,8 +78,14 @@ def iter_safetensors(files: list[Path], device: torch.device) -> Iterator[tuple[
                 yield name, f.get_tensor(name)
 
 
-def load_model(model_dir: str | Path, device: torch.device, dtype: torch.dtype, ops: KernelOps,
-               max_position: int | None = None, pack_linear_weights: bool = True) -> torch.nn.Module:
+def load_model(
+    model_dir: str | Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    ops: KernelOps,
+    max_position: int | None = None,
+    pack_linear_weights: bool = True,
+) -> torch.nn.Module:
     """Build the checkpoint's model on `device` in `dtype` and load its weights.
 
     `max_position` sizes the rotary table (default: the checkpoint's max_position_embeddings).

@@ -62,8 +62,12 @@ def resolve_max_model_len(setting: int, max_position_embeddings: int) -> int:
     """0 takes the checkpoint's limit; beyond it the model was never trained (and rotary tables end)."""
     if setting == 0:
         return max_position_embeddings
-    require(setting <= max_position_embeddings, "max_model_len", setting,
-            f"exceeds the checkpoint's max_position_embeddings ({max_position_embeddings})")
+    require(
+        setting <= max_position_embeddings,
+        "max_model_len",
+        setting,
+        f"exceeds the checkpoint's max_position_embeddings ({max_position_embeddings})",
+    )
     return setting
 
 
@@ -85,29 +89,38 @@ def row_layout(scheduled: list[Any]) -> list[Any]:
     """The order of a step's sequences in the flattened batch: decodes first, longest context
     first, then longer chunks. The CPU attention then takes each group of similar-length decodes
     as a slice of consecutive rows (no gather of q, no scatter of the output)."""
-    return sorted(scheduled, key=lambda s: (
-        s.num_new_tokens > 1, -(s.seq.num_computed_tokens + s.num_new_tokens)))
+    return sorted(
+        scheduled,
+        key=lambda s: (s.num_new_tokens > 1, -(s.seq.num_computed_tokens + s.num_new_tokens)),
+    )
 
 
 class ModelRunner:
     """Owns the model, the KV pool and the sampler of one engine."""
 
-    def __init__(self, config: LLMConfig, device: torch.device, model_dir: str | Path,
-                 eos_token_ids: Iterable[int] | None = None):
+    def __init__(
+        self,
+        config: LLMConfig,
+        device: torch.device,
+        model_dir: str | Path,
+        eos_token_ids: Iterable[int] | None = None,
+    ):
         self.config, self.device = config, device
         self.dtype = resolve_dtype(config.dtype, device)
         self.block_size = config.block_size
         hf_config = load_hf_config(model_dir)
         self.max_model_len = resolve_max_model_len(
-            config.max_model_len, int(hf_config.get("max_position_embeddings", 2048)))
+            config.max_model_len, int(hf_config.get("max_position_embeddings", 2048))
+        )
         self.ops = select_kernel_ops(config.kernel_backend, device)
         self.model = load_model(model_dir, device, self.dtype, self.ops, self.max_model_len)
         if eos_token_ids is None:
             eos_token_ids = checkpoint_eos_token_ids(model_dir, hf_config)
         self.sampler = Sampler(eos_token_ids, device, config.seed)
         args = self.model.args
-        self.kv_spec = KVCacheSpec(args.num_layers, args.num_kv_heads, args.head_dim,
-                                   config.block_size, self.dtype)
+        self.kv_spec = KVCacheSpec(
+            args.num_layers, args.num_kv_heads, args.head_dim, config.block_size, self.dtype
+        )
         self.kv_pool = self._allocate_kv_pool()
 
     @property
@@ -133,8 +146,9 @@ class ModelRunner:
         with torch.inference_mode():
             result = self.sampler(logits, batch.sample_rows)
         output = ModelOutput()
-        for seq_id, token, logprob in zip(batch.sample_seq_ids, result.token_ids, result.logprobs,
-                                          strict=True):
+        for seq_id, token, logprob in zip(
+            batch.sample_seq_ids, result.token_ids, result.logprobs, strict=True
+        ):
             output.sampled.setdefault(seq_id, []).append(token)
             if logprob is not None:
                 output.logprobs.setdefault(seq_id, []).append(logprob)
@@ -149,12 +163,14 @@ class ModelRunner:
     def compute_logits(self, batch: ModelInput) -> torch.Tensor:
         """Forward the flattened batch; float32 logits of the sampling rows only [R, vocab]."""
         with torch.inference_mode():
-            hidden = self.model(batch.input_ids, batch.positions, batch.meta,
-                                self.kv_pool.layer_caches)
+            hidden = self.model(
+                batch.input_ids, batch.positions, batch.meta, self.kv_pool.layer_caches
+            )
             return self.model.compute_logits(hidden[batch.sample_indices])
 
-    def prepare_input(self, scheduled: list[Any],
-                      num_samples: Mapping[int, int] | None = None) -> ModelInput:
+    def prepare_input(
+        self, scheduled: list[Any], num_samples: Mapping[int, int] | None = None
+    ) -> ModelInput:
         """Flatten ScheduledSequences (seq, num_new_tokens) into one device batch."""
         num_samples = num_samples or {}
         # Sampling rows (and so the logits rows) keep the scheduled order; token rows do not.
@@ -163,7 +179,7 @@ class ModelRunner:
         q_lens = np.array([s.num_new_tokens for s in layout], dtype=np.int64)
         tokens: list[int] = []
         for s, start in zip(layout, starts.tolist(), strict=True):
-            tokens += s.seq.token_ids[start:start + s.num_new_tokens]
+            tokens += s.seq.token_ids[start : start + s.num_new_tokens]
         last_row = {id(s): int(end) - 1 for s, end in zip(layout, np.cumsum(q_lens), strict=True)}
         rows: list[SamplingRow] = []
         seq_ids: list[int] = []
@@ -176,18 +192,35 @@ class ModelRunner:
             rows += [row] * k
             seq_ids += [s.seq.seq_id] * k
             sample_indices += [last_row[id(s)]] * k
-        batch = self._device_input(np.array(tokens, dtype=np.int64), starts, q_lens,
-                                   [s.seq.block_table for s in layout], sample_indices,
-                                   rows, seq_ids)
+        batch = self._device_input(
+            np.array(tokens, dtype=np.int64),
+            starts,
+            q_lens,
+            [s.seq.block_table for s in layout],
+            sample_indices,
+            rows,
+            seq_ids,
+        )
         if self.ops.plan_attention is not None:
             meta = batch.meta
-            meta.plan = self.ops.plan_attention(meta.query_start_loc, meta.seq_lens,
-                                                meta.block_tables, self.kv_pool.layer_caches[0][0])
+            meta.plan = self.ops.plan_attention(
+                meta.query_start_loc,
+                meta.seq_lens,
+                meta.block_tables,
+                self.kv_pool.layer_caches[0][0],
+            )
         return batch
 
-    def _device_input(self, tokens: np.ndarray, starts: np.ndarray, q_lens: np.ndarray,
-                      block_tables: list[list[int]], sample_indices: list[int],
-                      rows: list[SamplingRow], seq_ids: list[int]) -> ModelInput:
+    def _device_input(
+        self,
+        tokens: np.ndarray,
+        starts: np.ndarray,
+        q_lens: np.ndarray,
+        block_tables: list[list[int]],
+        sample_indices: list[int],
+        rows: list[SamplingRow],
+        seq_ids: list[int],
+    ) -> ModelInput:
         bs = self.block_size
         num_tokens, batch_size = len(tokens), len(q_lens)
         query_start_loc = np.concatenate(([0], np.cumsum(q_lens)))
@@ -201,16 +234,27 @@ class ModelRunner:
         token_rows = np.repeat(np.arange(batch_size), q_lens)
         slot_mapping = tables[token_rows, positions // bs] * bs + positions % bs
 
-        longs = torch.from_numpy(np.concatenate(
-            (tokens, positions, slot_mapping, np.array(sample_indices, dtype=np.int64))))
-        ints = torch.from_numpy(np.concatenate(
-            (query_start_loc, seq_lens, tables.ravel())).astype(np.int32))
+        longs = torch.from_numpy(
+            np.concatenate(
+                (tokens, positions, slot_mapping, np.array(sample_indices, dtype=np.int64))
+            )
+        )
+        ints = torch.from_numpy(
+            np.concatenate((query_start_loc, seq_lens, tables.ravel())).astype(np.int32)
+        )
         longs, ints = longs.to(self.device), ints.to(self.device)
         input_ids, positions_t, slots, samples = longs.split(
-            [num_tokens, num_tokens, num_tokens, len(sample_indices)])
+            [num_tokens, num_tokens, num_tokens, len(sample_indices)]
+        )
         qsl_t, seq_lens_t, tables_t = ints.split([batch_size + 1, batch_size, tables.size])
-        meta = AttentionMetadata(qsl_t, seq_lens_t, tables_t.view(tables.shape), slots,
-                                 max_query_len=int(q_lens.max()), max_seq_len=int(seq_lens.max()))
+        meta = AttentionMetadata(
+            qsl_t,
+            seq_lens_t,
+            tables_t.view(tables.shape),
+            slots,
+            max_query_len=int(q_lens.max()),
+            max_seq_len=int(seq_lens.max()),
+        )
         return ModelInput(input_ids, positions_t, meta, samples, rows, seq_ids)
 
     def _sampling_row(self, seq: Any) -> SamplingRow:
@@ -233,8 +277,9 @@ class ModelRunner:
             num_blocks = blocks_in(c.cpu_kv_cache_gb * GIB, self.kv_spec)
             key, value = "cpu_kv_cache_gb", c.cpu_kv_cache_gb
         check_fits_one_sequence(num_blocks, self.max_model_len, self.block_size, key, value)
-        num_host_blocks = (blocks_in(c.swap_space * GIB, self.kv_spec)
-                           if c.preemption_mode == "swap" else 0)
+        num_host_blocks = (
+            blocks_in(c.swap_space * GIB, self.kv_spec) if c.preemption_mode == "swap" else 0
+        )
         return KVPool(self.kv_spec, num_blocks, num_host_blocks, self.device)
 
     def _gpu_num_blocks(self) -> int:
@@ -243,8 +288,9 @@ class ModelRunner:
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
         non_torch = (total - free) - torch.cuda.memory_reserved(self.device)
-        budget = gpu_kv_cache_bytes(total, self.config.gpu_memory_utilization, weights,
-                                    activation_peak, non_torch)
+        budget = gpu_kv_cache_bytes(
+            total, self.config.gpu_memory_utilization, weights, activation_peak, non_torch
+        )
         return blocks_in(budget, self.kv_spec)
 
     def _profile_activation_peak(self) -> int:
@@ -260,13 +306,22 @@ class ModelRunner:
         ends = np.cumsum(q_lens) - 1
         sample_indices = [int(ends[i % len(ends)]) for i in range(num_rows)]
         scratch_pool = KVPool(self.kv_spec, int(first[-1]), 0, self.device)
-        batch = self._device_input(np.zeros(budget, dtype=np.int64), np.zeros_like(q_lens), q_lens,
-                                   tables, sample_indices, [], [])
+        batch = self._device_input(
+            np.zeros(budget, dtype=np.int64),
+            np.zeros_like(q_lens),
+            q_lens,
+            tables,
+            sample_indices,
+            [],
+            [],
+        )
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
         with torch.inference_mode():
-            hidden = self.model(batch.input_ids, batch.positions, batch.meta, scratch_pool.layer_caches)
+            hidden = self.model(
+                batch.input_ids, batch.positions, batch.meta, scratch_pool.layer_caches
+            )
             logits = self.model.compute_logits(hidden[batch.sample_indices])
             logits.softmax(dim=-1).sort(dim=-1, descending=True)
         torch.cuda.synchronize(self.device)

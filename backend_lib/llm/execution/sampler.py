@@ -63,8 +63,9 @@ def _top_k(params: Any, vocab_size: int) -> int:
     return vocab_size if k is None or k <= 0 else min(k, vocab_size)
 
 
-def ban_stops_before_min_tokens(logits: torch.Tensor, rows: list[SamplingRow],
-                                eos_token_ids: Sequence[int]) -> None:
+def ban_stops_before_min_tokens(
+    logits: torch.Tensor, rows: list[SamplingRow], eos_token_ids: Sequence[int]
+) -> None:
     """In place: -inf for stop_token_ids (and EOS unless ignore_eos) in rows below min_tokens."""
     row_idx: list[int] = []
     tok_idx: list[int] = []
@@ -107,7 +108,11 @@ def _token_counts(logits: torch.Tensor, rows: list[SamplingRow], output_only: bo
     row_idx: list[int] = []
     tok_idx: list[int] = []
     for i, r in enumerate(rows):
-        toks = r.token_ids[r.num_prompt_tokens:] if output_only else r.token_ids[:r.num_prompt_tokens]
+        toks = (
+            r.token_ids[r.num_prompt_tokens :]
+            if output_only
+            else r.token_ids[: r.num_prompt_tokens]
+        )
         row_idx += [i] * len(toks)
         tok_idx += toks
     counts = torch.zeros_like(logits)
@@ -127,8 +132,9 @@ def truncate(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     if any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         rank = torch.arange(vocab, device=dev).unsqueeze(0)
-        sorted_logits.masked_fill_(rank >= torch.tensor(top_k, device=dev).unsqueeze(1),
-                                   float("-inf"))
+        sorted_logits.masked_fill_(
+            rank >= torch.tensor(top_k, device=dev).unsqueeze(1), float("-inf")
+        )
         top_p_t = torch.tensor(top_p, device=dev).unsqueeze(1)
         sorted_probs = sorted_logits.softmax(dim=-1)
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
@@ -192,16 +198,20 @@ class Sampler:
 
     # --- logprobs ----------------------------------------------------------------------------
 
-    def _raw_logprobs(self, logits: torch.Tensor,
-                      rows: list[SamplingRow]) -> tuple[list[int], torch.Tensor] | None:
+    def _raw_logprobs(
+        self, logits: torch.Tensor, rows: list[SamplingRow]
+    ) -> tuple[list[int], torch.Tensor] | None:
         wanted = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
         if not wanted:
             return None
         return wanted, torch.log_softmax(logits[_ids(wanted, logits)], dim=-1)
 
-    def _gather_logprobs(self, raw: tuple[list[int], torch.Tensor] | None,
-                         token_ids: torch.Tensor,
-                         rows: list[SamplingRow]) -> list[TokenLogprobs | None]:
+    def _gather_logprobs(
+        self,
+        raw: tuple[list[int], torch.Tensor] | None,
+        token_ids: torch.Tensor,
+        rows: list[SamplingRow],
+    ) -> list[TokenLogprobs | None]:
         result: list[TokenLogprobs | None] = [None] * len(rows)
         if raw is None:
             return result
@@ -212,10 +222,15 @@ class Sampler:
         k = max(rows[i].params.logprobs for i in wanted)
         top_lp, top_ids = logprobs.topk(k, dim=-1) if k > 0 else (logprobs[:, :0], sampled[:, :0])
         # One device->host transfer per tensor, then plain Python.
-        ids_l, lp_l, rank_l = sampled.squeeze(1).tolist(), sampled_lp.squeeze(1).tolist(), ranks.tolist()
+        ids_l, lp_l, rank_l = (
+            sampled.squeeze(1).tolist(),
+            sampled_lp.squeeze(1).tolist(),
+            ranks.tolist(),
+        )
         top_lp_l, top_ids_l = top_lp.tolist(), top_ids.tolist()
         for j, i in enumerate(wanted):
             n = rows[i].params.logprobs
-            result[i] = TokenLogprobs(ids_l[j], lp_l[j], rank_l[j], top_ids_l[j][:n], top_lp_l[j][:n])
+            result[i] = TokenLogprobs(
+                ids_l[j], lp_l[j], rank_l[j], top_ids_l[j][:n], top_lp_l[j][:n]
+            )
         return result
-

@@ -59,8 +59,9 @@ class OutputStream:
 class EngineLoop:
     """Runs `engine.step()` on a background thread while requests are unfinished."""
 
-    def __init__(self, engine: LLMEngine,
-                 on_step: Callable[[EngineStats], None] | None = None) -> None:
+    def __init__(
+        self, engine: LLMEngine, on_step: Callable[[EngineStats], None] | None = None
+    ) -> None:
         """`on_step` is called on the loop thread with `engine.stats()` after every step (and
         after aborts), e.g. to update Prometheus metrics; its exceptions are logged only."""
         self.engine = engine
@@ -81,16 +82,22 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="llm-engine-loop", daemon=True)
         self._thread.start()
 
-    def submit(self, request_id: str, prompt: str | None, params: SamplingParams,
-               prompt_token_ids: Seq[int] | None = None,
-               arrival_time: float | None = None) -> OutputStream:
+    def submit(
+        self,
+        request_id: str,
+        prompt: str | None,
+        params: SamplingParams,
+        prompt_token_ids: Seq[int] | None = None,
+        arrival_time: float | None = None,
+    ) -> OutputStream:
         """Queue a request; its outputs arrive on the returned stream.
 
         Raises InputError (bad input, duplicate id) or QueueFullError in the caller's thread,
         before anything is queued.
         """
-        prepared = self.engine.prepare_request(request_id, prompt, params, prompt_token_ids,
-                                               arrival_time)
+        prepared = self.engine.prepare_request(
+            request_id, prompt, params, prompt_token_ids, arrival_time
+        )
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the engine loop is stopped")
@@ -98,8 +105,10 @@ class EngineLoop:
                 raise InputError(f"request id {request_id!r} is already running")
             max_queue = self.engine.config.max_queue_size
             if self._num_waiting + len(self._new) >= max_queue:
-                raise QueueFullError(f"queue full: {self._num_waiting + len(self._new)} requests "
-                                     f"waiting (max_queue_size={max_queue})")
+                raise QueueFullError(
+                    f"queue full: {self._num_waiting + len(self._new)} requests "
+                    f"waiting (max_queue_size={max_queue})"
+                )
             stream = OutputStream(request_id)
             self._streams[request_id] = stream
             self._new.append(prepared)
@@ -129,8 +138,12 @@ class EngineLoop:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (self._new or self._aborts or self._stopping
-                           or self.engine.has_unfinished_requests()):
+                while not (
+                    self._new
+                    or self._aborts
+                    or self._stopping
+                    or self.engine.has_unfinished_requests()
+                ):
                     self._cond.wait()
                 if self._stopping:
                     break
@@ -209,10 +222,16 @@ class EngineLoop:
             stream.put(output)
 
 
-def _unserved(request_id: str, finish_reason: str, error: str | None,
-              prepared: PreparedRequest | None = None) -> RequestOutput:
+def _unserved(
+    request_id: str, finish_reason: str, error: str | None, prepared: PreparedRequest | None = None
+) -> RequestOutput:
     """Final output of a request that never ran in the engine."""
     completion = CompletionOutput(0, "", [], "", [], None, None, finish_reason=finish_reason)
-    return RequestOutput(request_id, prepared.prompt if prepared else None,
-                         list(prepared.prompt_token_ids) if prepared else [],
-                         outputs=[completion], finished=True, error=error)
+    return RequestOutput(
+        request_id,
+        prepared.prompt if prepared else None,
+        list(prepared.prompt_token_ids) if prepared else [],
+        outputs=[completion],
+        finished=True,
+        error=error,
+    )

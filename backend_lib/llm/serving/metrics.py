@@ -8,12 +8,74 @@ from __future__ import annotations
 from backend_lib.llm.core.stats import EngineCounters, EngineStats
 from backend_lib.metrics import MetricsSink
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-               10.0, 20.0, 40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-               120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 
 def buckets_1_2_5(limit: int) -> list[int]:
@@ -34,29 +96,39 @@ class LLMMetrics:
     def __init__(self, sink: MetricsSink, max_model_len: int):
         self.running = sink.gauge("vllm:num_requests_running", "Requests currently running.")
         self.waiting = sink.gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.")
-        self.kv_usage = sink.gauge("vllm:kv_cache_usage_perc",
-                                   "KV-cache usage: 1 means 100 percent of the blocks in use.")
-        self.prefix_queries = sink.counter("vllm:prefix_cache_queries_total",
-                                           "Prefix-cache queries, in tokens.")
-        self.prefix_hits = sink.counter("vllm:prefix_cache_hits_total",
-                                        "Prefix-cache hits, in tokens.")
+        self.kv_usage = sink.gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent of the blocks in use."
+        )
+        self.prefix_queries = sink.counter(
+            "vllm:prefix_cache_queries_total", "Prefix-cache queries, in tokens."
+        )
+        self.prefix_hits = sink.counter(
+            "vllm:prefix_cache_hits_total", "Prefix-cache hits, in tokens."
+        )
         self.preemptions = sink.counter("vllm:num_preemptions_total", "Preemptions.")
         self.prompt_tokens = sink.counter("vllm:prompt_tokens_total", "Prefill tokens processed.")
-        self.generation_tokens = sink.counter("vllm:generation_tokens_total",
-                                              "Generation tokens processed.")
-        self.request_success = sink.counter("vllm:request_success_total",
-                                            "Finished requests, by finished_reason.")
-        self.ttft = sink.histogram("vllm:time_to_first_token_seconds",
-                                   "Time to first token, seconds.", TTFT_BUCKETS)
-        self.itl = sink.histogram("vllm:inter_token_latency_seconds",
-                                  "Inter-token latency, seconds.", ITL_BUCKETS)
-        self.e2e = sink.histogram("vllm:e2e_request_latency_seconds",
-                                  "End-to-end request latency, seconds.", E2E_BUCKETS)
+        self.generation_tokens = sink.counter(
+            "vllm:generation_tokens_total", "Generation tokens processed."
+        )
+        self.request_success = sink.counter(
+            "vllm:request_success_total", "Finished requests, by finished_reason."
+        )
+        self.ttft = sink.histogram(
+            "vllm:time_to_first_token_seconds", "Time to first token, seconds.", TTFT_BUCKETS
+        )
+        self.itl = sink.histogram(
+            "vllm:inter_token_latency_seconds", "Inter-token latency, seconds.", ITL_BUCKETS
+        )
+        self.e2e = sink.histogram(
+            "vllm:e2e_request_latency_seconds", "End-to-end request latency, seconds.", E2E_BUCKETS
+        )
         token_buckets = buckets_1_2_5(max_model_len)
         self.request_prompt_tokens = sink.histogram(
-            "vllm:request_prompt_tokens", "Prompt tokens per request.", token_buckets)
+            "vllm:request_prompt_tokens", "Prompt tokens per request.", token_buckets
+        )
         self.request_generation_tokens = sink.histogram(
-            "vllm:request_generation_tokens", "Generated tokens per request.", token_buckets)
+            "vllm:request_generation_tokens", "Generated tokens per request.", token_buckets
+        )
         self._previous = EngineCounters()
 
     def update(self, stats: EngineStats) -> None:
@@ -66,11 +138,13 @@ class LLMMetrics:
         self.kv_usage.set(stats.kv_cache_usage)
         delta = stats.counters - self._previous
         self._previous = stats.counters
-        for counter, amount in ((self.prefix_queries, delta.prefix_cache_queries),
-                                (self.prefix_hits, delta.prefix_cache_hits),
-                                (self.preemptions, delta.num_preemptions),
-                                (self.prompt_tokens, delta.prompt_tokens),
-                                (self.generation_tokens, delta.generation_tokens)):
+        for counter, amount in (
+            (self.prefix_queries, delta.prefix_cache_queries),
+            (self.prefix_hits, delta.prefix_cache_hits),
+            (self.preemptions, delta.num_preemptions),
+            (self.prompt_tokens, delta.prompt_tokens),
+            (self.generation_tokens, delta.generation_tokens),
+        ):
             if amount:
                 counter.inc(amount)
         for value in stats.time_to_first_token:

@@ -68,8 +68,9 @@ class Job:
 class LLMService:
     """Owns the engine loop of one llm model instance."""
 
-    def __init__(self, engine: LLMEngine, metrics: LLMMetrics | None = None,
-                 fault_marker: str | None = None):
+    def __init__(
+        self, engine: LLMEngine, metrics: LLMMetrics | None = None, fault_marker: str | None = None
+    ):
         """`fault_marker` is a TEST-ONLY hook: a request whose prompt contains it fails with an
         "injected fault" error raised inside the engine step (through `engine.fault_injector`),
         so tests can check that one failing request leaves the others and the engine intact."""
@@ -94,12 +95,17 @@ class LLMService:
     def submit(self, inputs: dict[str, np.ndarray]) -> Job:
         """Parse and queue one request; InputError / QueueFullError at once for this caller."""
         request = parse_generate_request(
-            inputs, max_prompt_bytes=self.config.max_prompt_bytes,
-            max_logprobs=self.config.max_logprobs, max_n=self.config.max_n)
+            inputs,
+            max_prompt_bytes=self.config.max_prompt_bytes,
+            max_logprobs=self.config.max_logprobs,
+            max_n=self.config.max_n,
+        )
         params = request.params
         if params.max_tokens is not None and params.max_tokens > self.engine.max_model_len:
-            raise InputError(f"max_tokens must be <= max_model_len ({self.engine.max_model_len}), "
-                             f"got {params.max_tokens}")
+            raise InputError(
+                f"max_tokens must be <= max_model_len ({self.engine.max_model_len}), "
+                f"got {params.max_tokens}"
+            )
         if request.return_flags["return_cumulative_logprob"] and params.logprobs is None:
             params.logprobs = 0  # the sampled token's logprob is needed for the running sum
         request_id = uuid.uuid4().hex
@@ -108,16 +114,18 @@ class LLMService:
         stream = self.loop.submit(request_id, request.prompt, params)
         return Job(request_id, request, stream)
 
-    def start(self, inputs: dict[str, np.ndarray], send: SendFn,
-              is_cancelled: Callable[[], bool]) -> Job:
+    def start(
+        self, inputs: dict[str, np.ndarray], send: SendFn, is_cancelled: Callable[[], bool]
+    ) -> Job:
         """Submit one request whose responses the responder thread passes to `send(tensors or
         error, final)`; `is_cancelled` is polled. InputError / QueueFullError at once here."""
         job = self.submit(inputs)
         self.responder.add(job, send, is_cancelled)
         return job
 
-    def responses(self, job: Job, is_cancelled: Callable[[], bool] = lambda: False
-                  ) -> Iterator[tuple[Tensors | Exception, bool]]:
+    def responses(
+        self, job: Job, is_cancelled: Callable[[], bool] = lambda: False
+    ) -> Iterator[tuple[Tensors | Exception, bool]]:
         """(tensors or error, final) for each response to send, until the final one: the same
         responses as `start` sends, pulled by the caller's thread (for in-process use and tests).
         `is_cancelled` is asked at most every CANCEL_POLL_SECONDS."""
@@ -151,8 +159,9 @@ class LLMService:
             if response is not None:
                 return response
 
-    def response_for(self, job: Job, output: RequestOutput
-                     ) -> tuple[Tensors | Exception, bool] | None:
+    def response_for(
+        self, job: Job, output: RequestOutput
+    ) -> tuple[Tensors | Exception, bool] | None:
         """(tensors or error, final) for `output`, or None (a non-streaming request's partial)."""
         if output.finished and job.cancelled:
             return RequestCancelled(f"request {job.request_id} was cancelled"), True
@@ -173,25 +182,43 @@ class LLMService:
         completions = output.outputs
         prefix = output.prompt if request.prepend_input and not job.responded else ""
         job.responded = True
-        tensors: Tensors = {"text_output": np.array(
-            [(prefix + c.text[_advance(job.sent_text, c.index, len(c.text)):]).encode("utf-8")
-             for c in completions], dtype=object)}
+        tensors: Tensors = {
+            "text_output": np.array(
+                [
+                    (prefix + c.text[_advance(job.sent_text, c.index, len(c.text)) :]).encode(
+                        "utf-8"
+                    )
+                    for c in completions
+                ],
+                dtype=object,
+            )
+        }
         if flags["return_finish_reason"]:
             tensors["finish_reason"] = np.array(
-                [str(c.finish_reason).encode() for c in completions], dtype=object)
+                [str(c.finish_reason).encode() for c in completions], dtype=object
+            )
         if flags["return_cumulative_logprob"]:
             tensors["cumulative_logprob"] = np.array(
-                [c.cumulative_logprob if c.cumulative_logprob is not None else np.nan
-                 for c in completions], dtype=np.float32)
+                [
+                    c.cumulative_logprob if c.cumulative_logprob is not None else np.nan
+                    for c in completions
+                ],
+                dtype=np.float32,
+            )
         if flags["return_logprobs"]:
             tensors["logprobs"] = np.array(
-                [self._logprobs_json(job, c).encode("utf-8") for c in completions], dtype=object)
+                [self._logprobs_json(job, c).encode("utf-8") for c in completions], dtype=object
+            )
         if flags["return_num_input_tokens"]:
             tensors["num_input_tokens"] = np.array([len(output.prompt_token_ids)], dtype=np.uint32)
         if flags["return_num_output_tokens"]:
             tensors["num_output_tokens"] = np.array(
-                [len(c.token_ids) - _advance(job.sent_tokens, c.index, len(c.token_ids))
-                 for c in completions], dtype=np.uint32)
+                [
+                    len(c.token_ids) - _advance(job.sent_tokens, c.index, len(c.token_ids))
+                    for c in completions
+                ],
+                dtype=np.uint32,
+            )
         return tensors
 
     def _logprobs_json(self, job: Job, completion: CompletionOutput) -> str:
@@ -201,10 +228,16 @@ class LLMService:
         start = _advance(job.sent_logprobs, completion.index, len(completion.logprobs))
         entries = []
         for position in completion.logprobs[start:]:
-            entries.append({
-                str(token_id): {"logprob": entry.logprob, "rank": entry.rank,
-                                "decoded_token": self.engine.tokenizer.decode([token_id])}
-                for token_id, entry in position.items()})
+            entries.append(
+                {
+                    str(token_id): {
+                        "logprob": entry.logprob,
+                        "rank": entry.rank,
+                        "decoded_token": self.engine.tokenizer.decode([token_id]),
+                    }
+                    for token_id, entry in position.items()
+                }
+            )
         return json.dumps(entries)
 
     def shutdown(self) -> None:

@@ -46,10 +46,13 @@ class GenerateRequest:
     return_flags: dict[str, bool]
 
 
-def parse_generate_request(inputs: Inputs, *, max_prompt_bytes: int, max_logprobs: int,
-                           max_n: int) -> GenerateRequest:
+def parse_generate_request(
+    inputs: Inputs, *, max_prompt_bytes: int, max_logprobs: int, max_n: int
+) -> GenerateRequest:
     """Read one request's tensors; InputError names the offending input or field."""
-    (prompt,) = _single(read_strings(inputs, "text_input", max_bytes=max_prompt_bytes), "text_input")
+    (prompt,) = _single(
+        read_strings(inputs, "text_input", max_bytes=max_prompt_bytes), "text_input"
+    )
     if not prompt:
         raise InputError("input 'text_input' is empty: send a non-empty prompt")
     stream = bool(read_scalar(inputs, "stream", bool))
@@ -57,8 +60,10 @@ def parse_generate_request(inputs: Inputs, *, max_prompt_bytes: int, max_logprob
     # As the vLLM backend: streaming never prepends; asking for it explicitly is an error.
     prepend_input = not exclude if exclude is not None else not stream
     if stream and prepend_input:
-        raise InputError("when streaming, exclude_input_in_output=false is not allowed: "
-                         "streamed responses carry only new text")
+        raise InputError(
+            "when streaming, exclude_input_in_output=false is not allowed: "
+            "streamed responses carry only new text"
+        )
     fields = _sampling_fields(inputs)
     params = SamplingParams.from_dict(fields, max_logprobs=max_logprobs, max_n=max_n)
     flags = {name: bool(read_scalar(inputs, name, bool)) for name in RETURN_FLAGS}
@@ -82,8 +87,10 @@ def _sampling_fields(inputs: Inputs) -> dict[str, Any]:
             except json.JSONDecodeError as exc:
                 raise InputError(f"input 'sampling_parameters' is not valid JSON: {exc}") from None
             if not isinstance(fields, dict):
-                raise InputError("input 'sampling_parameters' must be a JSON object, got "
-                                 f"{type(fields).__name__}")
+                raise InputError(
+                    "input 'sampling_parameters' must be a JSON object, got "
+                    f"{type(fields).__name__}"
+                )
     for name, kind in SCALAR_INPUTS.items():
         value = read_scalar(inputs, name, kind)
         if value is not None:

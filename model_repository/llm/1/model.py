@@ -28,7 +28,7 @@ class TritonPythonModel:
             try:
                 # One responder thread of the service sends every request's responses.
                 self.service.start(inputs, functools.partial(_send, sender), request.is_cancelled)
-            except Exception as exc:  # noqa: BLE001 - this request fails alone
+            except Exception as exc:  # this request fails alone
                 sender.send(_error(exc), flags=FINAL)
         return None
 
@@ -41,7 +41,8 @@ def _send(sender, result, final):
         response = _error(result)
     else:
         response = pb_utils.InferenceResponse(
-            output_tensors=[pb_utils.Tensor(name, value) for name, value in result.items()])
+            output_tensors=[pb_utils.Tensor(name, value) for name, value in result.items()]
+        )
     sender.send(response, flags=FINAL if final else 0)
 
 

@@ -25,7 +25,10 @@ class TritonPythonModel:
     @staticmethod
     def _response(result):
         if isinstance(result, Exception):
-            code = (pb_utils.TritonError.INVALID_ARG if isinstance(result, InputError)
-                    else pb_utils.TritonError.INTERNAL)
+            code = (
+                pb_utils.TritonError.INVALID_ARG
+                if isinstance(result, InputError)
+                else pb_utils.TritonError.INTERNAL
+            )
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(result), code))
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(OUTPUT_NAME, result)])

@@ -95,8 +95,10 @@ def _sliding_windows(cfg: Mapping[str, Any], num_layers: int) -> tuple[int | Non
     layer_types = cfg.get("layer_types")
     if layer_types is None:
         first_sliding = cfg.get("max_window_layers", 0)
-        layer_types = ["sliding_attention" if window is not None and i >= first_sliding
-                       else "full_attention" for i in range(num_layers)]
+        layer_types = [
+            "sliding_attention" if window is not None and i >= first_sliding else "full_attention"
+            for i in range(num_layers)
+        ]
     return tuple(window if t == "sliding_attention" else None for t in layer_types)
 
 
@@ -116,19 +118,37 @@ class RMSNorm(nn.Module):
 class LlamaAttention(nn.Module):
     def __init__(self, args: LlamaArgs, layer_idx: int, ops: KernelOps):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            args.num_heads,
+            args.num_kv_heads,
+            args.head_dim,
+        )
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias)
+        self.qkv_proj = nn.Linear(
+            args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias
+        )
         self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
         self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps, ops) if args.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps, ops) if args.qk_norm else None
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim,
-                                   self.head_dim**-0.5, args.sliding_windows[layer_idx], ops)
+        self.attn = PagedAttention(
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.head_dim**-0.5,
+            args.sliding_windows[layer_idx],
+            ops,
+        )
         self.ops = ops
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: KVCache,
-                meta: AttentionMetadata, rope_cache: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        rope_cache: torch.Tensor,
+    ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
@@ -146,7 +166,9 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, args: LlamaArgs, ops: KernelOps):
         super().__init__()
-        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias)
+        self.gate_up_proj = nn.Linear(
+            args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias
+        )
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
         self.ops = ops
 
@@ -162,8 +184,15 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, ops)
         self.mlp = LlamaMLP(args, ops)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
-                kv_cache: KVCache, meta: AttentionMetadata, rope_cache: torch.Tensor):
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        rope_cache: torch.Tensor,
+    ):
         # The residual stream is carried separately so each norm fuses the residual add.
         if residual is None:
             residual = hidden
@@ -197,8 +226,9 @@ class LlamaForCausalLM(nn.Module):
     """Llama decoder over a paged KV cache. `forward` returns hidden states of all flattened
     tokens; `compute_logits` projects only the rows that are sampled."""
 
-    def __init__(self, args: LlamaArgs, ops: KernelOps, device: torch.device,
-                 max_position: int | None = None):
+    def __init__(
+        self, args: LlamaArgs, ops: KernelOps, device: torch.device, max_position: int | None = None
+    ):
         super().__init__()
         self.args = args
         self.model = LlamaModel(args, ops)
@@ -209,8 +239,13 @@ class LlamaForCausalLM(nn.Module):
         # Float32 keeps the angles exact.
         with torch.device(device):
             self.rope_cache = rope_cos_sin_cache(
-                args.head_dim, max_position or args.max_position_embeddings, args.rope_theta,
-                args.rope_scaling, torch.float32, device)
+                args.head_dim,
+                max_position or args.max_position_embeddings,
+                args.rope_theta,
+                args.rope_scaling,
+                torch.float32,
+                device,
+            )
 
     @classmethod
     def args_from_config(cls, cfg: Mapping[str, Any]) -> LlamaArgs:
@@ -221,8 +256,13 @@ class LlamaForCausalLM(nn.Module):
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[KVCache]) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+    ) -> torch.Tensor:
         """input_ids, positions: [T] -> final-normed hidden states [T, hidden_size]."""
         hidden = self.model.embed_tokens(input_ids)
         residual = None
@@ -252,8 +292,10 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(f"checkpoint tensor {name!r} has no matching parameter")
             dest = self._shard_view(params[target], target, shard)
             if dest.shape != tensor.shape:
-                raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
-                                 f"expected {tuple(dest.shape)}")
+                raise ValueError(
+                    f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
+                    f"expected {tuple(dest.shape)}"
+                )
             with torch.no_grad():
                 dest.copy_(tensor)
             pending.discard((target, shard))
