@@ -45,7 +45,7 @@ format: setup
 # BENCH_ARGS=--gpu for the GPU mode, BENCH_ARGS="--only engine,prefix_cache" for a subset.
 BENCH_ARGS ?=
 bench: setup
-	$(PY) scripts/bench_suite.py $(BENCH_ARGS)
+	$(PY) -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -15,6 +15,7 @@ gets `HF_OFFLINE_KWARGS`, and the hub is switched offline for this process.
 from __future__ import annotations
 
 import importlib.resources
+import json
 import os
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from backend_lib.config import ConfigError
 
 PACKAGE_PREFIX = "package:"
 HF_OFFLINE_KWARGS = {"local_files_only": True, "trust_remote_code": False}
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 # Belt and braces next to local_files_only: no hub call from any library in this process.
@@ -40,21 +43,51 @@ def _package_dir(spec: str) -> Path:
     return Path(str(root.joinpath(subpath))) if subpath else Path(str(root))
 
 
+def safetensors_files(model_dir: Path, spec: str | None = None) -> list[Path]:
+    """The checkpoint's weight files, the one place that finds them (llm loader and encoders).
+
+    In order of preference: the shards named by `model.safetensors.index.json`, the single
+    `model.safetensors`, else every `*.safetensors` in the directory (sorted). Pickle weights are
+    never loaded. Raises `ConfigError("model", spec, reason)` (spec defaults to the directory)
+    when there is no safetensors file, naming the pickle files if those are all there is, or
+    when the index names a shard that is missing.
+    """
+    spec = str(model_dir) if spec is None else spec
+    index = model_dir / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError("model", spec, f"bad {INDEX_FILE} in {model_dir}: {e!r}") from None
+        files = [model_dir / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ConfigError(
+                "model", spec, f"{INDEX_FILE} names shards missing from {model_dir}: {missing}"
+            )
+        return files
+    if (model_dir / SINGLE_FILE).is_file():
+        return [model_dir / SINGLE_FILE]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if files:
+        return files
+    pickles = sorted(p.name for p in model_dir.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+    if pickles:
+        raise ConfigError(
+            "model",
+            spec,
+            f"{model_dir} has only pickle weights ({', '.join(pickles)}); pickle files can run "
+            "arbitrary code when loaded and are refused: convert them to safetensors",
+        )
+    raise ConfigError("model", spec, f"no safetensors weights (*.safetensors) in {model_dir}")
+
+
 def _validate_checkpoint_dir(path: Path, spec: str) -> None:
     if not path.is_dir():
         raise ConfigError("model", spec, f"checkpoint directory {path} does not exist")
     if not (path / "config.json").is_file():
         raise ConfigError("model", spec, f"no config.json in {path}")
-    if not any(path.glob("*.safetensors")):
-        pickles = sorted(p.name for p in path.iterdir() if p.suffix in _PICKLE_SUFFIXES)
-        if pickles:
-            raise ConfigError(
-                "model",
-                spec,
-                f"{path} has only pickle weights ({', '.join(pickles)}); pickle files can run "
-                "arbitrary code when loaded and are refused: convert them to safetensors",
-            )
-        raise ConfigError("model", spec, f"no safetensors weights (*.safetensors) in {path}")
+    safetensors_files(path, spec)
     if not (path / "tokenizer.json").is_file():
         raise ConfigError("model", spec, f"no tokenizer.json (fast tokenizer) in {path}")
 

@@ -49,7 +49,3 @@ class ModelContext:
     def metrics(self, pb_utils: Any) -> MetricsSink:
         """Metrics exported on tritonserver's metrics port, labelled with this model and version."""
         return TritonMetrics(pb_utils, {"model": self.name, "version": self.version})
-
-    @property
-    def max_batch_size(self) -> int:
-        return int(self.model_config.get("max_batch_size", 0))

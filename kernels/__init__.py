@@ -1,17 +1,14 @@
 """Compute kernels of the LLM engine: Triton kernels (GPU) and their PyTorch twins (CPU path, references).
 
-Pick a backend once with `resolve_kernel_backend`, then call through `kernel_ops(backend)`.
+The caller picks a backend ("torch" or "triton") and calls through `kernel_ops(backend)`. This
+package imports only torch, triton and itself (tests/kernels/test_independence.py checks it).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
-from backend_lib.config import ConfigError
 from kernels.activation import silu_and_mul_torch, silu_and_mul_triton
 from kernels.kv_cache import write_kv_cache_torch, write_kv_cache_triton
 from kernels.paged_attention import (
@@ -22,7 +19,7 @@ from kernels.paged_attention import (
 from kernels.rmsnorm import rms_norm_torch, rms_norm_triton
 from kernels.rotary import apply_rotary_torch, apply_rotary_triton, rope_cos_sin_cache
 
-__all__ = ["KernelOps", "kernel_ops", "resolve_kernel_backend", "rope_cos_sin_cache"]
+__all__ = ["KernelOps", "kernel_ops", "rope_cos_sin_cache"]
 
 
 @dataclass(frozen=True)
@@ -63,24 +60,3 @@ def kernel_ops(backend: str) -> KernelOps:
     if backend not in _BACKENDS:
         raise ValueError(f"unknown kernel backend {backend!r}: expected 'torch' or 'triton'")
     return _BACKENDS[backend]
-
-
-def resolve_kernel_backend(setting: str, device: torch.device | str) -> str:
-    """Map the `kernel_backend` setting to a backend for `device`: auto is triton on CUDA, torch
-    elsewhere. Triton off CUDA runs only in Triton's interpreter (TRITON_INTERPRET=1, tests).
-    Raises ConfigError (a ValueError) naming the setting otherwise."""
-    device_type = torch.device(device).type
-    if setting == "auto":
-        return "triton" if device_type == "cuda" else "torch"
-    if setting == "torch":
-        return "torch"
-    if setting == "triton":
-        if device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ConfigError(
-                "kernel_backend",
-                setting,
-                f"needs a CUDA device (this instance runs on {device_type!r}); use 'torch' or "
-                "'auto' there (Triton's CPU interpreter, TRITON_INTERPRET=1, is for tests only)",
-            )
-        return "triton"
-    raise ConfigError("kernel_backend", setting, "expected one of auto, triton, torch")

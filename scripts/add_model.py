@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Add a model to a Triton model repository from a local Hugging Face checkpoint directory.
 
-The kind (llm, embedding, rerank) is detected from the checkpoint's architecture; `config.pbtxt` is rendered
-from config_templates/ and the versioned `model.py` wrapper is written next to it.
+The kind (llm, embedding, rerank) is detected from the checkpoint's architecture; `config.pbtxt` and the
+versioned `model.py` wrapper are rendered from config_templates/ (tooling/repository.py).
 
     python scripts/add_model.py /models/bge-small --name bge --repository model_repository
     python scripts/add_model.py /models/my-reranker --name my_rerank --param max_batch_tokens=8192

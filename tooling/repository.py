@@ -1,6 +1,7 @@
 """Rendering Triton model directories (`config.pbtxt` + `<version>/model.py`) from `config_templates/`.
 
-The default repository is rendered from `DEFAULT_MODELS`; `scripts/add_model.py` adds a model from a local
+`scripts/render_repository.py` renders the default repository, `DEFAULT_MODELS`, into `model_repository/`
+(tests/tooling checks that the committed files match); `scripts/add_model.py` adds a model from a local
 Hugging Face checkpoint, detecting its kind from the architecture.
 """
 

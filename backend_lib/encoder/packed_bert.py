@@ -46,7 +46,7 @@ class EncoderArchitecture:
     num_heads: int
     num_layers: int
     layer_norm_eps: float
-    hidden_act: str  # key of linear.ACTIVATIONS
+    hidden_act: str  # key of backend_lib.linear._ACTIVATIONS
     max_position_embeddings: int
     type_vocab_size: int
     pad_token_id: int
@@ -173,10 +173,6 @@ class PackedBertEncoder:
             arch.layer_norm_eps,
         )
         self.layers = [_Layer(weights, i, arch) for i in range(arch.num_layers)]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.word.dtype
 
     @property
     def device(self) -> torch.device:

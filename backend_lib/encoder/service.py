@@ -1,4 +1,4 @@
-"""Request handling for the encoder models: one `execute` call's requests become one token-budget batch.
+"""Request handling for the encoder models: one `execute` call's requests are computed together.
 
 Each request is parsed and tokenized on its own, so bad input fails only that request; the items of all
 good requests are then embedded (or scored) together in length-sorted micro-batches, and each result goes

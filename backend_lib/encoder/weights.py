@@ -1,37 +1,27 @@
 """Tensors of a safetensors checkpoint (single file or sharded), by their names.
 
-Only safetensors is read: it holds plain tensors, so loading a checkpoint cannot run code.
+Only safetensors is read: it holds plain tensors, so loading a checkpoint cannot run code. Which
+files hold the weights is `backend_lib.checkpoint.safetensors_files`'s call.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from backend_lib.checkpoint import safetensors_files
 from backend_lib.config import ConfigError
 
-_INDEX = "model.safetensors.index.json"
-_SINGLE = "model.safetensors"
 # Checkpoints written by older transformers name LayerNorm parameters gamma/beta.
 _LEGACY_SUFFIXES = {".weight": ".gamma", ".bias": ".beta"}
 
 
-def _weight_files(model_dir: Path) -> dict[str, Path]:
-    """Map each tensor name to the file that holds it."""
-    index = model_dir / _INDEX
-    if index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        return {name: model_dir / file for name, file in weight_map.items()}
-    files = (
-        [model_dir / _SINGLE]
-        if (model_dir / _SINGLE).is_file()
-        else sorted(model_dir.glob("*.safetensors"))
-    )
+def _tensor_files(model_dir: Path, spec: str) -> dict[str, Path]:
+    """Map each tensor name to the file that holds it (only the files' headers are read)."""
     names: dict[str, Path] = {}
-    for file in files:
+    for file in safetensors_files(model_dir, spec):
         with safe_open(str(file), framework="pt") as handle:
             names.update(dict.fromkeys(handle.keys(), file))
     return names
@@ -47,15 +37,12 @@ class CheckpointWeights:
 
     def __init__(self, model_dir: Path, dtype: torch.dtype, device: torch.device, spec: str):
         self.dtype, self.device, self.spec = dtype, device, spec
-        self._files = _weight_files(model_dir)
+        self._files = _tensor_files(model_dir, spec)
         anchor = "embeddings.word_embeddings.weight"
         hits = sorted((n for n in self._files if n.endswith(anchor)), key=len)
         if not hits:
             raise ConfigError("model", spec, f"no '{anchor}' tensor in the safetensors weights")
         self.prefix = hits[0][: -len(anchor)]
-
-    def has(self, name: str, prefixed: bool = True) -> bool:
-        return self._resolve(name, prefixed) is not None
 
     def get(self, name: str, prefixed: bool = True) -> torch.Tensor:
         """The tensor `name`; `prefixed=False` for heads stored outside the base model."""

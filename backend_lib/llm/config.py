@@ -45,9 +45,12 @@ class LLMConfig:
     max_prompt_bytes: int = 1 << 20
     """Largest accepted prompt, in UTF-8 bytes (a larger one is refused before tokenizing)."""
     max_n: int = 16
-    """Largest `n` (parallel samples) a request may ask for."""
+    """Largest `n` (parallel samples) a request may ask for (the request parser and the engine
+    both check this value; neither has a cap of its own)."""
     max_logprobs: int = 20
-    """Largest `logprobs` (top log-probabilities per token) a request may ask for."""
+    """Largest `logprobs` (top log-probabilities per token) a request may ask for (the request
+    parser and the engine both check this value). At most the checkpoint's vocabulary size,
+    checked when the engine loads."""
 
     def validate(self) -> None:
         require(

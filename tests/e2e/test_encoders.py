@@ -213,7 +213,7 @@ def test_cross_encoder_scores_match_sentence_transformers(tmp_path: Path, make_s
     from sentence_transformers import CrossEncoder
     from transformers import BertForSequenceClassification
 
-    from tests.encoder.conftest import copy_minilm_tokenizer, tiny_bert_config
+    from tooling.checkpoints import copy_minilm_tokenizer, tiny_bert_config
 
     checkpoint = tmp_path / "ckpt"
     torch.manual_seed(2)

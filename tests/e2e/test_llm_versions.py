@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 
 from backend_lib.metrics import parse_prometheus_text
 from tests.e2e.llm_client import http_generate
-from tests.llm.test_engine import engine_checkpoint
+from tests.llm.engine_helpers import engine_checkpoint
 from tooling.repository import REPO_ROOT, ModelSpec, write_model
 
 pytestmark = pytest.mark.e2e

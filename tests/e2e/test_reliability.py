@@ -1,4 +1,4 @@
-"""Reliability under a real tritonserver (issue 7): every request ends in a correct answer or a clear
+"""Reliability under a real tritonserver: every request ends in a correct answer or a clear
 error, with no leaked KV blocks, no stuck requests and no crash, under malformed input, overload,
 cancellation storms, an engine fault and a killed Python-backend stub.
 
@@ -19,7 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import tritonclient.http as httpclient
 
-from tests.e2e.conftest import FAULT_MARKER, SMALL_LLM
 from tests.e2e.malformed_requests import CASES, send
 from tests.e2e.reliability_helpers import (
     GREEDY,
@@ -37,6 +36,7 @@ from tests.e2e.reliability_helpers import (
     stub_pid,
     wait_engine_idle,
 )
+from tests.e2e.reliability_repository import FAULT_MARKER, SMALL_LLM
 
 pytestmark = pytest.mark.e2e
 

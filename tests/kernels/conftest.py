@@ -23,10 +23,6 @@ TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 KERNEL_MODULES = (activation, kv_cache, paged_attention, rmsnorm, rotary)
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    torch.set_num_threads(min(2, torch.get_num_threads()))
-
-
 def _check_kernels_runnable() -> None:
     import kernels
 
@@ -54,6 +50,18 @@ def _check_kernels_runnable() -> None:
 
 
 _check_kernels_runnable()
+
+
+@pytest.fixture(scope="package", autouse=True)
+def _few_torch_threads() -> Iterator[None]:
+    """At most two intra-op threads while the kernel tests run: the PyTorch references and Triton's
+    interpreter work on small tensors, where more OpenMP threads only contend for a shared machine's
+    cores. (A fixture, not a `pytest_sessionstart` hook: pytest runs that hook only in the conftests
+    of the paths it starts from, so `make test` never ran it.)"""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(min(2, previous))
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.llm.test_engine import engine_checkpoint, greedy, make_engine, random_prompt
+from tests.llm.engine_helpers import engine_checkpoint, greedy, make_engine, random_prompt
 
 
 def test_triton_kernels_give_the_same_greedy_tokens_as_torch():

@@ -1,6 +1,6 @@
-"""Fixtures for the LLM execution tests: tiny checkpoints, runners on them, and a session that
-hands the runner chosen chunks over hand-made block tables (the scheduler's job, done by hand
-so each test controls exactly what the runner sees)."""
+"""Fixtures for the LLM tests: tiny checkpoints, runners on them, a session that hands the runner
+chosen chunks over hand-made block tables (the scheduler's job, done by hand so each test controls
+exactly what the runner sees), and `single_torch_thread` for the engine-level tests."""
 
 from __future__ import annotations
 
@@ -11,16 +11,15 @@ from typing import Any
 import pytest
 import torch
 
-from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.core.scheduler import ScheduledSequence, SchedulerOutput
 from backend_lib.llm.core.sequence import Sequence
 from backend_lib.llm.execution.model_runner import ModelOutput, ModelRunner
+from tests.llm.config_helpers import BLOCK_SIZE, llm_config
 from tooling.checkpoints import build_checkpoint
 
 torch.set_num_threads(2)
 
-BLOCK_SIZE = 8
 CPU = torch.device("cpu")
 
 
@@ -39,18 +38,14 @@ def checkpoint(tmp_path_factory) -> Callable[..., tuple[Path, torch.nn.Module]]:
     return get
 
 
-def llm_config(model_dir: Path, **overrides: Any) -> LLMConfig:
-    settings = dict(
-        model=str(model_dir),
-        dtype="float32",
-        kernel_backend="torch",
-        block_size=BLOCK_SIZE,
-        num_blocks=64,
-        max_model_len=128,
-    )
-    config = LLMConfig(**{**settings, **overrides})
-    config.validate()
-    return config
+@pytest.fixture
+def single_torch_thread():
+    """One intra-op thread: on a shared, loaded machine a second OpenMP thread makes every tiny
+    op wait for a time slice (100x slower steps); tiny models gain nothing from it."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture

@@ -1,9 +1,6 @@
 """LLMEngine acceptance: outputs against `transformers` (generate, forward logits) on tiny
 random-weight checkpoints, under every scheduling path (batching, prefix cache, chunked prefill,
 preemption by recompute and swap, late arrivals), plus sampling, stops, aborts, failures, stats.
-
-The helpers here (checkpoint with tokenizer, engine factory, pool invariants) are also used by
-test_engine_loop.py and test_engine_properties.py.
 """
 
 from __future__ import annotations
@@ -11,146 +8,32 @@ from __future__ import annotations
 import atexit
 import json
 import math
-import random
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from backend_lib.config import ConfigError
 from backend_lib.errors import InputError, QueueFullError
 from backend_lib.llm.core.engine import LLMEngine
 from backend_lib.llm.core.sampling_params import SamplingParams
-from tests.llm.conftest import llm_config
-from tooling.checkpoints import ARCHITECTURES, build_checkpoint
+from tests.llm.config_helpers import llm_config
+from tests.llm.engine_helpers import (
+    VOCAB,
+    assert_pool_released,
+    engine_checkpoint,
+    greedy,
+    make_engine,
+    output_ids,
+    random_prompt,
+)
+from tooling.checkpoints import ARCHITECTURES
 from tooling.hf_reference import hf_greedy
 
-VOCAB = 256  # tiny_checkpoints' vocab_size
-_SYLLABLES = [
-    "ka",
-    "ro",
-    "mi",
-    "te",
-    "lu",
-    "sa",
-    "ven",
-    "tor",
-    "al",
-    "is",
-    "qu",
-    "bre",
-    "on",
-    "di",
-    "ex",
-    "po",
-    "ga",
-    "ny",
-    "shi",
-    "zu",
-]
-
-
-# --- shared helpers --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def single_torch_thread():
-    """One intra-op thread: on a shared, loaded machine a second OpenMP thread makes every tiny
-    op wait for a time slice (100x slower steps); tiny models gain nothing from it."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
-
-
-def tiny_tokenizer() -> Tokenizer:
-    """A SentencePiece-style BPE (Metaspace) with exactly VOCAB tokens, <s>=1 prepended like
-    Llama's; every token decodes to clean ASCII, so random outputs have readable text."""
-    rng = random.Random(0)
-    words = ["".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(400)]
-    corpus = [
-        " ".join(rng.choice(words) for _ in range(12)) + rng.choice(".,!?") for _ in range(200)
-    ]
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(
-        corpus, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>"])
-    )
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    assert tok.get_vocab_size() == VOCAB
-    return tok
-
-
-def _save_tokenizer(out_dir: Path) -> None:
-    tiny_tokenizer().save(str(out_dir / "tokenizer.json"))
-    (out_dir / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "bos_token": "<s>",
-                "eos_token": "</s>",
-                "unk_token": "<unk>",
-            }
-        )
-    )
-
-
-_BUILT: dict[str, tuple[Path, transformers.PreTrainedModel]] = {}
-
-
-def engine_checkpoint(arch: str) -> tuple[Path, transformers.PreTrainedModel]:
-    """(dir, HF model) of a tiny `arch` checkpoint with a tokenizer; built once per process."""
-    if arch not in _BUILT:
-        out = Path(tempfile.mkdtemp(prefix=f"engine-{arch}-"))
-        atexit.register(shutil.rmtree, out, ignore_errors=True)
-        model = build_checkpoint(arch, out)
-        _save_tokenizer(out)
-        _BUILT[arch] = (out, model)
-    return _BUILT[arch]
-
-
-def make_engine(model_dir: Path, **overrides: Any) -> LLMEngine:
-    """Engine on CPU, float32, PyTorch kernels, block 8, 64 blocks, max_model_len 128."""
-    return LLMEngine(llm_config(model_dir, **overrides), model_dir, torch.device("cpu"))
-
-
-def random_prompt(length: int, seed: int) -> list[int]:
-    """Token ids avoiding the special tokens 0-2."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(3, VOCAB, (length,), generator=gen).tolist()
-
-
-def greedy(max_tokens: int | None, **kwargs: Any) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kwargs)
-
-
-def assert_pool_released(engine: LLMEngine) -> None:
-    """Nothing left running and every KV block back: ref counts 0, free (cached or not) == pool."""
-    assert not engine.has_unfinished_requests()
-    assert not engine.scheduler.has_unfinished()
-    kv = engine.scheduler.kv_cache_manager
-    for pool in (kv.pool, kv.host_pool):
-        assert all(block.ref_count == 0 for block in pool.blocks)
-        assert pool.num_free_blocks == pool.num_blocks
-        assert pool.num_cached_blocks <= pool.num_blocks
-    assert engine.stats().kv_cache_usage == 0.0
-
-
-def output_ids(
-    engine: LLMEngine, prompts: list[list[int]], params: SamplingParams
-) -> list[list[int]]:
-    return [out.outputs[0].token_ids for out in engine.generate(prompts, params)]
 
 
 # --- fidelity ------------------------------------------------------------------------------
@@ -558,24 +441,3 @@ def test_from_config_resolves_relative_model_path(tmp_path):
     assert output_ids(engine, [prompt], greedy(3)) == [hf_greedy(hf, prompt, 3)]
     with pytest.raises(ConfigError, match="model"):
         LLMEngine.from_config(llm_config(Path("missing")), tmp_path, torch.device("cpu"))
-
-
-@pytest.mark.slow
-def test_bench_engine_quick_writes_agreeing_results(tmp_path):
-    """scripts/bench_engine.py --quick end to end: every system gives the engine's greedy tokens."""
-    out = tmp_path / "engine.json"
-    result = subprocess.run(
-        [sys.executable, "scripts/bench_engine.py", "--quick", "--threads", "1", "--out", str(out)],
-        cwd=Path(__file__).resolve().parents[2],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads(out.read_text())
-    assert set(report["output_tokens_per_second"]) == {"engine", "hf_static", "hf_continuous"}
-    assert all(rate > 0 for rate in report["output_tokens_per_second"].values())
-    for name in ("engine", "hf_static", "hf_continuous"):
-        assert report["fidelity_vs_generate"][name]["requests"] == 1.0
-    assert all(a["requests"] == 1.0 for a in report["agreement_with_engine"].values())
-    assert 0 < report["model_forward_share"] <= 1

@@ -14,26 +14,17 @@ from backend_lib.errors import InputError, QueueFullError
 from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.core.stats import EngineStats
 from backend_lib.llm.serving.engine_loop import EngineLoop
-from tests.llm.test_engine import (  # noqa: F401 (single_torch_thread is a fixture)
+from tests.llm.engine_helpers import (
     assert_pool_released,
     engine_checkpoint,
     greedy,
     make_engine,
     random_prompt,
-    single_torch_thread,
 )
+from tests.llm.engine_loop_helpers import TIMEOUT, collect
 from tooling.hf_reference import hf_greedy
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
-TIMEOUT = 60  # seconds; a hang fails the test instead of blocking the suite
-
-
-def _collect(stream) -> list:
-    outputs = []
-    while True:
-        outputs.append(stream.get(timeout=TIMEOUT))
-        if outputs[-1].finished:
-            return outputs
 
 
 def _hold_after_first_step(event: threading.Event):
@@ -99,12 +90,12 @@ def test_abort_mid_stream_frees_blocks_and_unknown_ids_are_ignored():
     loop.abort("long")
     aborted.set()
     loop.abort("never-submitted")
-    rest = _collect(stream)
+    rest = collect(stream)
     assert rest[-1].outputs[0].finish_reason == "abort"
     assert len(rest[-1].outputs[0].token_ids) < 100
     loop.abort("long")  # finished: a no-op
     after = loop.submit("after", None, greedy(3), prompt_token_ids=random_prompt(5, 2))
-    assert _collect(after)[-1].outputs[0].finish_reason == "length"
+    assert collect(after)[-1].outputs[0].finish_reason == "length"
     loop.stop()
     assert_pool_released(engine)
 
@@ -112,17 +103,18 @@ def test_abort_mid_stream_frees_blocks_and_unknown_ids_are_ignored():
 def test_bad_input_raises_in_the_callers_thread():
     model_dir, _ = engine_checkpoint("LlamaForCausalLM")
     loop = EngineLoop(make_engine(model_dir))
-    loop.start()
     with pytest.raises(InputError, match="empty"):
         loop.submit("empty", "", greedy(4))
     with pytest.raises(InputError, match="max_model_len"):
         loop.submit("long", None, greedy(4), prompt_token_ids=random_prompt(128, 3))
     with pytest.raises(InputError, match="logprobs"):
         loop.submit("lp", "ka", SamplingParams(logprobs=1000))
+    # Before start, so "ok" cannot finish (and free its id) before the duplicate arrives.
     stream = loop.submit("ok", "ka ro", greedy(2))
     with pytest.raises(InputError, match="already"):
         loop.submit("ok", "ka ro", greedy(2))
-    assert _collect(stream)[-1].error is None
+    loop.start()
+    assert collect(stream)[-1].error is None
     loop.stop()
     with pytest.raises(RuntimeError, match="stopped"):
         loop.submit("late", "ka", greedy(2))
@@ -139,7 +131,7 @@ def test_queue_limit_is_enforced_at_submit_and_stop_closes_every_stream():
         streams[0].get(timeout=0.05)
     loop.stop()
     for stream in streams:
-        (final,) = _collect(stream)
+        (final,) = collect(stream)
         assert final.finished and final.outputs[0].finish_reason == "abort"
     assert_pool_released(engine)
 
@@ -159,7 +151,7 @@ def test_fault_in_one_request_fails_only_its_stream():
     streams = {
         rid: loop.submit(rid, None, greedy(5), prompt_token_ids=p) for rid, p in prompts.items()
     }
-    bad, good = _collect(streams["bad"])[-1], _collect(streams["good"])[-1]
+    bad, good = collect(streams["bad"])[-1], collect(streams["good"])[-1]
     assert bad.error == "ValueError: broken detokenizer"
     assert bad.outputs[0].finish_reason == "error"
     assert good.error is None and good.outputs[0].token_ids == hf_greedy(hf, prompts["good"], 5)
@@ -178,7 +170,7 @@ def test_stop_aborts_running_requests():
     stream.get(timeout=TIMEOUT)
     threading.Timer(0.05, stopping.set).start()  # lets the step in flight end after stop()
     loop.stop(timeout=TIMEOUT)
-    assert _collect(stream)[-1].outputs[0].finish_reason == "abort"
+    assert collect(stream)[-1].outputs[0].finish_reason == "abort"
     assert_pool_released(engine)
 
 
@@ -195,11 +187,11 @@ def test_unexpected_engine_error_fails_open_streams_and_loop_keeps_serving():
     engine.step = buggy_step
     loop = EngineLoop(engine)
     loop.start()
-    final = _collect(loop.submit("a", None, greedy(5), prompt_token_ids=random_prompt(7, 7)))[-1]
+    final = collect(loop.submit("a", None, greedy(5), prompt_token_ids=random_prompt(7, 7)))[-1]
     assert final.error == "engine failure: RuntimeError: engine bug"
     assert final.outputs[0].finish_reason == "error"
     prompt = random_prompt(8, 8)
-    final = _collect(loop.submit("b", None, greedy(4), prompt_token_ids=prompt))[-1]
+    final = collect(loop.submit("b", None, greedy(4), prompt_token_ids=prompt))[-1]
     assert final.error is None and final.outputs[0].token_ids == hf_greedy(hf, prompt, 4)
     loop.stop()
     assert_pool_released(engine)

@@ -10,15 +10,14 @@ import time
 import pytest
 
 from backend_lib.llm.serving.engine_loop import EngineLoop
-from tests.llm.test_engine import (  # noqa: F401 (single_torch_thread is a fixture)
+from tests.llm.engine_helpers import (
     assert_pool_released,
     engine_checkpoint,
     greedy,
     make_engine,
     random_prompt,
-    single_torch_thread,
 )
-from tests.llm.test_engine_loop import _collect
+from tests.llm.engine_loop_helpers import collect
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 QUEUE = 2
@@ -51,7 +50,7 @@ def test_a_submitted_request_enters_after_the_queue_drains_instead_of_failing():
     loop, engine, stream = loop_with_engine_queue_refilled_after_submit(prompt)
     loop.start()
     try:
-        final = _collect(stream)[-1]
+        final = collect(stream)[-1]
         assert final.error is None
         assert final.outputs[0].finish_reason == "length"
         assert final.outputs[0].token_ids == expected.outputs[0].token_ids
@@ -65,7 +64,7 @@ def test_aborting_a_request_that_waits_for_admission_ends_it():
     loop.abort("late")  # handled in the same iteration that finds the engine queue full
     loop.start()
     try:
-        final = _collect(stream)[-1]
+        final = collect(stream)[-1]
         assert final.error is None and final.outputs[0].finish_reason == "abort"
     finally:
         stop_when_fillers_finished(loop, engine)

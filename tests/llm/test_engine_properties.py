@@ -11,13 +11,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tests.llm.test_engine import (  # noqa: F401 (single_torch_thread is a fixture)
+from tests.llm.engine_helpers import (
     assert_pool_released,
     engine_checkpoint,
     greedy,
     make_engine,
     random_prompt,
-    single_torch_thread,
 )
 from tooling.hf_reference import hf_greedy
 

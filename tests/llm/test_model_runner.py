@@ -12,8 +12,9 @@ from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.core.scheduler import Scheduler
 from backend_lib.llm.core.sequence import Sequence
 from backend_lib.llm.execution.kv_pool import GIB, KVCacheSpec, KVPool, gpu_kv_cache_bytes
+from backend_lib.llm.execution.loader import read_checkpoint_info
 from backend_lib.llm.execution.model_runner import resolve_max_model_len
-from tests.llm.conftest import BLOCK_SIZE
+from tests.llm.config_helpers import BLOCK_SIZE
 from tooling.hf_reference import hf_greedy, hf_next_logits
 
 SPEC = KVCacheSpec(
@@ -118,6 +119,19 @@ def test_max_model_len_defaults_to_checkpoint_limit(checkpoint, make_runner):
     assert resolve_max_model_len(40, 128) == 40
     with pytest.raises(ConfigError, match="max_model_len"):
         resolve_max_model_len(129, 128)
+
+
+def test_checkpoint_info_reads_limits_and_eos_ids(checkpoint, tmp_path):
+    model_dir, hf = checkpoint("LlamaForCausalLM")
+    info = read_checkpoint_info(model_dir)
+    assert info.max_position_embeddings == hf.config.max_position_embeddings
+    assert info.eos_token_ids == (hf.config.eos_token_id,)
+    assert info.weight_files == (model_dir / "model.safetensors",)
+    # generation_config.json's eos_token_id (an int or a list) wins over config.json's.
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).symlink_to(model_dir / name)
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": [7, 9]}')
+    assert read_checkpoint_info(tmp_path).eos_token_ids == (7, 9)
 
 
 def test_cpu_pool_sized_from_memory_settings(checkpoint, make_runner):

@@ -12,7 +12,7 @@ from backend_lib.config import ConfigError
 from backend_lib.llm.execution.attention import select_kernel_ops
 from backend_lib.llm.execution.loader import load_model
 from backend_lib.llm.execution.models import supported_architectures
-from tests.llm.conftest import BLOCK_SIZE
+from tests.llm.config_helpers import BLOCK_SIZE
 from tooling.checkpoints import build_checkpoint
 from tooling.hf_reference import hf_greedy, hf_next_logits
 

@@ -4,48 +4,14 @@ their normal output and the KV pool is released. Without the variable nothing is
 
 from __future__ import annotations
 
-import json
-
-import numpy as np
 import pytest
-import torch
 
 from backend_lib.llm.serving.service import FAULT_INJECTION_ENV, LLMService
-from backend_lib.model_context import ModelContext
-from tests.llm.test_engine import (  # noqa: F401 (single_torch_thread is a fixture)
-    assert_pool_released,
-    engine_checkpoint,
-    greedy,
-    make_engine,
-    single_torch_thread,
-)
+from tests.llm.engine_helpers import assert_pool_released, engine_checkpoint
+from tests.llm.service_helpers import PROMPTS, expected_texts, inputs, service_from_context
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 MARKER = "kaboom"
-PROMPTS = ["karo mite lusa ven", "tor al is qu bre"]
-MAX_TOKENS = 8
-
-
-def service_from_context(model_dir) -> LLMService:
-    parameters = {
-        "model": str(model_dir),
-        "dtype": "float32",
-        "kernel_backend": "torch",
-        "block_size": "8",
-        "num_blocks": "64",
-        "max_model_len": "128",
-    }
-    context = ModelContext("llm", "1", model_dir, torch.device("cpu"), parameters, {})
-    return LLMService.from_context(context, None)
-
-
-def inputs(prompt: str) -> dict[str, np.ndarray]:
-    params = json.dumps({"temperature": 0, "max_tokens": MAX_TOKENS, "ignore_eos": True})
-    return {
-        "text_input": np.array([prompt.encode()], dtype=object),
-        "stream": np.array([True]),
-        "sampling_parameters": np.array([params.encode()], dtype=object),
-    }
 
 
 def collect(service: LLMService, job) -> tuple[str, Exception | None]:
@@ -56,12 +22,6 @@ def collect(service: LLMService, job) -> tuple[str, Exception | None]:
             return text, result
         text += b"".join(result["text_output"]).decode()
     return text, None
-
-
-def expected_texts(model_dir) -> list[str]:
-    engine = make_engine(model_dir)
-    outputs = engine.generate(PROMPTS, greedy(MAX_TOKENS))
-    return [output.outputs[0].text for output in outputs]
 
 
 def test_marked_request_fails_alone_and_the_pool_is_released(monkeypatch):

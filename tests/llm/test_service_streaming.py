@@ -8,12 +8,8 @@ import time
 
 import pytest
 
-from tests.llm.test_engine import (  # noqa: F401 (single_torch_thread is a fixture)
-    assert_pool_released,
-    engine_checkpoint,
-    single_torch_thread,
-)
-from tests.llm.test_service_fault_hook import (
+from tests.llm.engine_helpers import assert_pool_released, engine_checkpoint
+from tests.llm.service_helpers import (
     MAX_TOKENS,
     PROMPTS,
     expected_texts,

@@ -10,17 +10,23 @@ read-offset technique of HF text-generation-inference and vLLM.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import tokenizers
 
 from backend_lib.llm.core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # annotations only: importing transformers is slow
+    from transformers import PreTrainedTokenizerBase
 
 # Prompt tokens decoded with the output so the first output token gets its context (leading space).
 _PROMPT_CONTEXT_TOKENS = 5
 _REPLACEMENT_CHAR = "\ufffd"
 
 
-def _decode_fn(tokenizer, skip_special_tokens: bool) -> Callable[[list[int]], str]:
+def _decode_fn(
+    tokenizer: tokenizers.Tokenizer | PreTrainedTokenizerBase, skip_special_tokens: bool
+) -> Callable[[list[int]], str]:
     """ids -> text for a `tokenizers.Tokenizer` or a transformers tokenizer.
 
     A fast transformers tokenizer is decoded by its backend: transformers' extra
@@ -47,7 +53,12 @@ class IncrementalDetokenizer:
     `min_tokens` tokens have been added.
     """
 
-    def __init__(self, tokenizer, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+    def __init__(
+        self,
+        tokenizer: tokenizers.Tokenizer | PreTrainedTokenizerBase,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+    ) -> None:
         self._decode = _decode_fn(tokenizer, params.skip_special_tokens)
         self._stops: list[str] = list(params.stop or ())
         self._include_stop = params.include_stop_str_in_output

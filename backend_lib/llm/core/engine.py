@@ -27,26 +27,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from backend_lib.checkpoint import HF_OFFLINE_KWARGS, resolve_model_path
+from backend_lib.config import require
 from backend_lib.errors import InputError
 from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.detokenizer import IncrementalDetokenizer
 from backend_lib.llm.core.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from backend_lib.llm.core.sampling_params import SamplingParams
-from backend_lib.llm.core.scheduler import Scheduler, SchedulerOutput
+from backend_lib.llm.core.scheduler import Scheduler, SchedulerOutput, check_prompt_fits
 from backend_lib.llm.core.sequence import Sequence, SequenceStatus
 from backend_lib.llm.core.stats import EngineStats, FinishedRequest, StatsCollector
+from backend_lib.llm.execution.loader import read_checkpoint_info
 from backend_lib.llm.execution.model_runner import ModelOutput, ModelRunner
 from backend_lib.llm.execution.sampler import TokenLogprobs
 
 logger = logging.getLogger(__name__)
 
-MAX_LOGPROBS = 20
-"""Most top logprobs a request may ask for (vLLM's default max_logprobs)."""
-MAX_N = 64
-"""Most parallel samples per request."""
 _SEED_MODULUS = 2**64  # child i of a seeded request uses (seed + i) mod 2**64
 
 
@@ -94,20 +92,33 @@ class LLMEngine:
     """Continuous-batching generation over one model replica (see module docstring)."""
 
     def __init__(
-        self, config: LLMConfig, model_dir: str | Path, device: torch.device, tokenizer=None
+        self,
+        config: LLMConfig,
+        model_dir: str | Path,
+        device: torch.device,
+        tokenizer: PreTrainedTokenizerBase | None = None,
     ) -> None:
+        """Load the checkpoint in `model_dir` (already resolved; see `from_config`) on `device`.
+        Request limits (max_n, max_logprobs, max_queue_size, ...) all come from `config`."""
         self.config = config
         self.device = torch.device(device)
-        self.runner = ModelRunner(config, self.device, model_dir)
+        checkpoint = read_checkpoint_info(model_dir)
+        self.runner = ModelRunner(config, self.device, checkpoint)
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
         self.max_model_len = self.runner.max_model_len
         self.vocab_size = self.runner.model.args.vocab_size
+        require(
+            config.max_logprobs <= self.vocab_size,
+            "max_logprobs",
+            config.max_logprobs,
+            f"exceeds the checkpoint's vocabulary ({self.vocab_size} tokens)",
+        )
         self.scheduler = Scheduler(
             config,
             self.runner.num_blocks,
             self.runner.num_host_blocks,
             self.max_model_len,
-            self.runner.sampler.eos_token_ids,
+            checkpoint.eos_token_ids,
         )
         # transformers may reconfigure the Rust tokenizer inside a call (truncation, padding);
         # concurrent callers of prepare_request must not interleave there.
@@ -147,7 +158,7 @@ class LLMEngine:
             raise InputError(f"request_id must be a non-empty string, got {request_id!r}")
         if not isinstance(params, SamplingParams):
             raise InputError(f"params must be SamplingParams, got {type(params).__name__}")
-        params.validate(max_logprobs=min(MAX_LOGPROBS, self.vocab_size), max_n=MAX_N)
+        params.validate(max_logprobs=self.config.max_logprobs, max_n=self.config.max_n)
         self._check_token_ids("stop_token_ids", params.stop_token_ids or [])
         if prompt_token_ids is not None:
             ids = list(prompt_token_ids)
@@ -158,12 +169,7 @@ class LLMEngine:
             raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
         if not ids:
             raise InputError("the prompt is empty")
-        if len(ids) >= self.max_model_len:
-            raise InputError(
-                f"the prompt has {len(ids)} tokens, but max_model_len is "
-                f"{self.max_model_len} (prompt plus output); at least one token must "
-                "remain for the output"
-            )
+        check_prompt_fits(len(ids), self.max_model_len)
         return PreparedRequest(request_id, prompt, ids, params, arrival_time)
 
     def add_prepared(self, prepared: PreparedRequest) -> None:
@@ -215,10 +221,6 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
-
-    @property
-    def num_unfinished_requests(self) -> int:
-        return len(self._requests)
 
     def stats(self) -> EngineStats:
         """Gauges and counters now, plus the observations since the previous call (drained)."""
@@ -509,7 +511,7 @@ class LLMEngine:
                 )
 
 
-def load_tokenizer(model_dir: str | Path):
+def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
     """The checkpoint's fast tokenizer, configured as HF configures it (BOS and all)."""
     return AutoTokenizer.from_pretrained(str(model_dir), **HF_OFFLINE_KWARGS)
 

@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import math
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,12 +163,13 @@ class SamplingParams:
 
     @classmethod
     def from_dict(
-        cls, d: dict[str, Any], *, max_logprobs: int = 20, max_n: int = 64
+        cls, d: dict[str, Any], *, max_logprobs: int | None = None, max_n: int | None = None
     ) -> SamplingParams:
         """Build from a JSON object as clients of Triton's vLLM backend send it.
 
         Numbers and booleans may arrive as strings ("100", "0.7", "false"); `stop` may be a string
-        or a list. Unknown fields and values of the wrong type raise InputError.
+        or a list. Unknown fields and values of the wrong type raise InputError. The limits are
+        the deployment's (`LLMConfig.max_logprobs`, `LLMConfig.max_n`); None leaves one unchecked.
         """
         if not isinstance(d, dict):
             raise InputError(f"sampling parameters must be a JSON object, got {type(d).__name__}")
@@ -214,7 +216,7 @@ def _parse_field(key: str, raw: Any, annotation: Any) -> Any:
     return parser(key, raw)
 
 
-def _parse_list(key: str, raw: Any, parse_item) -> list:
+def _parse_list(key: str, raw: Any, parse_item: Callable[[str, Any], Any]) -> list:
     if not isinstance(raw, list):
         raise InputError(f"{key} must be a list, got {raw!r}")
     return [parse_item(key, item) for item in raw]

@@ -36,6 +36,16 @@ from backend_lib.llm.core.kv_cache_manager import KVCacheManager
 from backend_lib.llm.core.sequence import Sequence, SequenceStatus
 
 
+def check_prompt_fits(num_prompt_tokens: int, max_model_len: int) -> None:
+    """InputError unless a prompt of this many tokens leaves room for one output token."""
+    if num_prompt_tokens >= max_model_len:
+        raise InputError(
+            f"the prompt has {num_prompt_tokens} tokens, but max_model_len is "
+            f"{max_model_len} (prompt plus output); at least one token must "
+            "remain for the output"
+        )
+
+
 @dataclass
 class ScheduledSequence:
     """One sequence's share of a step: compute positions
@@ -134,12 +144,7 @@ class Scheduler:
         """Queue a new sequence. Raises InputError (prompt too long) or QueueFullError."""
         if seq.num_prompt_tokens < 1 or seq.num_tokens != seq.num_prompt_tokens:
             raise InputError("the prompt must have at least one token")
-        if seq.num_prompt_tokens >= self.max_model_len:
-            raise InputError(
-                f"the prompt has {seq.num_prompt_tokens} tokens, but max_model_len is "
-                f"{self.max_model_len} (prompt plus output); at least one token must "
-                "remain for the output"
-            )
+        check_prompt_fits(seq.num_prompt_tokens, self.max_model_len)
         if len(self.waiting) >= self.config.max_queue_size:
             raise QueueFullError(
                 f"queue full: {len(self.waiting)} requests waiting "
@@ -180,7 +185,7 @@ class Scheduler:
         self._check_stop(child)
 
     def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
-        """Retire a sequence ("stop", "length" or "abort") and free its blocks at once.
+        """Retire a sequence ("stop", "length", "abort" or "error") and free its blocks at once.
 
         On an already finished sequence only the reasons are replaced (e.g. a stop string found
         in the token that also reached max_tokens), except that an abort stays an abort.

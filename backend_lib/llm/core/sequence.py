@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from backend_lib.llm.core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # for an annotation only: a Sequence is plain data
+    import torch
 
 
 class SequenceStatus(enum.Enum):
@@ -39,14 +42,15 @@ class Sequence:
     """Device KV block ids covering positions [0, num_computed_tokens + tokens scheduled)."""
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
-    """"stop" | "length" | "abort"."""
+    """"stop" | "length" | "abort" | "error"."""
     stop_reason: int | str | None = None
     """The stop token id or stop string that finished the sequence, if any (vLLM's stop_reason)."""
     num_cached_prompt_tokens: int = 0
     """Prefix-cache hit, in tokens, at the first admission."""
     num_preemptions: int = 0
-    generator: Any = None
-    """Per-sequence sampling state owned by the runner (e.g. a torch.Generator for seeded requests)."""
+    generator: torch.Generator | None = None
+    """Random stream of a seeded request: the runner seeds a parent's, the engine a forked child's
+    (None: unseeded, or not sampled yet)."""
 
     @property
     def num_tokens(self) -> int:

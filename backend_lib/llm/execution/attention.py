@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels import KernelOps, kernel_ops, resolve_kernel_backend
+from backend_lib.llm.execution.kernel_backend import resolve_kernel_backend
+from kernels import KernelOps, kernel_ops
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 """One layer's (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim]."""

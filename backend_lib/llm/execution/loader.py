@@ -1,27 +1,83 @@
-"""Load a local Hugging Face checkpoint directory into one of the registered model classes.
+"""Read a local Hugging Face checkpoint directory and load it into a registered model class.
 
-Only local files, only safetensors (pickle `.bin` weights are refused: unpickling can run
-code), never remote code. Tensors go straight from the file to the target device, then are
-cast into the preallocated parameters one at a time.
+`read_checkpoint_info` is where the engine learns a checkpoint's facts (architecture, position
+limit, EOS ids, weight files); `load_model` builds the model from them. Only local files, only
+safetensors (pickle weights are refused: unpickling can run code), never remote code. Tensors go
+straight from the file to the target device, then are cast into the preallocated parameters one
+at a time.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch
 from safetensors import safe_open
 
+from backend_lib.checkpoint import safetensors_files
 from backend_lib.config import ConfigError
 from backend_lib.linear import pack_linear_layers
 from backend_lib.llm.execution.models import MODEL_REGISTRY, supported_architectures
+from backend_lib.llm.execution.models.llama import DEFAULT_MAX_POSITION_EMBEDDINGS
 from kernels import KernelOps
 
-_INDEX_FILE = "model.safetensors.index.json"
-_SINGLE_FILE = "model.safetensors"
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What the engine needs to know about a checkpoint directory, read once from its files."""
+
+    model_dir: Path
+    hf_config: Mapping[str, Any]
+    """config.json as parsed (a read-only view)."""
+    model_class: type[torch.nn.Module]
+    """The registered model class for config.json's `architectures[0]`."""
+    max_position_embeddings: int
+    """Longest sequence (prompt plus output) the model was trained for, in tokens; config.json's
+    value, 2048 when it has none."""
+    eos_token_ids: tuple[int, ...]
+    """Tokens that end generation: generation_config.json's eos_token_id, else config.json's;
+    empty when neither has one."""
+    weight_files: tuple[Path, ...]
+    """The safetensors files holding the weights (see `backend_lib.checkpoint.safetensors_files`)."""
+
+
+def read_checkpoint_info(model_dir: str | Path) -> CheckpointInfo:
+    """Read config.json, generation_config.json and the weight file names of `model_dir`.
+
+    Raises ConfigError("model", ...) for a missing config.json, an unsupported architecture or
+    missing (or only pickle) weights.
+    """
+    root = Path(model_dir)
+    cfg = load_hf_config(root)
+    return CheckpointInfo(
+        model_dir=root,
+        hf_config=MappingProxyType(cfg),
+        model_class=model_class_for(cfg, root),
+        max_position_embeddings=int(
+            cfg.get("max_position_embeddings", DEFAULT_MAX_POSITION_EMBEDDINGS)
+        ),
+        eos_token_ids=_eos_token_ids(root, cfg),
+        weight_files=tuple(safetensors_files(root)),
+    )
+
+
+def _eos_token_ids(model_dir: Path, hf_config: Mapping[str, Any]) -> tuple[int, ...]:
+    """generation_config.json's eos_token_id, else config.json's (either an int or a list)."""
+    eos = None
+    gen_path = model_dir / "generation_config.json"
+    if gen_path.is_file():
+        with open(gen_path, encoding="utf-8") as f:
+            eos = json.load(f).get("eos_token_id")
+    if eos is None:
+        eos = hf_config.get("eos_token_id")
+    if eos is None:
+        return ()
+    return (eos,) if isinstance(eos, int) else tuple(eos)
 
 
 def load_hf_config(model_dir: str | Path) -> dict[str, Any]:
@@ -33,7 +89,7 @@ def load_hf_config(model_dir: str | Path) -> dict[str, Any]:
         return json.load(f)
 
 
-def model_class_for(cfg: dict[str, Any], model_dir: str | Path = "") -> type[torch.nn.Module]:
+def model_class_for(cfg: Mapping[str, Any], model_dir: str | Path = "") -> type[torch.nn.Module]:
     """The registered class for `architectures[0]`; a clear error for anything else."""
     archs = cfg.get("architectures") or []
     arch = archs[0] if archs else None
@@ -48,29 +104,9 @@ def model_class_for(cfg: dict[str, Any], model_dir: str | Path = "") -> type[tor
     return MODEL_REGISTRY[arch]
 
 
-def safetensors_files(model_dir: str | Path) -> list[Path]:
-    """Weight files: the shards named by the index, or the single `model.safetensors`."""
-    root = Path(model_dir)
-    index = root / _INDEX_FILE
-    if index.is_file():
-        with open(index, encoding="utf-8") as f:
-            weight_map = json.load(f)["weight_map"]
-        return [root / name for name in sorted(set(weight_map.values()))]
-    if (root / _SINGLE_FILE).is_file():
-        return [root / _SINGLE_FILE]
-    if any(root.glob("*.bin")) or any(root.glob("*.pt")) or any(root.glob("*.pth")):
-        raise ConfigError(
-            "model",
-            str(model_dir),
-            "only safetensors weights are loaded; pickle (.bin/.pt) checkpoints are "
-            "refused because unpickling can execute code: convert them to safetensors",
-        )
-    raise ConfigError(
-        "model", str(model_dir), f"no {_SINGLE_FILE} or {_INDEX_FILE} in the checkpoint directory"
-    )
-
-
-def iter_safetensors(files: list[Path], device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_safetensors(
+    files: Iterable[Path], device: torch.device
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for every tensor of every file, each loaded directly onto `device`."""
     for path in files:
         with safe_open(str(path), framework="pt", device=str(device)) as f:
@@ -79,7 +115,7 @@ def iter_safetensors(files: list[Path], device: torch.device) -> Iterator[tuple[
 
 
 def load_model(
-    model_dir: str | Path,
+    checkpoint: CheckpointInfo | str | Path,
     device: torch.device,
     dtype: torch.dtype,
     ops: KernelOps,
@@ -88,23 +124,30 @@ def load_model(
 ) -> torch.nn.Module:
     """Build the checkpoint's model on `device` in `dtype` and load its weights.
 
-    `max_position` sizes the rotary table (default: the checkpoint's max_position_embeddings).
-    On CPU the projections' weights are then pre-packed for oneDNN (`backend_lib.linear`) unless
-    `pack_linear_weights` is False.
+    `checkpoint` is a CheckpointInfo already read, or its directory. `max_position` sizes the
+    rotary table (default: the checkpoint's max_position_embeddings). On CPU the projections'
+    weights are then pre-packed for oneDNN (`backend_lib.linear`) unless `pack_linear_weights`
+    is False.
     """
-    cfg = load_hf_config(model_dir)
-    model_cls = model_class_for(cfg, model_dir)
+    info = as_checkpoint_info(checkpoint)
+    model_cls = info.model_class
     try:
-        args = model_cls.args_from_config(cfg)
+        args = model_cls.args_from_config(info.hf_config)
     except (KeyError, ValueError) as e:
-        raise ConfigError("model", str(model_dir), f"bad config.json: {e}") from e
-    files = safetensors_files(model_dir)
+        raise ConfigError("model", str(info.model_dir), f"bad config.json: {e}") from e
     # Parameters start on the meta device (no memory, no random init), then get real storage.
     with torch.device("meta"):
         model = model_cls(args, ops, device, max_position)
     model = model.to(dtype).to_empty(device=device)
     model.tie_weights()  # to_empty gives tied parameters separate storage
-    model.load_weights(iter_safetensors(files, device))
+    model.load_weights(iter_safetensors(info.weight_files, device))
     if pack_linear_weights:
         pack_linear_layers(model)
     return model.eval()
+
+
+def as_checkpoint_info(checkpoint: CheckpointInfo | str | Path) -> CheckpointInfo:
+    """`checkpoint` itself, or the info read from that directory."""
+    if isinstance(checkpoint, CheckpointInfo):
+        return checkpoint
+    return read_checkpoint_info(checkpoint)

@@ -12,11 +12,9 @@ its one generator), returned as `sampled[seq_id]` of length k. The engine then f
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -24,6 +22,8 @@ import torch
 from backend_lib.config import require
 from backend_lib.device import resolve_dtype
 from backend_lib.llm.config import LLMConfig
+from backend_lib.llm.core.scheduler import ScheduledSequence, SchedulerOutput
+from backend_lib.llm.core.sequence import Sequence
 from backend_lib.llm.execution.attention import AttentionMetadata, select_kernel_ops
 from backend_lib.llm.execution.kv_pool import (
     GIB,
@@ -33,7 +33,7 @@ from backend_lib.llm.execution.kv_pool import (
     check_fits_one_sequence,
     gpu_kv_cache_bytes,
 )
-from backend_lib.llm.execution.loader import load_hf_config, load_model
+from backend_lib.llm.execution.loader import CheckpointInfo, as_checkpoint_info, load_model
 from backend_lib.llm.execution.sampler import Sampler, SamplingRow, TokenLogprobs
 
 
@@ -71,21 +71,7 @@ def resolve_max_model_len(setting: int, max_position_embeddings: int) -> int:
     return setting
 
 
-def checkpoint_eos_token_ids(model_dir: str | Path, hf_config: Mapping[str, Any]) -> list[int]:
-    """EOS ids from generation_config.json, else config.json (either may hold an int or a list)."""
-    eos = None
-    gen_path = Path(model_dir) / "generation_config.json"
-    if gen_path.is_file():
-        with open(gen_path, encoding="utf-8") as f:
-            eos = json.load(f).get("eos_token_id")
-    if eos is None:
-        eos = hf_config.get("eos_token_id")
-    if eos is None:
-        return []
-    return [eos] if isinstance(eos, int) else list(eos)
-
-
-def row_layout(scheduled: list[Any]) -> list[Any]:
+def row_layout(scheduled: list[ScheduledSequence]) -> list[ScheduledSequence]:
     """The order of a step's sequences in the flattened batch: decodes first, longest context
     first, then longer chunks. The CPU attention then takes each group of similar-length decodes
     as a slice of consecutive rows (no gather of q, no scatter of the output)."""
@@ -102,21 +88,19 @@ class ModelRunner:
         self,
         config: LLMConfig,
         device: torch.device,
-        model_dir: str | Path,
-        eos_token_ids: Iterable[int] | None = None,
+        checkpoint: CheckpointInfo | str | Path,
     ):
+        """`checkpoint`: the loader's CheckpointInfo, or the directory to read it from."""
         self.config, self.device = config, device
+        self.checkpoint = as_checkpoint_info(checkpoint)
         self.dtype = resolve_dtype(config.dtype, device)
         self.block_size = config.block_size
-        hf_config = load_hf_config(model_dir)
         self.max_model_len = resolve_max_model_len(
-            config.max_model_len, int(hf_config.get("max_position_embeddings", 2048))
+            config.max_model_len, self.checkpoint.max_position_embeddings
         )
         self.ops = select_kernel_ops(config.kernel_backend, device)
-        self.model = load_model(model_dir, device, self.dtype, self.ops, self.max_model_len)
-        if eos_token_ids is None:
-            eos_token_ids = checkpoint_eos_token_ids(model_dir, hf_config)
-        self.sampler = Sampler(eos_token_ids, device, config.seed)
+        self.model = load_model(self.checkpoint, device, self.dtype, self.ops, self.max_model_len)
+        self.sampler = Sampler(self.checkpoint.eos_token_ids, device, config.seed)
         args = self.model.args
         self.kv_spec = KVCacheSpec(
             args.num_layers, args.num_kv_heads, args.head_dim, config.block_size, self.dtype
@@ -133,7 +117,9 @@ class ModelRunner:
 
     # --- one step ----------------------------------------------------------------------------
 
-    def execute(self, sched_out: Any, num_samples: Mapping[int, int] | None = None) -> ModelOutput:
+    def execute(
+        self, sched_out: SchedulerOutput, num_samples: Mapping[int, int] | None = None
+    ) -> ModelOutput:
         """Run one SchedulerOutput: block moves, forward, sampling. `num_samples` maps seq_id to
         how many tokens to sample from that sequence's row (default 1)."""
         self.apply_block_moves(sched_out)
@@ -154,7 +140,7 @@ class ModelRunner:
                 output.logprobs.setdefault(seq_id, []).append(logprob)
         return output
 
-    def apply_block_moves(self, sched_out: Any) -> None:
+    def apply_block_moves(self, sched_out: SchedulerOutput) -> None:
         """Swap out first (frees device blocks that swap-ins or copies may then reuse)."""
         self.kv_pool.swap_out(sched_out.blocks_to_swap_out)
         self.kv_pool.swap_in(sched_out.blocks_to_swap_in)
@@ -169,7 +155,7 @@ class ModelRunner:
             return self.model.compute_logits(hidden[batch.sample_indices])
 
     def prepare_input(
-        self, scheduled: list[Any], num_samples: Mapping[int, int] | None = None
+        self, scheduled: list[ScheduledSequence], num_samples: Mapping[int, int] | None = None
     ) -> ModelInput:
         """Flatten ScheduledSequences (seq, num_new_tokens) into one device batch."""
         num_samples = num_samples or {}
@@ -257,7 +243,7 @@ class ModelRunner:
         )
         return ModelInput(input_ids, positions_t, meta, samples, rows, seq_ids)
 
-    def _sampling_row(self, seq: Any) -> SamplingRow:
+    def _sampling_row(self, seq: Sequence) -> SamplingRow:
         params = seq.sampling_params
         if params.seed is not None and seq.generator is None:
             seq.generator = torch.Generator(device=self.device)

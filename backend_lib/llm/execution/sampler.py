@@ -14,20 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from backend_lib.llm.core.sampling_params import SAMPLING_EPS
+from backend_lib.llm.core.sampling_params import SAMPLING_EPS, SamplingParams
 
 
 @dataclass
 class SamplingRow:
     """One row of logits to sample: the request's SamplingParams and its token history."""
 
-    params: Any
-    """SamplingParams (vLLM fields: temperature, top_k, top_p, min_p, penalties, seed, min_tokens,
-    stop_token_ids, ignore_eos, logprobs)."""
+    params: SamplingParams
     token_ids: Sequence[int]
     """Prompt followed by the tokens generated so far."""
     num_prompt_tokens: int
@@ -58,9 +55,9 @@ class SamplerOutput:
     """Per row; None where the row's params.logprobs is None."""
 
 
-def _top_k(params: Any, vocab_size: int) -> int:
+def _top_k(params: SamplingParams, vocab_size: int) -> int:
     k = params.top_k
-    return vocab_size if k is None or k <= 0 else min(k, vocab_size)
+    return vocab_size if k <= 0 else min(k, vocab_size)
 
 
 def ban_stops_before_min_tokens(

@@ -1,7 +1,8 @@
 """The llm model's request handling: Triton request tensors in, engine loop, response tensors out.
 
 Semantics follow Triton's vLLM backend: a streaming request gets one response per engine step with only
-the new text, the last one final; a non-streaming request gets exactly one (final) response, with the
+the new text (outputs queued while the responder was busy merge into one response), the last one
+final; a non-streaming request gets exactly one (final) response, with the
 prompt prepended unless `exclude_input_in_output` is true. The extra outputs appear only when their
 `return_*` flag is set. model.py only moves these tensors in and out of `pb_utils`.
 """

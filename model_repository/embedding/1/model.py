@@ -1,7 +1,8 @@
 """Triton Python-backend entry point of the embedding model: Triton requests in, engine calls, responses out.
 
-Rendered from config_templates/encoder_model.py.j2 by scripts/add_model.py. All logic lives in
-`backend_lib.encoder` (tested without the server); this file only translates.
+Rendered from config_templates/encoder_model.py.j2 by tooling/repository.py
+(scripts/render_repository.py, scripts/add_model.py): edit the template, not this file.
+All logic lives in `backend_lib.encoder` (tested without the server); this file only translates.
 """
 
 import triton_python_backend_utils as pb_utils

@@ -1,8 +1,10 @@
 """Triton Python-backend entry point of the llm model (decoupled): requests in, engine loop, streamed
 responses out.
 
-Rendered from config_templates/llm_model.py.j2 by scripts/add_model.py. All logic lives in
-`backend_lib.llm` (tested without the server); this file only translates to and from `pb_utils`.
+Rendered from config_templates/llm_model.py.j2 by tooling/repository.py
+(scripts/render_repository.py, scripts/add_model.py): edit the template, not this file.
+All logic lives in `backend_lib.llm` (tested without the server); this file only translates to
+and from `pb_utils`.
 """
 
 import functools

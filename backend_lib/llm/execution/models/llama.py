@@ -20,6 +20,8 @@ from kernels import KernelOps
 from kernels.rotary import rope_cos_sin_cache
 
 _SUPPORTED_ACTIVATIONS = ("silu", "swish")
+DEFAULT_MAX_POSITION_EMBEDDINGS = 2048
+"""Position limit of a config.json that does not state one (transformers' usual default)."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,9 @@ class LlamaArgs:
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            max_position_embeddings=cfg.get(
+                "max_position_embeddings", DEFAULT_MAX_POSITION_EMBEDDINGS
+            ),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             sliding_windows=_sliding_windows(cfg, num_layers),
             qkv_bias=attention_bias,

@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """`make bench`: every benchmark in one run, then `summary.json`, a Markdown report and PNG plots.
 
-Each benchmark runs alone in its own process (`python scripts/bench_<name>.py --out ...`), one
-after another, so none competes with another for the CPU. Then each module's `report(result)` and
+Each benchmark runs alone in its own process (`python -m bench.<name> --out ...`), one after
+another, so none competes with another for the CPU. Then each module's `report(result)` and
 `plot(result, out_dir)` build the report. Results land in `--out-dir` (default bench/results/):
 
     <name>.json     one per benchmark (raw repeats, settings, machine)
@@ -10,12 +9,11 @@ after another, so none competes with another for the CPU. Then each module's `re
     report.md       summary table against the targets, then one section per benchmark
     <name>_*.png    plots
 
-    python scripts/bench_suite.py [--quick] [--gpu] [--only engine,prefix_cache] [--out-dir DIR]
-                                  [--report-only]
+    python -m bench [--quick] [--gpu] [--only engine,prefix_cache] [--out-dir DIR] [--report-only]
 
 --quick runs every benchmark at tiny sizes (what `make test` checks: it runs and writes valid
-results; its figures mean nothing). --gpu runs the GPU mode: CUDA, bfloat16, the scripts' larger
-models and the Triton kernels.
+results; its figures mean nothing). --gpu runs the GPU mode: CUDA, bfloat16, the benchmarks'
+larger models and the Triton kernels.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import math
 import subprocess
 import sys
 import threading
@@ -31,16 +28,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import machine_info, progress, write_result  # noqa: E402
+from bench.output import machine_info, progress, write_result
+from bench.summary import TARGETS, collect_summary, missed_targets, summary_table
 
-SCRIPTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
 class Benchmark:
     name: str
-    """scripts/bench_<name>.py writes <name>.json."""
+    """`python -m bench.<name>` writes <name>.json."""
     title: str
     full_args: tuple[str, ...] = ()
     """Arguments of the full (CPU) run, chosen so that the whole suite fits in 20 minutes on 2 cores."""
@@ -64,63 +61,6 @@ BENCHMARKS = (
 )
 
 
-@dataclass(frozen=True)
-class Target:
-    key: str
-    minimum: float
-    claim: str
-    when_missed: str = ""
-    """What limits this figure (from profiling), printed in the report when the target is missed."""
-
-
-TARGETS = (
-    Target(
-        "engine_vs_hf_static",
-        3.0,
-        "engine output tokens/s vs transformers static-batch generate",
-        "On CPU the model forward is ~97% of the engine's time; its projections (~60%) are the "
-        "same GEMMs transformers runs, already at the core's float32 peak (~100-110 GFLOP/s), so "
-        "the gain is the padding we do not compute. Attention is ~27%: decode attention gathers "
-        "the paged KV blocks per step on CPU (memory-bound; the Triton kernel reads blocks in "
-        "place on GPU). Transformers' time varies more between runs than ours.",
-    ),
-    Target(
-        "engine_vs_hf_generate_batch",
-        5.0,
-        "engine output tokens/s vs transformers generate_batch (continuous batching)",
-        "As for engine_vs_hf_static: the forward's GEMMs bound both systems on CPU.",
-    ),
-    Target("forward_time_share", 0.8, "share of engine wall time inside the model forward"),
-    Target(
-        "prefix_cache_ttft_reduction",
-        0.8,
-        "time-to-first-token cut by prefix caching (shared system prompt)",
-    ),
-    Target("kv_slot_utilization", 0.95, "tokens held / KV slots allocated at the engine's peak"),
-    Target(
-        "concurrency_gain_vs_preallocation",
-        3.0,
-        "sequences fitting a KV budget, paged vs preallocating max_model_len (2048)",
-    ),
-    Target(
-        "served_vs_direct",
-        0.9,
-        "output tokens/s through tritonserver vs the engine in-process",
-        "Inside the Python backend the engine steps slower under many streams: the client, the "
-        "server frontend, the stub's responder thread and the engine share the CPU cores, and "
-        "every response is a round trip to the server process (see the inter-token latencies).",
-    ),
-    Target(
-        "embedding_vs_sentence_transformers",
-        1.5,
-        "items/s vs SentenceTransformer.encode",
-        "GEMMs are ~80% of both systems' time and ours already run on packed weights without "
-        "padding; sentence-transformers sorts by length too, so there is little padding to save.",
-    ),
-    Target("rerank_vs_cross_encoder", 1.5, "items/s vs CrossEncoder.predict"),
-)
-
-
 def benchmark_args(bench: Benchmark, quick: bool, gpu: bool) -> list[str]:
     args = ["--quick"] if quick else list(bench.full_args)
     if gpu:
@@ -131,14 +71,8 @@ def benchmark_args(bench: Benchmark, quick: bool, gpu: bool) -> list[str]:
 
 
 def run_benchmark(bench: Benchmark, out: Path, args: list[str], timeout: float) -> str | None:
-    """Run one benchmark script; None on success, else what went wrong."""
-    command = [
-        sys.executable,
-        str(SCRIPTS_DIR / f"bench_{bench.name}.py"),
-        "--out",
-        str(out),
-        *args,
-    ]
+    """Run one benchmark in its own process; None on success, else what went wrong."""
+    command = [sys.executable, "-m", f"bench.{bench.name}", "--out", str(out.resolve()), *args]
     progress(f"{bench.name}: {' '.join(command[1:])}")
     log_path = out.with_suffix(".log")
     with log_path.open("w", encoding="utf-8") as log:
@@ -148,7 +82,7 @@ def run_benchmark(bench: Benchmark, out: Path, args: list[str], timeout: float) 
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            cwd=SCRIPTS_DIR.parent,
+            cwd=REPO_ROOT,
         )
         # A silent, hung benchmark must not hang the suite: a timer kills it.
         watchdog = threading.Timer(timeout, proc.kill)
@@ -170,48 +104,8 @@ def run_benchmark(bench: Benchmark, out: Path, args: list[str], timeout: float) 
 
 
 def load_module(name: str):
-    """The benchmark script as a module (for its report() and plot())."""
-    if str(SCRIPTS_DIR) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS_DIR))
-    return importlib.import_module(f"bench_{name}")
-
-
-def collect_summary(results: dict[str, dict]) -> tuple[dict[str, float], dict[str, str]]:
-    """Merge every result's "summary" dict; returns (figures, key -> benchmark that gave it)."""
-    figures: dict[str, float] = {}
-    sources: dict[str, str] = {}
-    for name, result in results.items():
-        for key, value in (result.get("summary") or {}).items():
-            if isinstance(value, int | float) and math.isfinite(value):
-                figures[key] = float(value)
-                sources[key] = name
-    return figures, sources
-
-
-def summary_table(figures: dict[str, float]) -> list[str]:
-    lines = ["| figure | measured | target | met | what |", "|---|---|---|---|---|"]
-    for target in TARGETS:
-        value = figures.get(target.key)
-        shown = "n/a" if value is None else f"{value:.3g}"
-        met = "n/a" if value is None else ("yes" if value >= target.minimum else "**no**")
-        lines.append(
-            f"| `{target.key}` | {shown} | >= {target.minimum:g} | {met} | {target.claim} |"
-        )
-    extra = sorted(set(figures) - {t.key for t in TARGETS})
-    lines += [f"| `{key}` | {figures[key]:.3g} | | | |" for key in extra]
-    return lines
-
-
-def missed_targets(figures: dict[str, float]) -> list[str]:
-    """Report lines explaining each missed target."""
-    lines = []
-    for target in TARGETS:
-        value = figures.get(target.key)
-        if value is not None and value < target.minimum and target.when_missed:
-            lines.append(
-                f"- `{target.key}` ({value:.3g} < {target.minimum:g}): {target.when_missed}"
-            )
-    return ["### Targets not met", "", *lines, ""] if lines else []
+    """The benchmark's module (for its report() and plot())."""
+    return importlib.import_module(f"bench.{name}")
 
 
 def write_report(
@@ -227,7 +121,7 @@ def write_report(
     lines = [
         "# Benchmark report",
         "",
-        f"Produced by `python scripts/bench_suite.py{' --quick' if args.quick else ''}"
+        f"Produced by `python -m bench{' --quick' if args.quick else ''}"
         f"{' --gpu' if args.gpu else ''}` ({mode}) on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         f"Machine: {machine.get('gpu') or machine.get('cpu')}, {machine.get('cpu_count')} CPUs, "
         f"torch {machine['versions'].get('torch')}, transformers {machine['versions'].get('transformers')}.",

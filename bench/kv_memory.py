@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """KV-cache memory: how much of the paged pool holds real tokens, and how many sequences fit.
 
 (a) Utilization: a mixed workload (prompts 32-512 tokens, outputs 32-256, greedy, EOS ignored,
@@ -18,7 +17,7 @@ pool_tokens // max_model_len sequences. Both at max_model_len 2048 and 8192.
 
 Block accounting does not depend on the model, so a small one is used.
 
-    python scripts/bench_kv_memory.py [--quick] [--threads 1]
+    python -m bench.kv_memory [--quick] [--threads 1]
 """
 
 from __future__ import annotations
@@ -28,24 +27,19 @@ import random
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_batching_spread import PRESETS as SPREAD_PRESETS  # noqa: E402
-from bench_common import bench_main, machine_info, progress, spread  # noqa: E402
-from bench_engine import Sizes, make_workload  # noqa: E402
-from bench_llm_common import (  # noqa: E402
-    add_common_args,
-    build_model,
-    greedy,
-    new_engine,
-    setup_torch,
-    summary_line,
-)
+from bench import cli, plots
+from bench.batching_spread import PRESETS as SPREAD_PRESETS
+from bench.llm import greedy, make_workload, new_engine
+from bench.output import machine_info, progress
+from bench.summary import summary_line, target
+from bench.timing import spread
+from tooling.checkpoints import Sizes, build_random_llama
 
 NAME = "kv_memory"
-UTILIZATION_TARGET = 0.95
+UTILIZATION_TARGET = target("kv_slot_utilization")
 MAX_MODEL_LENS = (2048, 8192)
 BLOCK_SIZE = 16
 
@@ -61,31 +55,13 @@ class Preset:
 
 
 _SMALL = SPREAD_PRESETS["quick"].sizes  # 0.7M parameters
+_MIXED = {"prompt_len": (32, 512), "output_len": (32, 256)}
 PRESETS = {
     "quick": Preset(
-        Sizes(**{**asdict(_SMALL), "requests": 16, "prompt_len": (32, 256), "output_len": (8, 32)}),
-        512,
-        80,
+        replace(_SMALL, requests=16, prompt_len=(32, 256), output_len=(8, 32)), 512, 80
     ),
-    "cpu": Preset(
-        Sizes(
-            **{**asdict(_SMALL), "requests": 64, "prompt_len": (32, 512), "output_len": (32, 256)}
-        ),
-        1024,
-        96,
-    ),
-    "cuda": Preset(
-        Sizes(
-            **{
-                **asdict(SPREAD_PRESETS["cuda"].sizes),
-                "requests": 64,
-                "prompt_len": (32, 512),
-                "output_len": (32, 256),
-            }
-        ),
-        1024,
-        96,
-    ),
+    "cpu": Preset(replace(_SMALL, requests=64, **_MIXED), 1024, 96),
+    "cuda": Preset(replace(SPREAD_PRESETS["cuda"].sizes, requests=64, **_MIXED), 1024, 96),
 }
 
 
@@ -150,8 +126,7 @@ def utilization_run(model_dir: Path, device, dtype: str, preset: Preset, seed: i
 
 def sequence_lengths(preset: Preset, seed: int) -> list[int]:
     """Prompt + output lengths of the workload's distribution, `num_sequences` of them."""
-    sizes = Sizes(**{**asdict(preset.workload), "requests": preset.num_sequences})
-    workload = make_workload(sizes, seed + 1)
+    workload = make_workload(replace(preset.workload, requests=preset.num_sequences), seed + 1)
     return [len(p) + n for p, n in zip(workload.prompts, workload.output_lens, strict=True)]
 
 
@@ -198,15 +173,45 @@ def measured_concurrency(
     return samples[0].running, engine.stats().counters.num_preemptions
 
 
+def concurrency_at(
+    model_dir: Path,
+    device,
+    dtype: str,
+    preset: Preset,
+    lengths: list[int],
+    max_len: int,
+    seed: int,
+) -> dict:
+    """(b) at one max_model_len: measured paged concurrency (checked against block arithmetic)
+    and contiguous preallocation's."""
+    expected = paged_capacity(lengths, preset.num_blocks)
+    paged, preemptions = measured_concurrency(
+        model_dir, device, dtype, lengths, preset.num_blocks, max_len, seed
+    )
+    if paged != expected or preemptions:
+        raise SystemExit(
+            f"max_model_len {max_len}: {paged} sequences resident ({preemptions} "
+            f"preemptions), block arithmetic says {expected}"
+        )
+    contiguous = preset.num_blocks * BLOCK_SIZE // max_len
+    progress(f"(b) max_model_len {max_len}: paged {paged}, contiguous {contiguous}")
+    return {
+        "paged": paged,
+        "paged_expected": expected,
+        "contiguous": contiguous,
+        "gain": paged / contiguous,
+    }
+
+
 def run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-kv-") as tmp:
         return _run(args, Path(tmp))
 
 
 def _run(args: argparse.Namespace, model_dir: Path) -> dict:
-    device, dtype = setup_torch(args)
-    preset = PRESETS["quick" if args.quick else ("cuda" if device.type == "cuda" else "cpu")]
-    num_params = build_model(
+    device, _, dtype = cli.setup_torch(args)
+    preset = PRESETS[cli.mode(args.quick, device)]
+    num_params = build_random_llama(
         preset.workload, model_dir, args.seed, max_positions=max(MAX_MODEL_LENS)
     )
     pool_tokens = preset.num_blocks * BLOCK_SIZE
@@ -226,25 +231,10 @@ def _run(args: argparse.Namespace, model_dir: Path) -> dict:
     progress(f"(a) peak: {peak.tokens} tokens in {peak.slots} slots, {peak.running} sequences")
 
     lengths = sequence_lengths(preset, args.seed)
-    expected = paged_capacity(lengths, preset.num_blocks)
-    concurrency = {}
-    for max_len in MAX_MODEL_LENS:
-        paged, preemptions = measured_concurrency(
-            model_dir, device, dtype, lengths, preset.num_blocks, max_len, args.seed
-        )
-        if paged != expected or preemptions:
-            raise SystemExit(
-                f"max_model_len {max_len}: {paged} sequences resident ({preemptions} "
-                f"preemptions), block arithmetic says {expected}"
-            )
-        contiguous = pool_tokens // max_len
-        concurrency[str(max_len)] = {
-            "paged": paged,
-            "paged_expected": expected,
-            "contiguous": contiguous,
-            "gain": paged / contiguous,
-        }
-        progress(f"(b) max_model_len {max_len}: paged {paged}, contiguous {contiguous}")
+    concurrency = {
+        str(max_len): concurrency_at(model_dir, device, dtype, preset, lengths, max_len, args.seed)
+        for max_len in MAX_MODEL_LENS
+    }
 
     utilization = peak.tokens / peak.slots
     return {
@@ -337,14 +327,13 @@ def report(result: dict) -> list[str]:
 
 
 def plot(result: dict, out_dir: Path) -> list[Path]:
-    import matplotlib
+    return [_usage_plot(result, out_dir), _concurrency_plot(result, out_dir)]
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def _usage_plot(result: dict, out_dir: Path) -> Path:
     series = result["utilization"]["series"]
     steps = range(len(series))
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plots.pyplot().subplots(figsize=(7, 4))
     ax.plot(steps, [s["slots"] for s in series], label="allocated KV slots")
     ax.plot(steps, [s["tokens"] for s in series], label="tokens held")
     ax.axhline(result["settings"]["pool_tokens"], color="gray", linestyle="--", label="pool size")
@@ -352,12 +341,12 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     ax.set_ylabel("tokens")
     ax.set_title("KV usage over time (paged)")
     ax.legend()
-    usage = out_dir / f"{NAME}_usage.png"
-    fig.savefig(usage, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    return plots.save(fig, out_dir / f"{NAME}_usage.png")
 
+
+def _concurrency_plot(result: dict, out_dir: Path) -> Path:
     concurrency = result["concurrency"]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plots.pyplot().subplots(figsize=(6, 4))
     x = range(len(concurrency))
     ax.bar([i - 0.2 for i in x], [c["paged"] for c in concurrency.values()], 0.4, label="paged")
     ax.bar(
@@ -371,20 +360,15 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     ax.set_ylim(0, 1.3 * max(c["paged"] for c in concurrency.values()))  # room for the legend
     ax.set_title(f"Concurrency in {result['settings']['pool_tokens']} KV slots")
     ax.legend()
-    bars = out_dir / f"{NAME}_concurrency.png"
-    fig.savefig(bars, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return [usage, bars]
+    return plots.save(fig, out_dir / f"{NAME}_concurrency.png")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_common_args(parser, NAME, repeats=1)
-    return parser.parse_args(argv)
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(dtype="auto", threads=1, repeats=1)
 
 
-def main(argv: list[str] | None = None) -> None:
-    bench_main(parse_args, run, report, argv)
+def main(argv: list[str] | None = None) -> dict:
+    return cli.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -1,77 +1,41 @@
-"""The LLM-engine benchmark scripts run in --quick mode, pass their own fidelity checks, and their
-figures agree with what the workload implies; report() and plot() work on their results."""
+"""The LLM-engine benchmarks (engine, batching_spread, prefix_cache, kv_memory, preemption) in the
+quick suite: their output checks passed, and their figures agree with what the workload implies."""
 
 from __future__ import annotations
 
-import importlib
-import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = REPO_ROOT / "scripts"
-SUMMARY_KEYS = {
-    "batching_spread": {"continuous_vs_static_at_max_spread"},
-    "prefix_cache": {"prefix_cache_ttft_reduction"},
-    "kv_memory": {"kv_slot_utilization", "concurrency_gain_vs_preallocation"},
-    "preemption": {"swap_vs_recompute_throughput"},
-}
+from bench.kv_memory import PRESETS as KV_PRESETS
+from bench.kv_memory import sequence_lengths
+from tests.bench.checks import quick_result
+
+pytestmark = pytest.mark.bench
 
 
-def load_script(name: str):
-    """The script as a module (the way bench_suite imports it: scripts/ on sys.path)."""
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
-    return importlib.import_module(f"bench_{name}")
-
-
-def run_quick(name: str, tmp_path: Path) -> dict:
-    out = tmp_path / f"{name}.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPTS / f"bench_{name}.py"),
-            "--quick",
-            "--threads",
-            "1",
-            "--device",
-            "cpu",
-            "--out",
-            str(out),
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+def test_engine(quick_suite):
+    """Every system gives the engine's greedy tokens, and plain generate's."""
+    result = quick_result(
+        quick_suite,
+        "engine",
+        {"engine_vs_hf_static", "engine_vs_hf_generate_batch", "forward_time_share"},
+        plots=1,
+        benchmark="llm_engine",
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(out.read_text())
+    systems = {"engine", "hf_static", "hf_continuous"}
+    assert set(result["output_tokens_per_second"]) == systems
+    assert all(rate > 0 for rate in result["output_tokens_per_second"].values())
+    for name in systems:
+        assert result["fidelity_vs_generate"][name]["requests"] == 1.0
+    assert all(a["requests"] == 1.0 for a in result["agreement_with_engine"].values())
+    assert 0 < result["model_forward_share"] <= 1
 
 
-def check_common(name: str, result: dict, tmp_path: Path) -> None:
-    assert result["benchmark"] == name and result["quick"] is True
-    assert result["device"] == "cpu" and result["dtype"] == "float32"
-    assert set(result["summary"]) == SUMMARY_KEYS[name]
-    for value in result["summary"].values():
-        assert isinstance(value, float) and math.isfinite(value)
-    # One record per comparison (a dict each), or a single record.
-    checks = [c for c in result["fidelity"].values() if isinstance(c, dict)] or [result["fidelity"]]
-    assert checks and all(c["passed"] is True for c in checks)
-    assert "cpu_count" in result["machine"]
-    module = load_script(name)
-    lines = module.report(result)
-    assert lines[0].startswith("### ") and any(line.startswith("|") for line in lines)
-    paths = module.plot(result, tmp_path)
-    assert paths and all(p.name.startswith(f"{name}_") and p.stat().st_size > 0 for p in paths)
-
-
-def test_batching_spread(tmp_path):
-    result = run_quick("batching_spread", tmp_path)
-    check_common("batching_spread", result, tmp_path)
+def test_batching_spread(quick_suite):
+    result = quick_result(
+        quick_suite, "batching_spread", {"continuous_vs_static_at_max_spread"}, plots=1
+    )
     w = result["workload"]
     for run in result["runs"]:
         lens, s = run["output_lens"], run["spread"]
@@ -94,9 +58,8 @@ def test_batching_spread(tmp_path):
     assert all(f["exact_required"] for f in result["fidelity"].values())
 
 
-def test_prefix_cache(tmp_path):
-    result = run_quick("prefix_cache", tmp_path)
-    check_common("prefix_cache", result, tmp_path)
+def test_prefix_cache(quick_suite):
+    result = quick_result(quick_suite, "prefix_cache", {"prefix_cache_ttft_reduction"}, plots=1)
     w = result["workload"]
     # Hits are whole blocks of the shared prefix (16-token blocks), over every prompt token.
     expected = (w["prefix_len"] // 16 * 16) / (w["prefix_len"] + w["suffix_len"])
@@ -107,15 +70,18 @@ def test_prefix_cache(tmp_path):
         assert 0 < result["ttft_ms"][mode]["p50"] <= result["ttft_ms"][mode]["p99"]
 
 
-def test_kv_memory(tmp_path):
-    result = run_quick("kv_memory", tmp_path)
-    check_common("kv_memory", result, tmp_path)
-    module = load_script("kv_memory")
+def test_kv_memory(quick_suite):
+    result = quick_result(
+        quick_suite,
+        "kv_memory",
+        {"kv_slot_utilization", "concurrency_gain_vs_preallocation"},
+        plots=2,
+    )
     settings, peak = result["settings"], result["utilization"]["peak"]
     assert 0 < peak["tokens"] <= peak["slots"] <= settings["pool_tokens"]
     assert result["summary"]["kv_slot_utilization"] == pytest.approx(peak["tokens"] / peak["slots"])
     # Independent block arithmetic over the same lengths: leading sequences whose blocks fit.
-    lengths = module.sequence_lengths(module.PRESETS["quick"], result["workload"]["seed"])
+    lengths = sequence_lengths(KV_PRESETS["quick"], result["workload"]["seed"])
     blocks = [math.ceil(n / settings["block_size"]) for n in lengths]
     fit = max(k for k in range(len(blocks) + 1) if sum(blocks[:k]) <= settings["num_blocks"])
     assert fit < len(lengths), "the quick workload must overflow the pool"
@@ -126,9 +92,8 @@ def test_kv_memory(tmp_path):
     assert max(s["slots"] for s in series) == peak["slots"]
 
 
-def test_preemption(tmp_path):
-    result = run_quick("preemption", tmp_path)
-    check_common("preemption", result, tmp_path)
+def test_preemption(quick_suite):
+    result = quick_result(quick_suite, "preemption", {"swap_vs_recompute_throughput"}, plots=1)
     assert set(result["preemptions"]["baseline"]) == {0}
     assert min(result["preemptions"]["recompute"]) > 0 and min(result["preemptions"]["swap"]) > 0
     engines = result["settings"]["engines"]

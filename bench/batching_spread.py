@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Continuous vs static batching as the spread of output lengths grows.
 
-The same `--requests` prompts (64-128 tokens) get output lengths drawn uniformly from
+The same prompts (32 requests, 64-128 tokens) get output lengths drawn uniformly from
 [mean*(1-s), mean*(1+s)] (mean 96) for each spread s in {0, 0.5, 1}; EOS ignored, greedy. Systems,
 all with the same batch size B (`static_batch`):
 
@@ -11,17 +10,17 @@ all with the same batch size B (`static_batch`):
   order, each one `generate` call in which every request is asked for the batch's longest output
   (so all B slots stay busy until the longest finishes, as in a static batch), the next batch only
   after it; only the requested tokens count as useful;
-- hf_static: transformers `generate` on left-padded batches of B (bench_engine.hf_static).
+- hf_static: transformers `generate` on left-padded batches of B (bench.engine.hf_static).
 
 Figures are useful output tokens per second; static batching wastes the slots of requests that
 finished before their batch's longest, so it needs more engine steps (counted) for the same useful
-tokens as the spread grows. Greedy outputs
-are compared on a small workload before timing and on every timed run (the requested tokens).
+tokens as the spread grows. Greedy outputs are compared on a small workload before timing and on
+every timed run (the requested tokens).
 
-Its model presets (PRESETS) are shared by bench_prefix_cache, bench_kv_memory and
-bench_preemption; the helpers of all LLM-engine benchmarks live in bench_llm_common.
+Its model presets (PRESETS) are shared by bench.prefix_cache, bench.kv_memory and
+bench.preemption; the helpers of all LLM-engine benchmarks live in bench.llm.
 
-    python scripts/bench_batching_spread.py [--quick] [--threads 1] [--repeats 1]
+    python -m bench.batching_spread [--quick] [--threads 1] [--repeats 1]
 """
 
 from __future__ import annotations
@@ -31,30 +30,17 @@ import random
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import bench_main, machine_info, progress, spread  # noqa: E402
-from bench_engine import (  # noqa: E402
-    Sizes,
-    Workload,
-    hf_static,
-    time_interleaved,
-)
-from bench_llm_common import (  # noqa: E402
-    add_common_args,
-    build_model,
-    check_same,
-    greedy,
-    new_engine,
-    setup_torch,
-)
+from bench import cli, plots
+from bench.engine import hf_static
+from bench.llm import Workload, check_same, greedy, load_hf_model, new_engine
+from bench.output import machine_info, progress
+from bench.timing import spread, time_interleaved, timed
+from tooling.checkpoints import Sizes, build_random_llama
 
 NAME = "batching_spread"
-
-# --- this benchmark ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -106,9 +92,6 @@ class Systems:
     """The three systems on one checkpoint; each run returns (outputs, seconds)."""
 
     def __init__(self, model_dir: Path, device, dtype: str, batch: int, max_len: int):
-        import torch
-        import transformers
-
         self.batch = batch
         self.steps: dict[str, int] = {}
         """Engine steps of each engine system's latest run."""
@@ -119,16 +102,7 @@ class Systems:
             "num_blocks": batch * -(-max_len // 16),
         }
         self.new_engine = lambda: new_engine(model_dir, device, dtype, **self.settings)
-        self.hf = (
-            transformers.AutoModelForCausalLM.from_pretrained(
-                model_dir,
-                dtype=getattr(torch, dtype),
-                attn_implementation="sdpa",
-                local_files_only=True,
-            )
-            .to(device)
-            .eval()
-        )
+        self.hf = load_hf_model(model_dir, device, dtype)
 
     def engine(self, name: str):
         """A fresh engine whose steps are counted in self.steps[name]."""
@@ -143,33 +117,32 @@ class Systems:
         return engine
 
     def continuous(self, workload: Workload) -> tuple[list[list[int]], float]:
-        engine = self.engine("continuous")
-        started = time.perf_counter()
-        outputs = engine.generate(workload.prompts, [greedy(n) for n in workload.output_lens])
-        return [o.outputs[0].token_ids for o in outputs], time.perf_counter() - started
+        engine = self.engine("continuous")  # built before the clock starts, as in each system
+        outputs, seconds = timed(
+            lambda: engine.generate(workload.prompts, [greedy(n) for n in workload.output_lens])
+        )()
+        return [o.outputs[0].token_ids for o in outputs], seconds
 
     def static_engine(self, workload: Workload) -> tuple[list[list[int]], float]:
         engine = self.engine("static_engine")
+        return timed(lambda: self._static_batches(engine, workload))()
+
+    def _static_batches(self, engine, workload: Workload) -> list[list[int]]:
         results = []
-        started = time.perf_counter()
         for start in range(0, len(workload.prompts), self.batch):
             lens = workload.output_lens[start : start + self.batch]
             outputs = engine.generate(
                 workload.prompts[start : start + self.batch], greedy(max(lens))
             )
             results += [o.outputs[0].token_ids[:n] for o, n in zip(outputs, lens, strict=True)]
-        return results, time.perf_counter() - started
-
-    def hf_static(self, workload: Workload) -> tuple[list[list[int]], float]:
-        started = time.perf_counter()
-        outputs = hf_static(self.hf, workload, self.batch)
-        return outputs, time.perf_counter() - started
+        return results
 
     def all(self, workload: Workload) -> dict:
+        """Each system on `workload`, returning (outputs, seconds)."""
         return {
             "continuous": lambda: self.continuous(workload),
             "static_engine": lambda: self.static_engine(workload),
-            "hf_static": lambda: self.hf_static(workload),
+            "hf_static": timed(lambda: hf_static(self.hf, workload, self.batch)),
         }
 
 
@@ -180,16 +153,36 @@ def static_slots(lens: list[int], batch: int) -> int:
     )
 
 
+def spread_record(
+    spread_: float, workload: Workload, seconds: dict[str, list[float]], steps: dict, batch: int
+) -> dict:
+    """One spread's figures, for the result JSON."""
+    tokens = workload.num_output_tokens
+    median = {name: statistics.median(s) for name, s in seconds.items()}
+    return {
+        "spread": spread_,
+        "output_lens": workload.output_lens,
+        "useful_tokens": tokens,
+        "static_useful_share": tokens / static_slots(workload.output_lens, batch),
+        "engine_steps": dict(steps),
+        "seconds": seconds,
+        "tokens_per_second": {name: spread([tokens / t for t in s]) for name, s in seconds.items()},
+        "continuous_speedup": {
+            name: median[name] / median["continuous"] for name in median if name != "continuous"
+        },
+    }
+
+
 def run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-spread-") as tmp:
         return _run(args, Path(tmp))
 
 
 def _run(args: argparse.Namespace, model_dir: Path) -> dict:
-    device, dtype = setup_torch(args)
-    preset = PRESETS["quick" if args.quick else ("cuda" if device.type == "cuda" else "cpu")]
+    device, _, dtype = cli.setup_torch(args)
+    preset = PRESETS[cli.mode(args.quick, device)]
     sizes = preset.sizes
-    num_params = build_model(sizes, model_dir, args.seed)
+    num_params = build_random_llama(sizes, model_dir, args.seed)
     rng = random.Random(args.seed)
     prompts = [
         [rng.randrange(3, sizes.vocab) for _ in range(rng.randint(*sizes.prompt_len))]
@@ -221,27 +214,7 @@ def _run(args: argparse.Namespace, model_dir: Path) -> dict:
         fidelity[f"spread_{spread_}"] = check_same(
             "continuous", outputs.pop("continuous"), outputs, dtype
         )
-        tokens = workload.num_output_tokens
-        median = {name: statistics.median(s) for name, s in seconds.items()}
-        runs.append(
-            {
-                "spread": spread_,
-                "output_lens": workload.output_lens,
-                "useful_tokens": tokens,
-                "static_useful_share": tokens
-                / static_slots(workload.output_lens, sizes.static_batch),
-                "engine_steps": dict(systems.steps),
-                "seconds": seconds,
-                "tokens_per_second": {
-                    name: spread([tokens / t for t in s]) for name, s in seconds.items()
-                },
-                "continuous_speedup": {
-                    name: median[name] / median["continuous"]
-                    for name in median
-                    if name != "continuous"
-                },
-            }
-        )
+        runs.append(spread_record(spread_, workload, seconds, systems.steps, sizes.static_batch))
 
     return {
         "benchmark": NAME,
@@ -314,14 +287,9 @@ def report(result: dict) -> list[str]:
 
 
 def plot(result: dict, out_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     runs = result["runs"]
     spreads = [r["spread"] for r in runs]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plots.pyplot().subplots(figsize=(6, 4))
     for name in runs[0]["tokens_per_second"]:
         ax.plot(
             spreads, [r["tokens_per_second"][name]["median"] for r in runs], marker="o", label=name
@@ -331,20 +299,15 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     ax.set_title(f"Throughput vs output-length spread (B={result['workload']['batch_size']})")
     ax.set_ylim(bottom=0)
     ax.legend()
-    path = out_dir / f"{NAME}_throughput.png"
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return [path]
+    return [plots.save(fig, out_dir / f"{NAME}_throughput.png")]
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_common_args(parser, NAME, repeats=1)
-    return parser.parse_args(argv)
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(dtype="auto", threads=1, repeats=1)
 
 
-def main(argv: list[str] | None = None) -> None:
-    bench_main(parse_args, run, report, argv)
+def main(argv: list[str] | None = None) -> dict:
+    return cli.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

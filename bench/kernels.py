@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark the Triton kernels against the device's measured peaks.
 
 For each kernel: check the Triton output against the PyTorch reference, then time both (median of
@@ -6,17 +5,16 @@ triton.testing.do_bench) and report achieved bandwidth (memory-bound kernels) or
 (prefill attention) as a fraction of the measured peak (a large device-to-device copy; a large
 matmul). Shapes follow Llama-3-8B (32 query heads, 8 kv heads, head_dim 128, hidden 4096).
 
-    python scripts/bench_kernels.py --out bench/kernels.json            # on a GPU
-    python scripts/bench_kernels.py --tiny --out /tmp/kernels.json      # CPU smoke run (interpreter)
+    python -m bench.kernels [--out bench/results/kernels.json]    # on a GPU
+    python -m bench.kernels --tiny --out /tmp/kernels.json        # CPU smoke run (interpreter)
 
---tiny runs tiny shapes, on CPU through Triton's interpreter: it proves the script works; its
-timings are meaningless.
+--tiny (or --quick) runs tiny shapes, on CPU through Triton's interpreter: it proves the benchmark
+works; its timings are meaningless.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -28,8 +26,10 @@ from pathlib import Path
 
 import torch
 
+from bench import cli
+
+NAME = "kernels"
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -66,21 +66,23 @@ class BenchCase:
 class Result:
     name: str
     shape: dict
-    rel_error: float
+    rel_error: float | None
+    """None: infinite (a NaN in the output)."""
     correct: bool
     triton_ms: float | None = None
     torch_ms: float | None = None
     achieved: dict = field(default_factory=dict)
 
 
-def _bench_ms(fn: Callable[[], object], device: torch.device) -> float:
-    """Median milliseconds per call: do_bench on CUDA; on CPU (interpreter) a plain wall clock."""
+def _bench_ms(fn: Callable[[], object], device: torch.device, repeats: int = 3) -> float:
+    """Median milliseconds per call: do_bench on CUDA; on CPU (interpreter) a plain wall clock
+    over `repeats` calls."""
     if device.type == "cuda":
         import triton.testing
 
         return float(triton.testing.do_bench(fn, return_mode="median"))
     times = []
-    for _ in range(3):
+    for _ in range(repeats):
         start = time.perf_counter()
         fn()
         times.append((time.perf_counter() - start) * 1e3)
@@ -252,14 +254,17 @@ def elementwise_cases(shapes: Shapes, dtype, device) -> list[BenchCase]:
     return cases
 
 
-def run_case(case: BenchCase, dtype, device, peaks: dict) -> Result:
+def run_case(case: BenchCase, dtype, device, peaks: dict, repeats: int) -> Result:
     got, want = case.run_triton(), case.run_torch()
     err = _relative_error(got, want)
-    result = Result(case.name, case.shape, err, err <= TOLERANCE[dtype])
+    # A NaN in the output is an infinite error: recorded as null (JSON has no Infinity).
+    result = Result(
+        case.name, case.shape, err if math.isfinite(err) else None, err <= TOLERANCE[dtype]
+    )
     if not result.correct:
         return result  # timings of a wrong kernel mean nothing
-    result.triton_ms = _bench_ms(case.run_triton, device)
-    result.torch_ms = _bench_ms(case.run_torch, device)
+    result.triton_ms = _bench_ms(case.run_triton, device, repeats)
+    result.torch_ms = _bench_ms(case.run_torch, device, repeats)
     seconds = result.triton_ms / 1e3
     if case.bytes_moved:
         gbps = case.bytes_moved / seconds / 1e9
@@ -273,79 +278,89 @@ def run_case(case: BenchCase, dtype, device, peaks: dict) -> Result:
     return result
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--out", required=True, type=Path, help="JSON results path")
-    parser.add_argument(
-        "--tiny", action="store_true", help="tiny shapes; CPU via Triton's interpreter"
-    )
-    parser.add_argument(
-        "--dtype",
-        choices=DTYPES,
-        default=None,
-        help="default: bfloat16 on CUDA, float32 with --tiny on CPU",
-    )
-    args = parser.parse_args()
+def run(args: argparse.Namespace) -> dict:
+    from backend_lib.device import resolve_dtype
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = cli.default_device(args.device)
     if device.type == "cpu":
-        if not args.tiny:
-            parser.error("no CUDA device: only --tiny runs on CPU (through Triton's interpreter)")
+        if not args.quick:
+            raise SystemExit(
+                "no CUDA device: only --tiny runs on CPU (through Triton's interpreter)"
+            )
         # Must precede the first import of the kernel modules (@triton.jit reads it).
         os.environ["TRITON_INTERPRET"] = "1"
-        torch.set_num_threads(min(2, torch.get_num_threads()))
-    dtype = DTYPES[args.dtype or ("bfloat16" if device.type == "cuda" else "float32")]
+        if args.threads:
+            torch.set_num_threads(min(args.threads, torch.get_num_threads()))
+    dtype = resolve_dtype(args.dtype, device)
     if device.type == "cpu" and dtype == torch.bfloat16:
-        parser.error(
+        raise SystemExit(
             "bfloat16 is not supported by Triton's CPU interpreter; use float32 or float16"
         )
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
 
-    shapes = TINY if args.tiny else FULL
-    peaks = measure_peaks(device, dtype, args.tiny)
-    results = [
-        run_case(case, dtype, device, peaks)
-        for case in attention_cases(shapes, dtype, device)
-        + elementwise_cases(shapes, dtype, device)
-    ]
-
-    note = (
-        "tiny shapes on CPU through Triton's interpreter: timings are meaningless"
-        if (device.type == "cpu")
-        else "medians of triton.testing.do_bench"
-    )
-    report = {
+    shapes = TINY if args.quick else FULL
+    peaks = measure_peaks(device, dtype, args.quick)
+    cases = attention_cases(shapes, dtype, device) + elementwise_cases(shapes, dtype, device)
+    results = [run_case(case, dtype, device, peaks, args.repeats) for case in cases]
+    return {
         "device": torch.cuda.get_device_name(device)
         if device.type == "cuda"
         else "cpu (interpreter)",
         "dtype": str(dtype).removeprefix("torch."),
-        "mode": "tiny" if args.tiny else "full",
-        "note": note,
+        "mode": "tiny" if args.quick else "full",
+        "note": "tiny shapes on CPU through Triton's interpreter: timings are meaningless"
+        if device.type == "cpu"
+        else "medians of triton.testing.do_bench",
         "shapes": asdict(shapes),
         "peaks": peaks,
         "kernels": [asdict(r) for r in results],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
 
-    print(
-        f"{report['device']}, {report['dtype']}: copy {peaks['copy_gbps']:.1f} GB/s, "
-        f"matmul {peaks['matmul_tflops']:.2f} TFLOP/s ({note})"
-    )
-    for r in results:
-        status = "ok " if r.correct else "BAD"
+
+def report(result: dict) -> list[str]:
+    """One line on the device's peaks, one per kernel."""
+    peaks = result["peaks"]
+    lines = [
+        "### Triton kernels vs PyTorch",
+        "",
+        f"{result['device']}, {result['dtype']}: copy {peaks['copy_gbps']:.1f} GB/s, "
+        f"matmul {peaks['matmul_tflops']:.2f} TFLOP/s ({result['note']})",
+        "",
+    ]
+    for r in result["kernels"]:
+        status = "ok " if r["correct"] else "BAD"
         timing = (
             ""
-            if r.triton_ms is None
-            else f"triton {r.triton_ms:9.3f} ms  torch {r.torch_ms:9.3f} ms  "
+            if r["triton_ms"] is None
+            else f"triton {r['triton_ms']:9.3f} ms  torch {r['torch_ms']:9.3f} ms  "
         )
-        rate = "  ".join(f"{k} {v:.3g}" for k, v in r.achieved.items())
-        print(f"{status} {r.name:32s} err {r.rel_error:.1e}  {timing}{rate}")
-    print(f"wrote {args.out}")
-    return 0 if all(r.correct for r in results) else 1
+        rate = "  ".join(f"{k} {v:.3g}" for k, v in r["achieved"].items())
+        error = "inf" if r["rel_error"] is None else f"{r['rel_error']:.1e}"
+        lines.append(f"    {status} {r['name']:32s} err {error}  {timing}{rate}")
+    return lines
+
+
+def plot(result: dict, out_dir: Path) -> list[Path]:
+    return []  # one line per kernel: the report reads better
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    # threads: the CPU interpreter's, at most 2; repeats: wall-clock calls per kernel on CPU.
+    parser.set_defaults(dtype="auto", threads=2, repeats=3)
+    parser.add_argument(
+        "--tiny",
+        dest="quick",
+        action="store_true",
+        help="tiny shapes; CPU via Triton's interpreter",
+    )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    result = cli.main(sys.modules[__name__], argv)
+    if not all(r["correct"] for r in result["kernels"]):
+        raise SystemExit(1)
+    return result
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

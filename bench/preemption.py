@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Preemption under KV-cache pressure: recompute vs swap, against a run without pressure.
 
 One workload (prompts 32-256 tokens, outputs 64-192, greedy, EOS ignored, all requests at once)
@@ -14,7 +13,7 @@ Reported per mode: output tokens per second, TTFT p50 / p99 (the engine's clock,
 start of the run) and the engine's preemption count. Greedy outputs must be identical in all
 three modes: on a smaller workload before timing, and on every timed run.
 
-    python scripts/bench_preemption.py [--quick] [--threads 1] [--repeats 2]
+    python -m bench.preemption [--quick] [--threads 1] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -23,23 +22,15 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_batching_spread import PRESETS as SPREAD_PRESETS  # noqa: E402
-from bench_common import bench_main, machine_info, percentile, progress, spread  # noqa: E402
-from bench_engine import Sizes, Workload, make_workload  # noqa: E402
-from bench_llm_common import (  # noqa: E402
-    add_common_args,
-    build_model,
-    check_same,
-    greedy,
-    new_engine,
-    setup_torch,
-    time_to_first_token,
-)
+from bench import cli, plots
+from bench.batching_spread import PRESETS as SPREAD_PRESETS
+from bench.llm import Workload, check_same, greedy, make_workload, new_engine, time_to_first_token
+from bench.output import machine_info, progress
+from bench.timing import p50_p99_ms, spread, timed
+from tooling.checkpoints import build_random_llama
 
 NAME = "preemption"
 MODES = ("baseline", "recompute", "swap")
@@ -49,18 +40,16 @@ POOL_FRACTION = 0.4
 SWAP_SPACE_GB = 0.25
 
 
-def _workload(
-    base: Sizes, requests: int, prompt: tuple[int, int], output: tuple[int, int]
-) -> Sizes:
-    return Sizes(
-        **{**asdict(base), "requests": requests, "prompt_len": prompt, "output_len": output}
-    )
-
-
-PRESETS = {  # the models of bench_batching_spread
-    "quick": _workload(SPREAD_PRESETS["quick"].sizes, 8, (16, 64), (16, 48)),
-    "cpu": _workload(SPREAD_PRESETS["cpu"].sizes, 32, (32, 256), (64, 192)),
-    "cuda": _workload(SPREAD_PRESETS["cuda"].sizes, 64, (32, 256), (64, 192)),
+PRESETS = {  # the models of bench.batching_spread
+    "quick": replace(
+        SPREAD_PRESETS["quick"].sizes, requests=8, prompt_len=(16, 64), output_len=(16, 48)
+    ),
+    "cpu": replace(
+        SPREAD_PRESETS["cpu"].sizes, requests=32, prompt_len=(32, 256), output_len=(64, 192)
+    ),
+    "cuda": replace(
+        SPREAD_PRESETS["cuda"].sizes, requests=64, prompt_len=(32, 256), output_len=(64, 192)
+    ),
 }
 
 
@@ -106,9 +95,9 @@ def run_mode(model_dir: Path, device, dtype: str, settings: dict, workload: Work
     engine = new_engine(model_dir, device, dtype, **settings)
     if engine.runner.num_host_blocks and engine.runner.num_host_blocks < blocks_needed(workload):
         raise SystemExit(f"swap_space {SWAP_SPACE_GB} GiB cannot hold every sequence")
-    started = time.perf_counter()
-    outputs = engine.generate(workload.prompts, [greedy(n) for n in workload.output_lens])
-    seconds = time.perf_counter() - started
+    outputs, seconds = timed(
+        lambda: engine.generate(workload.prompts, [greedy(n) for n in workload.output_lens])
+    )()
     return ModeRun(
         [o.outputs[0].token_ids for o in outputs],
         seconds,
@@ -134,10 +123,10 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _run(args: argparse.Namespace, model_dir: Path) -> dict:
-    device, dtype = setup_torch(args)
-    sizes = PRESETS["quick" if args.quick else ("cuda" if device.type == "cuda" else "cpu")]
+    device, _, dtype = cli.setup_torch(args)
+    sizes = PRESETS[cli.mode(args.quick, device)]
     max_model_len = sizes.prompt_len[1] + sizes.output_len[1]
-    num_params = build_model(sizes, model_dir, args.seed)
+    num_params = build_random_llama(sizes, model_dir, args.seed)
     workload = make_workload(sizes, args.seed)
     settings = mode_settings(workload, max_model_len)
     progress(
@@ -162,8 +151,8 @@ def _run(args: argparse.Namespace, model_dir: Path) -> dict:
     }
     runs: dict[str, list[ModeRun]] = {name: [] for name in MODES}
     for rep in range(args.repeats):
-        order = MODES[rep % len(MODES) :] + MODES[: rep % len(MODES)]
-        this = run_all(workload, order, settings)
+        # Every mode, in an order rotating each repeat.
+        this = run_all(workload, MODES[rep % len(MODES) :] + MODES[: rep % len(MODES)], settings)
         for name in MODES:
             runs[name].append(this[name])
             progress(
@@ -199,10 +188,7 @@ def _run(args: argparse.Namespace, model_dir: Path) -> dict:
         "repeats": args.repeats,
         "seconds": {name: [r.seconds for r in rs] for name, rs in runs.items()},
         "output_tokens_per_second": rate,
-        "ttft_ms": {
-            name: {"p50": percentile(v, 50) * 1e3, "p99": percentile(v, 99) * 1e3}
-            for name, v in ttft.items()
-        },
+        "ttft_ms": {name: p50_p99_ms(v) for name, v in ttft.items()},
         "preemptions": {name: [r.preemptions for r in rs] for name, rs in runs.items()},
         "fidelity": fidelity,
         "summary": {
@@ -243,12 +229,7 @@ def report(result: dict) -> list[str]:
 
 
 def plot(result: dict, out_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, right) = plots.pyplot().subplots(1, 2, figsize=(10, 4))
     rates = [result["output_tokens_per_second"][m]["median"] for m in MODES]
     left.bar(MODES, rates, color=["gray", "tab:blue", "tab:orange"])
     left.set_ylabel("output tokens/s")
@@ -266,20 +247,15 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     right.set_title("Time to first token")
     right.legend()
     fig.suptitle("Preemption under KV pressure")
-    path = out_dir / f"{NAME}_modes.png"
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return [path]
+    return [plots.save(fig, out_dir / f"{NAME}_modes.png")]
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_common_args(parser, NAME, repeats=2)
-    return parser.parse_args(argv)
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(dtype="auto", threads=1, repeats=2)
 
 
-def main(argv: list[str] | None = None) -> None:
-    bench_main(parse_args, run, report, argv)
+def main(argv: list[str] | None = None) -> dict:
+    return cli.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

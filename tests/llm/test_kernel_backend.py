@@ -1,4 +1,4 @@
-"""kernel_ops / resolve_kernel_backend: backend choice per device and setting."""
+"""resolve_kernel_backend: the `kernel_backend` setting per device, config errors by name."""
 
 from __future__ import annotations
 
@@ -6,21 +6,7 @@ import pytest
 import torch
 
 from backend_lib.config import ConfigError
-from kernels import kernel_ops, resolve_kernel_backend
-from kernels.paged_attention import paged_attention_torch, paged_attention_triton
-from kernels.rmsnorm import rms_norm_torch, rms_norm_triton
-
-
-def test_kernel_ops_returns_the_backends_functions():
-    assert kernel_ops("torch").paged_attention is paged_attention_torch
-    assert kernel_ops("torch").rms_norm is rms_norm_torch
-    assert kernel_ops("triton").paged_attention is paged_attention_triton
-    assert kernel_ops("triton").rms_norm is rms_norm_triton
-
-
-def test_kernel_ops_rejects_unknown_backend_by_name():
-    with pytest.raises(ValueError, match="'cuda'"):
-        kernel_ops("cuda")
+from backend_lib.llm.execution.kernel_backend import resolve_kernel_backend
 
 
 @pytest.mark.parametrize(

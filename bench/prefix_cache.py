@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Time to first token with a shared system prompt, prefix cache on vs off.
 
-`--requests` requests share a long prefix (1024 tokens) and differ in a short suffix (64 tokens).
+16 requests share a long prefix (1024 tokens) and differ in a short suffix (64 tokens).
 They arrive one after another, each added only once the previous one finished, so each runs alone
 and its TTFT (add -> first token, by the engine's clock: `RequestMetrics`) is its prefill time.
 Modes: `enable_prefix_caching` on and off, each on a fresh engine per repeat, interleaved. Both
@@ -10,7 +9,7 @@ it fills the cache, so the measured requests only prefill their suffix; with it 
 warms the same code paths. Greedy outputs must be identical in both modes. The hit rate is the
 engine's own counter (prefix-cache hit tokens / looked-up tokens) over the measured requests.
 
-    python scripts/bench_prefix_cache.py [--quick] [--threads 1] [--repeats 3]
+    python -m bench.prefix_cache [--quick] [--threads 1] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -24,23 +23,16 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_batching_spread import PRESETS as SPREAD_PRESETS  # noqa: E402
-from bench_common import bench_main, machine_info, percentile, progress, spread  # noqa: E402
-from bench_engine import Sizes  # noqa: E402
-from bench_llm_common import (  # noqa: E402
-    add_common_args,
-    build_model,
-    check_same,
-    greedy,
-    new_engine,
-    setup_torch,
-    summary_line,
-    time_to_first_token,
-)
+from bench import cli, plots
+from bench.batching_spread import PRESETS as SPREAD_PRESETS
+from bench.llm import check_same, greedy, new_engine, time_to_first_token
+from bench.output import machine_info, progress
+from bench.summary import summary_line, target
+from bench.timing import p50_p99_ms, spread
+from tooling.checkpoints import Sizes, build_random_llama
 
 NAME = "prefix_cache"
-TARGET = 0.8
+TARGET = target("prefix_cache_ttft_reduction")
 MODES = ("cache_off", "cache_on")
 _request_ids = itertools.count()
 
@@ -54,7 +46,7 @@ class Preset:
     output_len: int
 
 
-PRESETS = {  # the model of bench_batching_spread, per device
+PRESETS = {  # the model of bench.batching_spread, per device
     "quick": Preset(SPREAD_PRESETS["quick"].sizes, 256, 32, 6, 4),
     "cpu": Preset(SPREAD_PRESETS["cpu"].sizes, 1024, 64, 16, 4),
     "cuda": Preset(SPREAD_PRESETS["cuda"].sizes, 1024, 64, 16, 4),
@@ -115,16 +107,39 @@ def run_mode(
     return {"outputs": outputs, "ttft": ttfts, "hit_rate": hit_rate}
 
 
+def time_modes(
+    mode, prompts: list[list[int]], repeats: int, dtype: str
+) -> tuple[dict[str, list[dict]], dict]:
+    """`mode(caching, prompts)` for both modes, `repeats` times in alternating order; the runs,
+    and the output check of each repeat."""
+    runs: dict[str, list[dict]] = {name: [] for name in MODES}
+    fidelity = {}
+    for rep in range(repeats):
+        for name in MODES if rep % 2 == 0 else MODES[::-1]:
+            runs[name].append(mode(name == "cache_on", prompts))
+            progress(
+                f"repeat {rep + 1}/{repeats} {name}: median TTFT "
+                f"{statistics.median(runs[name][-1]['ttft']) * 1e3:.1f} ms"
+            )
+        fidelity[f"repeat_{rep + 1}"] = check_same(
+            "cache_off",
+            runs["cache_off"][-1]["outputs"],
+            {"cache_on": runs["cache_on"][-1]["outputs"]},
+            dtype,
+        )
+    return runs, fidelity
+
+
 def run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-prefix-") as tmp:
         return _run(args, Path(tmp))
 
 
 def _run(args: argparse.Namespace, model_dir: Path) -> dict:
-    device, dtype = setup_torch(args)
-    preset = PRESETS["quick" if args.quick else ("cuda" if device.type == "cuda" else "cpu")]
+    device, _, dtype = cli.setup_torch(args)
+    preset = PRESETS[cli.mode(args.quick, device)]
     max_len = preset.prefix_len + preset.suffix_len + preset.output_len
-    num_params = build_model(preset.sizes, model_dir, args.seed, max_positions=max_len)
+    num_params = build_random_llama(preset.sizes, model_dir, args.seed, max_positions=max_len)
     # Room for the cached prefix plus a few requests; no eviction of the prefix.
     settings = {
         "max_model_len": max_len,
@@ -149,21 +164,8 @@ def _run(args: argparse.Namespace, model_dir: Path) -> dict:
             "cache_off", check["cache_off"], {"cache_on": check["cache_on"]}, dtype
         )
     }
-    runs: dict[str, list[dict]] = {name: [] for name in MODES}
-    for rep in range(args.repeats):
-        for name in MODES if rep % 2 == 0 else MODES[::-1]:
-            runs[name].append(mode(name == "cache_on", prompts))
-            progress(
-                f"repeat {rep + 1}/{args.repeats} {name}: median TTFT "
-                f"{statistics.median(runs[name][-1]['ttft']) * 1e3:.1f} ms"
-            )
-        fidelity[f"repeat_{rep + 1}"] = check_same(
-            "cache_off",
-            runs["cache_off"][-1]["outputs"],
-            {"cache_on": runs["cache_on"][-1]["outputs"]},
-            dtype,
-        )
-
+    runs, repeat_checks = time_modes(mode, prompts, args.repeats, dtype)
+    fidelity.update(repeat_checks)
     ttft = {name: [t for r in runs[name] for t in r["ttft"]] for name in MODES}
     reductions = [
         1 - statistics.median(on["ttft"]) / statistics.median(off["ttft"])
@@ -187,10 +189,7 @@ def _run(args: argparse.Namespace, model_dir: Path) -> dict:
         "settings": {"engine": settings, "torch_threads": args.threads},
         "repeats": args.repeats,
         "ttft_seconds": ttft,
-        "ttft_ms": {
-            name: {"p50": percentile(v, 50) * 1e3, "p99": percentile(v, 99) * 1e3}
-            for name, v in ttft.items()
-        },
+        "ttft_ms": {name: p50_p99_ms(v) for name, v in ttft.items()},
         "hit_rate": {name: [r["hit_rate"] for r in runs[name]] for name in MODES},
         "ttft_reduction": spread(reductions),
         "fidelity": fidelity,
@@ -231,19 +230,13 @@ def report(result: dict) -> list[str]:
 
 
 def plot(result: dict, out_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plots.pyplot().subplots(figsize=(6, 4))
     everything = [t * 1e3 for name in MODES for t in result["ttft_seconds"][name]]
     for name in MODES:
-        values = sorted(t * 1e3 for t in result["ttft_seconds"][name])
         ax.step(
-            values,
-            [(i + 1) / len(values) for i in range(len(values))],
+            *plots.cdf(t * 1e3 for t in result["ttft_seconds"][name]),
             where="post",
             label=f"prefix cache {name.removeprefix('cache_')}",
         )
@@ -256,20 +249,15 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     ax.set_ylabel("fraction of requests")
     ax.set_title(f"TTFT CDF, shared {result['workload']['prefix_len']}-token prefix")
     ax.legend()
-    path = out_dir / f"{NAME}_ttft_cdf.png"
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return [path]
+    return [plots.save(fig, out_dir / f"{NAME}_ttft_cdf.png")]
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_common_args(parser, NAME, repeats=3)
-    return parser.parse_args(argv)
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(dtype="auto", threads=1, repeats=3)
 
 
-def main(argv: list[str] | None = None) -> None:
-    bench_main(parse_args, run, report, argv)
+def main(argv: list[str] | None = None) -> dict:
+    return cli.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """Embedding and rerank through tritonserver with concurrent HTTP clients, against
 sentence-transformers in this process on the same inputs.
 
 Starts a real tritonserver on a temporary repository holding an `embedding` model
-(all-MiniLM-L6-v2) and a `rerank` model (the cross-encoder bench_rerank.build_cross_encoder
+(all-MiniLM-L6-v2) and a `rerank` model (the cross-encoder tooling.checkpoints.build_cross_encoder
 makes: MiniLM encoder plus a seeded random head, since no cross-encoder weights are available
 offline). `--clients` threads send requests (embedding: `--request-size` texts each; rerank: one
 query with its documents each) until all inputs are done. The first requests' outputs are
@@ -12,7 +11,7 @@ timed run's outputs after it. Served and in-process runs alternate, `--repeats` 
 items/s and tokens/s (min/median/max), served per-request latency p50/p99, and how many requests
 the server's micro-batches held (its Prometheus metrics).
 
-    python scripts/bench_encoders_served.py [--quick] [--texts 128] [--pairs 96] [--clients 16]
+    python -m bench.encoders_served [--quick] [--texts 128] [--pairs 96] [--clients 16]
 """
 
 from __future__ import annotations
@@ -30,15 +29,23 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import bench_main, machine_info, percentile, progress, time_repeats  # noqa: E402
-from bench_embedding import DEFAULT_MODEL, min_cosine, mixed_texts  # noqa: E402
-from bench_rerank import (  # noqa: E402
+from bench import cli
+from bench.encoders import (
+    DEFAULT_MODEL,
     DOCUMENTS_PER_QUERY,
-    build_cross_encoder,
+    cosine_gate,
     max_score_error,
+    min_cosine,
+    mixed_texts,
+    reference_model,
     rerank_pairs,
+    score_tolerance,
 )
+from bench.output import machine_info, progress
+from bench.rerank import HEAD_STD
+from bench.server import instance_kind, tritonserver
+from bench.timing import percentile, rates, time_repeats
+from tooling.checkpoints import build_cross_encoder
 
 NAME = "encoders_served"
 CHECK_ITEMS = 64
@@ -184,18 +191,71 @@ def compare(task: Task, url: str, clients: int, repeats: int) -> dict:
         "tokens": task.tokens,
         "requests": len(task.requests),
         "fidelity": {"before_timing": figure, "timed_passes": timed_figures, "passed": True},
-        "seconds": {name: t.seconds for name, t in timings.items()},
-        "items_per_second": {name: t.items_per_second(task.items) for name, t in timings.items()},
-        "tokens_per_second": {name: t.items_per_second(task.tokens) for name, t in timings.items()},
+        **rates(timings, task.items, task.tokens),
         "served_latency_s": {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99)},
         "served_vs_reference_per_repeat": ratios,
         "served_vs_reference": statistics.median(ratios),
     }
 
 
+def write_repository(
+    repository: Path, embedding_dir: Path, cross_encoder_dir: Path, dtype: str, device
+) -> None:
+    """A model repository holding the `embedding` and the `rerank` model."""
+    from tooling.repository import ModelSpec, write_model
+
+    models = {
+        "embedding": {"model": str(embedding_dir), "dtype": dtype},
+        "rerank": {"model": str(cross_encoder_dir), "mode": "cross_encoder", "dtype": dtype},
+    }
+    for name, parameters in models.items():
+        write_model(
+            ModelSpec(name, name, parameters, instance_kind=instance_kind(device)), repository
+        )
+
+
+def embedding_task(st, texts: list[str], request_size: int, gate: float) -> Task:
+    """Texts in requests of `request_size`, against `SentenceTransformer.encode`."""
+    # Tokens as the reference counts them (truncated to its max length).
+    tokens = st.tokenizer(texts, truncation=True, max_length=st.max_seq_length)["input_ids"]
+    return Task(
+        "embedding",
+        "embedding",
+        [{"text_input": texts[i : i + request_size]} for i in range(0, len(texts), request_size)],
+        lambda requests: st.encode([t for r in requests for t in r["text_input"]]),
+        min_cosine,
+        lambda cosine: cosine >= gate,
+        len(texts),
+        sum(map(len, tokens)),
+    )
+
+
+def rerank_task(ce, queries: list[str], documents: list[str], tolerance: float) -> Task:
+    """One query with its documents a request, against `CrossEncoder.predict`."""
+    tokens = ce.tokenizer(queries, documents, truncation=True, max_length=ce.max_seq_length)
+    return Task(
+        "rerank",
+        "score",
+        [
+            {
+                "query": queries[i : i + DOCUMENTS_PER_QUERY],
+                "document": documents[i : i + DOCUMENTS_PER_QUERY],
+            }
+            for i in range(0, len(queries), DOCUMENTS_PER_QUERY)
+        ],
+        lambda requests: ce.predict(
+            [(q, d) for r in requests for q, d in zip(r["query"], r["document"], strict=True)]
+        ),
+        lambda served, reference: max_score_error(served.reshape(-1), reference),
+        lambda error: error <= tolerance,
+        len(queries),
+        sum(map(len, tokens["input_ids"])),
+    )
+
+
 def run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-encoders-served-") as tmp:
-        cross_encoder_dir = build_cross_encoder(Path(tmp) / "cross_encoder", args.seed)
+        cross_encoder_dir = build_cross_encoder(Path(tmp) / "cross_encoder", args.seed, HEAD_STD)
         return run_with(args, cross_encoder_dir, Path(tmp) / "repo")
 
 
@@ -204,101 +264,29 @@ def run_with(args: argparse.Namespace, cross_encoder_dir: Path, repository: Path
     from sentence_transformers import CrossEncoder, SentenceTransformer
 
     from backend_lib.checkpoint import resolve_model_path
-    from backend_lib.device import resolve_dtype
-    from tooling.repository import ModelSpec, write_model
-    from tooling.tritonserver import TritonServer
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = resolve_dtype(args.dtype, device)
-    dtype_name = str(dtype).removeprefix("torch.")
-    kind = "KIND_GPU" if device.type == "cuda" else "KIND_CPU"
+    device, dtype, dtype_name = cli.setup_torch(args)
     embedding_dir = resolve_model_path(DEFAULT_MODEL, Path.cwd())
-    write_model(
-        ModelSpec(
-            "embedding",
-            "embedding",
-            {"model": str(embedding_dir), "dtype": dtype_name},
-            instance_kind=kind,
-        ),
-        repository,
-    )
-    write_model(
-        ModelSpec(
-            "rerank",
-            "rerank",
-            {"model": str(cross_encoder_dir), "mode": "cross_encoder", "dtype": dtype_name},
-            instance_kind=kind,
-        ),
-        repository,
-    )
-
+    write_repository(repository, embedding_dir, cross_encoder_dir, dtype_name, device)
     texts = mixed_texts(args.texts, args.seed)
     queries, documents = rerank_pairs(args.pairs, args.seed)
-    st = SentenceTransformer(
-        str(embedding_dir), device=str(device), local_files_only=True, model_kwargs={"dtype": dtype}
-    )
-    ce = CrossEncoder(
-        str(cross_encoder_dir),
-        device=str(device),
-        local_files_only=True,
-        model_kwargs={"dtype": dtype},
-    )
-    # Tokens as the references count them (truncated to their max lengths).
-    embedding_tokens = sum(
-        map(len, st.tokenizer(texts, truncation=True, max_length=st.max_seq_length)["input_ids"])
-    )
-    rerank_tokens = sum(
-        map(
-            len,
-            ce.tokenizer(queries, documents, truncation=True, max_length=ce.max_seq_length)[
-                "input_ids"
-            ],
-        )
-    )
-    gate = args.min_cosine or (0.9999 if dtype == torch.float32 else 0.99)
-    tolerance = 1e-3 if dtype == torch.float32 else 5e-2
+    gate = args.min_cosine or cosine_gate(dtype)
+    tolerance = score_tolerance(dtype)
     tasks = [
-        Task(
-            "embedding",
-            "embedding",
-            [
-                {"text_input": texts[i : i + args.request_size]}
-                for i in range(0, len(texts), args.request_size)
-            ],
-            lambda requests: st.encode([t for r in requests for t in r["text_input"]]),
-            min_cosine,
-            lambda cosine: cosine >= gate,
-            len(texts),
-            embedding_tokens,
+        embedding_task(
+            reference_model(SentenceTransformer, embedding_dir, device, dtype),
+            texts,
+            args.request_size,
+            gate,
         ),
-        Task(
-            "rerank",
-            "score",
-            [
-                {
-                    "query": queries[i : i + DOCUMENTS_PER_QUERY],
-                    "document": documents[i : i + DOCUMENTS_PER_QUERY],
-                }
-                for i in range(0, len(queries), DOCUMENTS_PER_QUERY)
-            ],
-            lambda requests: ce.predict(
-                [(q, d) for r in requests for q, d in zip(r["query"], r["document"], strict=True)]
-            ),
-            lambda served, reference: max_score_error(served.reshape(-1), reference),
-            lambda error: error <= tolerance,
-            len(queries),
-            rerank_tokens,
+        rerank_task(
+            reference_model(CrossEncoder, cross_encoder_dir, device, dtype),
+            queries,
+            documents,
+            tolerance,
         ),
     ]
-    server_env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}
-    started = time.perf_counter()
-    with TritonServer(repository, env=server_env) as server:
-        while not server.is_ready():
-            time.sleep(0.2)
-        server_start_s = time.perf_counter() - started
-        progress(f"tritonserver ready after {server_start_s:.1f} s")
+    with tritonserver(repository, args.threads) as (server, server_start_s):
         results = {
             task.model: compare(task, server.http_url, args.clients, args.repeats) for task in tasks
         }
@@ -312,7 +300,7 @@ def run_with(args: argparse.Namespace, cross_encoder_dir: Path, repository: Path
         "models": {
             "embedding": "all-MiniLM-L6-v2",
             "rerank": "all-MiniLM-L6-v2 encoder + seeded random classification head "
-            "(bench_rerank.build_cross_encoder)",
+            "(tooling.checkpoints.build_cross_encoder)",
         },
         "workload": {
             "texts": len(texts),
@@ -390,56 +378,28 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     return []  # a few numbers: the table reads better
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="few inputs, 1 repeat (for tests)")
-    parser.add_argument(
-        "--texts",
-        type=int,
-        default=None,
-        help="embedding texts (default 128, 4096 on CUDA; quick 16)",
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(
+        dtype="auto",
+        threads=0,
+        repeats=cli.ByMode(quick=1, cpu=3),
+        texts=cli.ByMode(quick=16, cpu=128, cuda=4096),
+        pairs=cli.ByMode(quick=16, cpu=96, cuda=4096),
     )
-    parser.add_argument(
-        "--pairs", type=int, default=None, help="rerank pairs (default 96, 4096 on CUDA; quick 16)"
-    )
+    parser.add_argument("--texts", type=int, help="embedding texts (default: %(default)s)")
+    parser.add_argument("--pairs", type=int, help="rerank pairs (default: %(default)s)")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--request-size", type=int, default=8, help="texts per embedding request")
-    parser.add_argument("--out", type=Path, default=Path(f"bench/results/{NAME}.json"))
-    parser.add_argument("--device", default=None, help="cpu, cuda (default: CUDA if available)")
-    parser.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="auto: float32 on CPU, bfloat16 on CUDA",
-    )
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=0,
-        help="torch CPU threads here and in the server (0: torch default)",
-    )
-    parser.add_argument("--repeats", type=int, default=None, help="default 3, quick 1")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--min-cosine",
         type=float,
         default=None,
         help="embedding gate (default 0.9999 float32, 0.99 16-bit)",
     )
-    args = parser.parse_args(argv)
-    import torch
-
-    cuda = (args.device or "").startswith("cuda") or (
-        args.device is None and torch.cuda.is_available()
-    )
-    args.texts = args.texts or (16 if args.quick else 4096 if cuda else 128)
-    args.pairs = args.pairs or (16 if args.quick else 4096 if cuda else 96)
-    args.repeats = args.repeats or (1 if args.quick else 3)
-    return args
 
 
-def main(argv: list[str] | None = None) -> None:
-    bench_main(parse_args, run, report, argv)
+def main(argv: list[str] | None = None) -> dict:
+    return cli.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,14 @@
-#!/usr/bin/env python3
 """LLM engine throughput: LLMEngine against `transformers` static-batch `generate` and against
 `transformers` continuous batching (the manager behind `generate_batch`), in one process.
 
 A random-weight Llama-architecture checkpoint (default hidden 512, 8 layers, 8 heads, 2 KV heads,
-vocab 8192: about 32M parameters) is built in a temp dir. The workload is `--requests` requests
-with seeded random prompt lengths (default 32-512 tokens) and output lengths (32-256 tokens),
+vocab 8192: about 32M parameters) is built in a temp dir. The workload is 64 requests
+(tooling.checkpoints.FULL) with seeded random prompt lengths (default 32-512 tokens) and output lengths (32-256 tokens),
 EOS ignored, greedy. Figures are useful output tokens per second (the requested tokens only):
 
 - engine: `LLMEngine.generate`, all requests at once (continuous batching, paged KV cache), on a
   fresh engine each run so repeats get no prefix-cache hits from earlier runs;
-- hf_static: `generate` on batches of `--static-batch` left-padded prompts; each batch runs to its
+- hf_static: `generate` on batches of `static_batch` (16) left-padded prompts; each batch runs to its
   longest output (the waste of static batching);
 - hf_continuous: `model.continuous_batching_context_manager()` with one `add_request` per request
   and its own max_new_tokens (`generate_batch` is this loop with a single max_new_tokens).
@@ -19,144 +18,29 @@ Greedy outputs are compared before timing (a few requests against plain `generat
 order, so background load hits all alike; ratios of medians are reported. The engine's time is
 split into model forward (`ModelRunner.compute_logits`) and the rest, per step phase.
 
-    python scripts/bench_engine.py [--quick] [--dtype float32] [--repeats 1]
-                                   [--out bench/results/engine.json] [--profile engine.txt]
+    python -m bench.engine [--quick] [--dtype float32] [--repeats 1]
+                           [--out bench/results/engine.json] [--profile engine.txt]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import random
 import statistics
 import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import machine_info, progress, spread, write_result  # noqa: E402
+from bench import cli, plots
+from bench.llm import Workload, agreement, greedy, load_hf_model, make_workload, new_engine
+from bench.output import machine_info
+from bench.timing import spread, time_interleaved, timed
+from tooling.checkpoints import FULL, GPU, QUICK, build_random_llama
+from tooling.hf_reference import hf_greedy
 
-
-@dataclass(frozen=True)
-class Sizes:
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    vocab: int
-    requests: int
-    prompt_len: tuple[int, int]
-    output_len: tuple[int, int]
-    static_batch: int
-
-
-FULL = Sizes(
-    hidden=512,
-    intermediate=1536,
-    layers=8,
-    heads=8,
-    kv_heads=2,
-    vocab=8192,
-    requests=64,
-    prompt_len=(32, 512),
-    output_len=(32, 256),
-    static_batch=16,
-)
-QUICK = Sizes(
-    hidden=128,
-    intermediate=256,
-    layers=2,
-    heads=4,
-    kv_heads=2,
-    vocab=1024,
-    requests=16,
-    prompt_len=(8, 64),
-    output_len=(8, 32),
-    static_batch=4,
-)
-# GPU mode: a ~0.5B-parameter model and a workload big enough to fill the device.
-GPU = Sizes(
-    hidden=1536,
-    intermediate=4096,
-    layers=16,
-    heads=12,
-    kv_heads=4,
-    vocab=32000,
-    requests=256,
-    prompt_len=(32, 512),
-    output_len=(32, 256),
-    static_batch=32,
-)
-
-
-@dataclass
-class Workload:
-    prompts: list[list[int]]
-    output_lens: list[int]
-
-    @property
-    def num_output_tokens(self) -> int:
-        return sum(self.output_lens)
-
-
-def make_workload(sizes: Sizes, seed: int) -> Workload:
-    rng = random.Random(seed)
-    prompts, output_lens = [], []
-    for _ in range(sizes.requests):
-        length = rng.randint(*sizes.prompt_len)
-        prompts.append([rng.randrange(3, sizes.vocab) for _ in range(length)])
-        output_lens.append(rng.randint(*sizes.output_len))
-    return Workload(prompts, output_lens)
-
-
-# --- the checkpoint ------------------------------------------------------------------------------
-
-
-def build_checkpoint(sizes: Sizes, out_dir: Path, seed: int) -> int:
-    """Random Llama checkpoint plus a word-level tokenizer; returns the parameter count."""
-    import torch
-    import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    config = transformers.LlamaConfig(
-        vocab_size=sizes.vocab,
-        hidden_size=sizes.hidden,
-        intermediate_size=sizes.intermediate,
-        num_hidden_layers=sizes.layers,
-        num_attention_heads=sizes.heads,
-        num_key_value_heads=sizes.kv_heads,
-        max_position_embeddings=1024,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-        tie_word_embeddings=False,
-        # Wider than HF's 0.02: clearly separated logits, so greedy paths are robust to rounding.
-        initializer_range=0.06,
-    )
-    torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(config)
-    model.save_pretrained(out_dir)
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, sizes.vocab)}}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    tokenizer.save(str(out_dir / "tokenizer.json"))
-    (out_dir / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "bos_token": "<s>",
-                "eos_token": "</s>",
-                "pad_token": "<pad>",
-            }
-        )
-    )
-    return sum(p.numel() for p in model.parameters())
+NAME = "engine"
 
 
 # --- the three systems ---------------------------------------------------------------------------
@@ -167,33 +51,22 @@ class EngineRunner:
     systems start with), timing each phase of its steps."""
 
     def __init__(self, model_dir: Path, dtype: str, device, max_num_seqs: int = 64):
-        from backend_lib.llm.config import LLMConfig
-
-        self.config = LLMConfig(
-            model=str(model_dir), dtype=dtype, max_model_len=1024, max_num_seqs=max_num_seqs
-        )
-        self.config.validate()
-        self.model_dir, self.device = model_dir, device
+        self.model_dir, self.dtype, self.device = model_dir, dtype, device
+        self.settings = {"max_model_len": 1024, "max_num_seqs": max_num_seqs}
+        self.config = None
+        """The latest engine's LLMConfig."""
         self.phase_seconds: dict[str, float] = defaultdict(float)
 
     def run(self, workload: Workload) -> tuple[list[list[int]], float]:
         """Greedy outputs and the seconds of `generate` (the engine's construction not counted)."""
-        from backend_lib.llm.core.sampling_params import SamplingParams
-
         engine = self._new_engine()
-        params = [
-            SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-            for n in workload.output_lens
-        ]
-        started = time.perf_counter()
-        outputs = engine.generate(workload.prompts, params)
-        seconds = time.perf_counter() - started
+        params = [greedy(n) for n in workload.output_lens]
+        outputs, seconds = timed(lambda: engine.generate(workload.prompts, params))()
         return [out.outputs[0].token_ids for out in outputs], seconds
 
     def _new_engine(self):
-        from backend_lib.llm.core.engine import LLMEngine
-
-        engine = LLMEngine(self.config, self.model_dir, self.device)
+        engine = new_engine(self.model_dir, self.device, self.dtype, **self.settings)
+        self.config = engine.config
         runner, scheduler = engine.runner, engine.scheduler
         self._time(scheduler, "schedule", "schedule")
         self._time(runner, "apply_block_moves", "block_moves")
@@ -297,59 +170,7 @@ def hf_continuous(model, workload: Workload) -> tuple[list[list[int]], float]:
     return [results[i] for i in ids], seconds
 
 
-def _timed(function: Callable[[], list[list[int]]]) -> Callable[[], tuple[list[list[int]], float]]:
-    def run() -> tuple[list[list[int]], float]:
-        started = time.perf_counter()
-        outputs = function()
-        return outputs, time.perf_counter() - started
-
-    return run
-
-
-def hf_reference(model, prompt: list[int], num_tokens: int) -> list[int]:
-    import torch
-
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([prompt], device=model.device),
-            max_new_tokens=num_tokens,
-            min_new_tokens=num_tokens,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt) :].tolist()
-
-
 # --- measuring -----------------------------------------------------------------------------------
-
-
-def agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:
-    """Share of requests with identical outputs, and of tokens before the first difference."""
-    same_requests = sum(x == y for x, y in zip(a, b, strict=True))
-    prefix = sum(_common_prefix(x, y) for x, y in zip(a, b, strict=True))
-    return {"requests": same_requests / len(a), "tokens": prefix / sum(len(x) for x in a)}
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
-
-
-def time_interleaved(
-    systems: dict[str, Callable[[], tuple[list[list[int]], float]]], repeats: int
-) -> tuple[dict[str, list[float]], dict[str, list[list[int]]]]:
-    """Each system returns (outputs, seconds); runs rotate order every repeat."""
-    seconds: dict[str, list[float]] = {name: [] for name in systems}
-    outputs: dict[str, list[list[int]]] = {}
-    names = list(systems)
-    for rep in range(repeats):
-        order = names[rep % len(names) :] + names[: rep % len(names)]
-        for name in order:
-            outputs[name], elapsed = systems[name]()
-            seconds[name].append(elapsed)
-            progress(f"repeat {rep + 1}/{repeats} {name}: {elapsed:.2f} s")
-    return seconds, outputs
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:
@@ -359,69 +180,37 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
 def run_in(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
     import torch
-    import transformers
 
-    from backend_lib.device import resolve_dtype
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = resolve_dtype(args.dtype, device)
-    dtype_name = str(dtype).removeprefix("torch.")
-    sizes = QUICK if args.quick else GPU if device.type == "cuda" else FULL
+    device, dtype, dtype_name = cli.setup_torch(args)
+    sizes = {"quick": QUICK, "cuda": GPU, "cpu": FULL}[cli.mode(args.quick, device)]
     workload = make_workload(sizes, args.seed)
-    num_params = build_checkpoint(sizes, model_dir, args.seed)
+    num_params = build_random_llama(sizes, model_dir, args.seed)
     print(
         f"model: {num_params / 1e6:.1f}M parameters, {dtype_name} on {device}; "
         f"{sizes.requests} requests, {sum(map(len, workload.prompts))} prompt tokens, "
         f"{workload.num_output_tokens} output tokens",
         flush=True,
     )
-
     engine = EngineRunner(model_dir, dtype_name, device, max_num_seqs=max(64, sizes.requests))
-    hf = (
-        transformers.AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=dtype, attn_implementation="sdpa", local_files_only=True
-        )
-        .to(device)
-        .eval()
-    )
-
-    # Fidelity first: a few requests against plain generate (this also warms every system up).
-    check = Workload(workload.prompts[:4], [16] * 4)
-    reference = [hf_reference(hf, p, 16) for p in check.prompts]
-    fidelity = {
-        "engine": agreement(engine.run(check)[0], reference),
-        "hf_static": agreement(hf_static(hf, check, 2), reference),
-        "hf_continuous": agreement(hf_continuous(hf, check)[0], reference),
-    }
-    print(f"greedy agreement with generate on {len(check.prompts)} requests: {fidelity}")
+    hf = load_hf_model(model_dir, device, dtype_name)
+    fidelity = check_fidelity(engine, hf, workload)
     if dtype == torch.float32 and fidelity["engine"]["requests"] < 1.0:
         raise SystemExit("the engine's greedy outputs differ from transformers generate")
     engine.phase_seconds.clear()
 
     systems = {
         "engine": lambda: engine.run(workload),
-        "hf_static": _timed(lambda: hf_static(hf, workload, sizes.static_batch)),
+        "hf_static": timed(lambda: hf_static(hf, workload, sizes.static_batch)),
         "hf_continuous": lambda: hf_continuous(hf, workload),
     }
     if args.skip_continuous:
         del systems["hf_continuous"]
     seconds, outputs = time_interleaved(systems, args.repeats)
-    median = {name: statistics.median(s) for name, s in seconds.items()}
     engine_seconds = sum(seconds["engine"])
     phases = {name: value / engine_seconds for name, value in engine.phase_seconds.items()}
     phases["other"] = 1.0 - sum(phases.values())
-
     if args.profile:
-        from pyinstrument import Profiler
-
-        profiler = Profiler(interval=0.002)
-        with profiler:
-            engine.run(workload)
-        args.profile.write_text(profiler.output_text(unicode=True, color=False), encoding="utf-8")
-
-    tokens = workload.num_output_tokens
+        write_profile(engine, workload, args.profile)
     return {
         "benchmark": "llm_engine",
         "quick": args.quick,
@@ -432,11 +221,58 @@ def run_in(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
             "requests": sizes.requests,
             "seed": args.seed,
             "prompt_tokens": sum(map(len, workload.prompts)),
-            "output_tokens": tokens,
+            "output_tokens": workload.num_output_tokens,
             "ignore_eos": True,
             "greedy": True,
         },
         "repeats": args.repeats,
+        **figures(seconds, workload.num_output_tokens, phases),
+        "fidelity_vs_generate": fidelity,
+        "agreement_with_engine": {
+            name: agreement(outputs["engine"], out)
+            for name, out in outputs.items()
+            if name != "engine"
+        },
+        "settings": {
+            "engine": asdict(engine.config),
+            "hf_static_batch": sizes.static_batch,
+            "hf_attn_implementation": "sdpa",
+            "torch_threads": torch.get_num_threads(),
+        },
+        "machine": machine_info(),
+    }
+
+
+def check_fidelity(engine: EngineRunner, hf, workload: Workload) -> dict[str, dict[str, float]]:
+    """Each system's greedy agreement with plain `generate` on a few requests (this also warms
+    every system up)."""
+    check = Workload(workload.prompts[:4], [16] * 4)
+    reference = [hf_greedy(hf, p, 16) for p in check.prompts]
+    fidelity = {
+        "engine": agreement(engine.run(check)[0], reference),
+        "hf_static": agreement(hf_static(hf, check, 2), reference),
+        "hf_continuous": agreement(hf_continuous(hf, check)[0], reference),
+    }
+    print(f"greedy agreement with generate on {len(check.prompts)} requests: {fidelity}")
+    return fidelity
+
+
+def write_profile(engine: EngineRunner, workload: Workload, path: Path) -> None:
+    """A pyinstrument profile of one more engine run."""
+    from pyinstrument import Profiler
+
+    profiler = Profiler(interval=0.002)
+    with profiler:
+        engine.run(workload)
+    path.write_text(profiler.output_text(unicode=True, color=False), encoding="utf-8")
+
+
+def figures(
+    seconds: dict[str, list[float]], tokens: int, phases: dict[str, float]
+) -> dict[str, object]:
+    """The timings and the figures drawn from them, for the result JSON."""
+    median = {name: statistics.median(s) for name, s in seconds.items()}
+    return {
         "seconds": seconds,
         "output_tokens_per_second": {name: tokens / t for name, t in median.items()},
         "output_tokens_per_second_spread": {
@@ -457,19 +293,6 @@ def run_in(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
             ),
             "forward_time_share": phases["model_forward"],
         },
-        "fidelity_vs_generate": fidelity,
-        "agreement_with_engine": {
-            name: agreement(outputs["engine"], out)
-            for name, out in outputs.items()
-            if name != "engine"
-        },
-        "settings": {
-            "engine": asdict(engine.config),
-            "hf_static_batch": sizes.static_batch,
-            "hf_attn_implementation": "sdpa",
-            "torch_threads": torch.get_num_threads(),
-        },
-        "machine": machine_info(),
     }
 
 
@@ -521,11 +344,6 @@ def report(result: dict) -> list[str]:
 
 def plot(result: dict, out_dir: Path) -> list[Path]:
     """Bar chart of output tokens/s per system."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rates = result["output_tokens_per_second_spread"]
     names = list(rates)
     medians = [rates[n]["median"] for n in names]
@@ -533,7 +351,7 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
         [rates[n]["median"] - rates[n]["min"] for n in names],
         [rates[n]["max"] - rates[n]["median"] for n in names],
     ]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = plots.pyplot().subplots(figsize=(6, 3.5))
     ax.bar(names, medians, yerr=errors, color=["tab:green", "tab:gray", "tab:blue"][: len(names)])
     ax.set_ylabel("output tokens/s")
     ax.set_title(
@@ -542,29 +360,11 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     )
     for x, y in enumerate(medians):
         ax.annotate(f"{y:.0f}", (x, y), ha="center", va="bottom")
-    fig.tight_layout()
-    path = out_dir / "engine_throughput.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    return [plots.save(fig, out_dir / "engine_throughput.png", dpi=110)]
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (< 60 s), for tests")
-    parser.add_argument("--out", type=Path, default=Path("bench/results/engine.json"))
-    parser.add_argument(
-        "--dtype", default="float32", choices=["auto", "float32", "bfloat16", "float16"]
-    )
-    parser.add_argument("--device", default=None, help="cpu, cuda (default: CUDA if available)")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=0,
-        help="torch CPU threads (0: torch default); on a shared, loaded CPU use 1",
-    )
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(dtype="float32", threads=0, repeats=1)
     parser.add_argument(
         "--skip-continuous", action="store_true", help="leave out transformers continuous batching"
     )
@@ -574,20 +374,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="write a pyinstrument profile of one more engine run here",
     )
-    return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    result = run(args)
-    for name, rate in result["output_tokens_per_second"].items():
-        print(f"{name:>14}: {rate:8.1f} output tokens/s")
-    print(
-        f"engine vs hf_static: {result['ratio_vs_hf_static']:.2f}x, vs hf_continuous: "
-        f"{result['ratio_vs_hf_continuous'] or float('nan'):.2f}x; model forward share of engine "
-        f"time: {result['model_forward_share']:.2f}"
-    )
-    write_result(args.out, result)
+def main(argv: list[str] | None = None) -> dict:
+    return cli.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

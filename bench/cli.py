@@ -1,0 +1,134 @@
+"""The command line every benchmark shares, and the `main` that runs one.
+
+The common flags are defined once here (`add_cli_args`); each benchmark module states its own
+defaults for them and adds its own flags in `add_args(parser)` (the vLLM `benchmarks/` pattern).
+A default may depend on the run (`ByMode`): tiny under --quick, else per device.
+
+A benchmark module exposes `NAME`, `add_args(parser)`, `run(args) -> dict`,
+`report(result) -> list[str]` (its Markdown section), `plot(result, out_dir) -> list[Path]` and
+`main(argv)`, which is `cli.main(<the module>, argv)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, NamedTuple
+
+from bench.output import write_result
+
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+OWN_DEFAULTS = ("dtype", "threads", "repeats")
+"""Common flags whose defaults every benchmark states itself."""
+
+
+@dataclass(frozen=True)
+class ByMode:
+    """A default that depends on the run: under --quick, else on CUDA, else on CPU."""
+
+    quick: Any
+    cpu: Any
+    cuda: Any = None
+    """Defaults to `cpu`."""
+
+    def pick(self, mode: str) -> Any:
+        if mode == "cuda" and self.cuda is not None:
+            return self.cuda
+        return self.quick if mode == "quick" else self.cpu
+
+    def __str__(self) -> str:
+        cuda = "" if self.cuda is None else f", CUDA {self.cuda}"
+        return f"{self.cpu} (quick {self.quick}{cuda})"
+
+
+def add_cli_args(parser: argparse.ArgumentParser, name: str) -> None:
+    """The flags every benchmark takes. dtype, threads and repeats have no default here."""
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, for tests")
+    parser.add_argument(
+        "--out", type=Path, default=Path(f"bench/results/{name}.json"), help="the JSON result"
+    )
+    parser.add_argument(
+        "--device", default=None, help="cpu, cuda, cuda:1 (default: CUDA if available)"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        help="auto: float32 on CPU, bfloat16 on CUDA (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch CPU threads (0: torch default; the served benchmarks set the server's too; "
+        "default: %(default)s)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, help="timed runs of each system (default: %(default)s)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def parse_args(benchmark: ModuleType, argv: list[str] | None = None) -> argparse.Namespace:
+    """The benchmark's arguments: common flags, its defaults and its own flags."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {benchmark.__spec__.name}",
+        description=(benchmark.__doc__ or "").split("\n\n")[0],
+    )
+    add_cli_args(parser, benchmark.NAME)
+    benchmark.add_args(parser)
+    missing = [flag for flag in OWN_DEFAULTS if parser.get_default(flag) is None]
+    if missing:
+        raise TypeError(f"{benchmark.NAME}.add_args sets no default for {', '.join(missing)}")
+    args = parser.parse_args(argv)
+    by_mode = {key: value for key, value in vars(args).items() if isinstance(value, ByMode)}
+    if by_mode:
+        mode_ = mode(args.quick, args.device)
+        for key, value in by_mode.items():
+            setattr(args, key, value.pick(mode_))
+    return args
+
+
+def main(benchmark: ModuleType, argv: list[str] | None = None) -> dict:
+    """Parse the arguments, run the benchmark, print its report section, write its JSON result
+    to --out."""
+    args = parse_args(benchmark, argv)
+    result = benchmark.run(args)
+    print("\n".join(benchmark.report(result)))
+    write_result(args.out, result)
+    return result
+
+
+def default_device(device: str | None):
+    """The torch device of --device: CUDA when available unless given."""
+    import torch
+
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def mode(quick: bool, device) -> str:
+    """Which preset a run uses: "quick" (tiny sizes), else by device "cuda" or "cpu"."""
+    if quick:
+        return "quick"
+    return "cuda" if default_device(device).type == "cuda" else "cpu"
+
+
+class TorchSetup(NamedTuple):
+    device: Any
+    dtype: Any
+    """torch.dtype."""
+    dtype_name: str
+    """"float32", "bfloat16" or "float16"."""
+
+
+def setup_torch(args: argparse.Namespace) -> TorchSetup:
+    """Apply --threads (when not 0); resolve --device and --dtype."""
+    import torch
+
+    from backend_lib.device import resolve_dtype
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = default_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    return TorchSetup(device, dtype, str(dtype).removeprefix("torch."))

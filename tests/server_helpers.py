@@ -1,0 +1,27 @@
+"""tritonserver instances started by tests, registered so a failing test can print their logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tooling.tritonserver import TritonServer
+
+live_servers: list[TritonServer] = []
+"""Servers started and not yet stopped (tests/conftest.py prints their log tails on failure)."""
+
+
+def start_server(repository: Path, extra_args=(), env=None) -> TritonServer:
+    server = TritonServer(repository, extra_args=extra_args, env=env)
+    try:
+        server.start()
+    except Exception:
+        print(server.log_tail(300))
+        raise
+    live_servers.append(server)
+    return server
+
+
+def stop_server(server: TritonServer) -> None:
+    server.stop()
+    if server in live_servers:
+        live_servers.remove(server)
