@@ -8,6 +8,7 @@ REPO ?= model_repository
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
+OPENAI_PORT ?= 9000
 PYTEST_ARGS ?=
 
 .PHONY: setup serve test test-fast lint format bench clean
@@ -22,7 +23,7 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml scripts/tritonserver
 	touch $(STAMP)
 
 serve: setup
-	@$(PY) scripts/serve.py --model-repository=$(REPO) --http-port=$(HTTP_PORT) --grpc-port=$(GRPC_PORT) --metrics-port=$(METRICS_PORT)
+	@$(PY) scripts/serve.py --model-repository=$(REPO) --http-port=$(HTTP_PORT) --grpc-port=$(GRPC_PORT) --metrics-port=$(METRICS_PORT) --openai-port=$(OPENAI_PORT)
 
 # Everything: lint, unit and kernel tests, end-to-end tests against a real tritonserver, the
 # benchmark suite in --quick mode.
@@ -31,7 +32,7 @@ test: setup lint
 
 # The inner loop: unit and kernel tests only, no tritonserver, no benchmarks.
 test-fast: setup
-	$(PY) -m pytest -m "not e2e and not bench" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not e2e and not bench and not slow" $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff format --check .

@@ -34,6 +34,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+SERVER_FIXTURES = {"server", "make_server", "reliability_server"}
+"""Fixtures that start a tritonserver: a test using one must be marked e2e (`make test-fast`
+deselects e2e tests and must never start a server)."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = [
+        item.nodeid
+        for item in items
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))
+        and item.get_closest_marker("e2e") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            "tests that start a tritonserver must be marked e2e: " + ", ".join(unmarked)
+        )
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

@@ -23,7 +23,7 @@ def reliability_server(tmp_path_factory) -> Iterator[TritonServer]:
     # kills one), so shutdown waits out the exit timeout: keep it short.
     server = start_server(
         repository,
-        ["--model-control-mode=explicit", "--load-model=*", "--exit-timeout-secs=10"],
+        ["--model-control-mode=explicit", "--load-model=*", "--exit-timeout-secs=3"],
         env={FAULT_INJECTION_ENV: FAULT_MARKER},
     )
     yield server
