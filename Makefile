@@ -26,13 +26,16 @@ serve: setup
 	@$(PY) scripts/serve.py --model-repository=$(REPO) --http-port=$(HTTP_PORT) --grpc-port=$(GRPC_PORT) --metrics-port=$(METRICS_PORT) --openai-port=$(OPENAI_PORT)
 
 # Everything: lint, unit and kernel tests, end-to-end tests against a real tritonserver, the
-# benchmark suite in --quick mode.
+# benchmark suite in --quick mode. Two pytest workers (one per core): tests sharing a server or
+# the benchmark run stay on one worker (tests/conftest.py); TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 test: setup lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The inner loop: unit and kernel tests only, no tritonserver, no benchmarks.
 test-fast: setup
-	$(PY) -m pytest -m "not e2e and not bench and not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not e2e and not bench and not slow" $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff format --check .

@@ -3,6 +3,8 @@
 Inside tritonserver the metrics go through `pb_utils.MetricFamily`, so they appear on the server's
 metrics port (:8002) next to Triton's own; outside it (tests, scripts) through `prometheus_client`.
 Every metric carries the labels given at creation (`model` and `version`), plus any per-call labels.
+A series exists once created: `touch` creates it at 0 without changing it, so a metric whose label
+values are known in advance is scraped as 0 from model load rather than absent until first used.
 """
 
 from __future__ import annotations
@@ -14,18 +16,25 @@ from typing import Any, Protocol
 
 class Counter(Protocol):
     def inc(self, amount: float = 1.0, **labels: str) -> None: ...
+    def touch(self, **labels: str) -> None: ...
 
 
 class Gauge(Protocol):
     def set(self, value: float, **labels: str) -> None: ...
+    def touch(self, **labels: str) -> None: ...
 
 
 class Histogram(Protocol):
     def observe(self, value: float, **labels: str) -> None: ...
+    def touch(self, **labels: str) -> None: ...
 
 
 class MetricsSink(Protocol):
     """Creates metrics; `labels` are the constant labels of every series (model, version)."""
+
+    def with_labels(self, **labels: str) -> MetricsSink:
+        """The same sink with more constant labels (e.g. vLLM's `model_name`)."""
+        ...
 
     def counter(self, name: str, description: str) -> Counter: ...
     def gauge(self, name: str, description: str) -> Gauge: ...
@@ -55,6 +64,9 @@ class _TritonSeries:
                     self._children[key] = child
         return child
 
+    def touch(self, **labels: str) -> None:
+        self._child(labels)
+
     def inc(self, amount: float = 1.0, **labels: str) -> None:
         self._child(labels).increment(amount)
 
@@ -70,6 +82,9 @@ class TritonMetrics:
 
     def __init__(self, pb_utils: Any, labels: Mapping[str, str]):
         self._pb, self._labels = pb_utils, dict(labels)
+
+    def with_labels(self, **labels: str) -> TritonMetrics:
+        return TritonMetrics(self._pb, {**self._labels, **labels})
 
     def _series(self, name: str, description: str, kind: Any, buckets=None) -> _TritonSeries:
         family = self._pb.MetricFamily(name=name, description=description, kind=kind)
@@ -91,6 +106,9 @@ class _PrometheusSeries:
 
     def _child(self, extra: Mapping[str, str]) -> Any:
         return self._metric.labels(**self._labels, **extra)
+
+    def touch(self, **labels: str) -> None:
+        self._child(labels)
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
         self._child(labels).inc(amount)
@@ -120,6 +138,10 @@ class PrometheusMetrics:
         self.registry = registry if registry is not None else prometheus_client.CollectorRegistry()
         self._labels = dict(labels)
         self._extra = dict(extra_labels or {})
+
+    def with_labels(self, **labels: str) -> PrometheusMetrics:
+        """Shares this sink's registry, so metric names must not repeat across the two."""
+        return PrometheusMetrics({**self._labels, **labels}, self.registry, self._extra)
 
     def _names(self, name: str) -> list[str]:
         return [*self._labels, *self._extra.get(name, ())]

@@ -58,6 +58,7 @@ BENCHMARKS = (
     ),
     Benchmark("rerank", "Rerank vs CrossEncoder"),
     Benchmark("encoders_served", "Embedding and rerank through tritonserver"),
+    Benchmark("openai_frontend", "OpenAI frontend vs gRPC"),
 )
 
 

@@ -65,6 +65,18 @@ TARGETS = (
         "padding; sentence-transformers sorts by length too, so there is little padding to save.",
     ),
     Target("rerank_vs_cross_encoder", 1.5, "items/s vs CrossEncoder.predict"),
+    Target(
+        "openai_vs_grpc",
+        0.95,
+        "streaming chat output tokens/s through the OpenAI frontend vs gRPC to tritonserver",
+        "On 2 CPU cores the frontend process takes CPU from the engine: each token of each stream "
+        "is a gRPC message received and parsed, a JSON chunk and an SSE write. cProfile of the "
+        "frontend at 16 streams: about a third of its busy time receiving and parsing gRPC "
+        "responses (`InferResult.as_numpy` per output, now one pass), a quarter in the HTTP send "
+        "path (uvicorn's pure-Python h11 protocol on the plain asyncio loop: httptools and uvloop "
+        "are not installed; one socket send per chunk). TTFT also waits behind other streams' "
+        "chunks on the frontend's event loop.",
+    ),
 )
 
 

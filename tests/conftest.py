@@ -50,6 +50,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "tests that start a tritonserver must be marked e2e: " + ", ".join(unmarked)
         )
+    for item in items:
+        group = xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """Under `pytest -n 2 --dist loadgroup` (make test), tests sharing a session-wide server or the
+    one benchmark run stay on one worker, so each starts once; the rest spread freely."""
+    if item.get_closest_marker("bench") is not None:
+        return "bench"
+    for fixture in ("reliability_server", "server"):
+        if fixture in getattr(item, "fixturenames", ()):
+            return fixture
+    return None
 
 
 @pytest.hookimpl(hookwrapper=True)

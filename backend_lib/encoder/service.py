@@ -30,8 +30,13 @@ TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
+FAILURE_REASONS = ("invalid_input", "internal")
+"""Every `reason` of `encoder_failures_total`, each exported from load."""
+
+
 class EncoderMetrics:
-    """Encoder metrics: requests and items, micro-batch shape, queue and compute time, failures."""
+    """Encoder metrics: requests and items, micro-batch shape, queue and compute time, failures.
+    Every series exists from load with value 0."""
 
     def __init__(self, sink: MetricsSink):
         self.requests = sink.counter("encoder_requests_total", "Requests received")
@@ -56,6 +61,18 @@ class EncoderMetrics:
         self.compute_seconds = sink.histogram(
             "encoder_compute_seconds", "Forward time per micro-batch", SECONDS_BUCKETS
         )
+        for series in (
+            self.requests,
+            self.items,
+            self.batch_size,
+            self.batch_tokens,
+            self.batch_requests,
+            self.queue_seconds,
+            self.compute_seconds,
+        ):
+            series.touch()
+        for reason in FAILURE_REASONS:
+            self.failures.touch(reason=reason)
 
     def record_batches(
         self, batches: Sequence[MicroBatch], owners: Sequence[int], waited: float

@@ -55,16 +55,21 @@ ENGINE_GAUGES = (
 # --- metrics ---------------------------------------------------------------------------------
 
 
+def _labels(name: str, model: str, **labels: str) -> frozenset:
+    """`model`, version 1; the llm metrics (vllm:*) also carry vLLM's `model_name`."""
+    extra = {"model_name": model} if name.startswith("vllm:") else {}
+    return frozenset({"model": model, "version": "1", **extra, **labels}.items())
+
+
 def metric(server, name: str, model: str, **labels: str) -> float:
     """One sample of the metrics port (0 when absent), labelled with `model`, version 1."""
-    wanted = frozenset({"model": model, "version": "1", **labels}.items())
+    wanted = _labels(name, model, **labels)
     return parse_prometheus_text(server.metrics_text()).get((name, wanted), 0.0)
 
 
 def engine_gauges(server, model: str) -> dict[str, float]:
     samples = parse_prometheus_text(server.metrics_text())
-    labels = frozenset({"model": model, "version": "1"}.items())
-    return {name: samples.get((name, labels), 0.0) for name in ENGINE_GAUGES}
+    return {name: samples.get((name, _labels(name, model)), 0.0) for name in ENGINE_GAUGES}
 
 
 def wait_engine_idle(server, model: str, timeout: float = 90.0) -> dict[str, float]:

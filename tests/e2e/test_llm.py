@@ -22,7 +22,7 @@ pytestmark = pytest.mark.e2e
 
 PROMPTS = ["ROMEO:", "To be, or not to be,", "KING HENRY:\nNow, lords,"]
 GREEDY = {"temperature": 0, "max_tokens": 24}
-LABELS = frozenset({"model": "llm", "version": "1"}.items())
+LABELS = frozenset({"model": "llm", "version": "1", "model_name": "llm"}.items())
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,13 @@ repository-control API to the admin key."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_serve_prints_usage_and_restricts_repository_control(tmp_path):
-    http, grpc, metrics = free_port(), free_port(), free_port()
+    http, grpc, metrics, openai_port = free_port(), free_port(), free_port(), free_port()
     log = (tmp_path / "serve.log").open("w")
     process = subprocess.Popen(
         [
@@ -28,6 +30,7 @@ def test_serve_prints_usage_and_restricts_repository_control(tmp_path):
             f"--http-port={http}",
             f"--grpc-port={grpc}",
             f"--metrics-port={metrics}",
+            f"--openai-port={openai_port}",
         ],
         cwd=REPO_ROOT,
         stdout=log,
@@ -50,6 +53,15 @@ def test_serve_prints_usage_and_restricts_repository_control(tmp_path):
         for model in ("embedding", "rerank", "llm"):
             assert f"/v2/models/{model}/" in output
         assert "test-key" not in output  # the key is never printed
+        assert f"localhost:{openai_port}/v1/chat/completions" in output
+        # The OpenAI frontend answers too, listing the models (its index read needs the key).
+        models_url = f"http://127.0.0.1:{openai_port}/v1/models"
+        while status(models_url) != 200:
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.5)
+        with urllib.request.urlopen(models_url, timeout=10) as response:
+            listed = {m["id"] for m in json.load(response)["data"]}
+        assert listed == {"embedding", "rerank", "llm"}
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)

@@ -1,6 +1,10 @@
 """vLLM-named metrics for the llm model, fed from engine stats after every step.
 
-Names, kinds and buckets follow vLLM (and Triton's vLLM backend) so existing dashboards work.
+Names, kinds and buckets follow vLLM (and Triton's vLLM backend) so existing dashboards work, and
+the gauges follow the Gateway API Inference Extension's model-server protocol (TotalQueuedRequests:
+`vllm:num_requests_waiting`, TotalRunningRequests: `vllm:num_requests_running`, KVCacheUtilization:
+`vllm:kv_cache_usage_perc` in 0..1; `vllm:cache_config_info` carries `block_size` and `num_gpu_blocks`).
+Every series exists from load with value 0, so `rate()`, dashboards and alerts see 0, not no data.
 """
 
 from __future__ import annotations
@@ -90,10 +94,29 @@ def buckets_1_2_5(limit: int) -> list[int]:
         exponent += 1
 
 
-class LLMMetrics:
-    """Gauges, counters and histograms of one llm model instance."""
+FINISHED_REASONS = ("stop", "length", "abort", "error")
+"""Every `finished_reason` of `vllm:request_success_total`, each exported from load."""
 
-    def __init__(self, sink: MetricsSink, max_model_len: int):
+EXTRA_LABELS = {
+    "vllm:request_success_total": ("finished_reason",),
+    "vllm:cache_config_info": ("block_size", "num_gpu_blocks"),
+}
+"""Per-series label names beyond the sink's constant ones (for `PrometheusMetrics(extra_labels=)`)."""
+
+
+class LLMMetrics:
+    """Gauges, counters and histograms of one llm model instance.
+
+    `block_size` and `num_blocks` (the engine's KV pool in blocks, whatever the device) are
+    exported once as `vllm:cache_config_info`, a gauge of value 1.
+    """
+
+    def __init__(self, sink: MetricsSink, max_model_len: int, block_size: int, num_blocks: int):
+        # Kept on self: a pb_utils metric family leaves the metrics port when garbage-collected.
+        self.cache_info = sink.gauge(
+            "vllm:cache_config_info", "Information of the KV-cache config."
+        )
+        self.cache_info.set(1, block_size=str(block_size), num_gpu_blocks=str(num_blocks))
         self.running = sink.gauge("vllm:num_requests_running", "Requests currently running.")
         self.waiting = sink.gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.")
         self.kv_usage = sink.gauge(
@@ -130,6 +153,26 @@ class LLMMetrics:
             "vllm:request_generation_tokens", "Generated tokens per request.", token_buckets
         )
         self._previous = EngineCounters()
+        self._export_zeros()
+
+    def _export_zeros(self) -> None:
+        for gauge in (self.running, self.waiting, self.kv_usage):
+            gauge.set(0)
+        for series in (
+            self.prefix_queries,
+            self.prefix_hits,
+            self.preemptions,
+            self.prompt_tokens,
+            self.generation_tokens,
+            self.ttft,
+            self.itl,
+            self.e2e,
+            self.request_prompt_tokens,
+            self.request_generation_tokens,
+        ):
+            series.touch()
+        for reason in FINISHED_REASONS:
+            self.request_success.touch(finished_reason=reason)
 
     def update(self, stats: EngineStats) -> None:
         """Apply one engine snapshot (called on the engine loop thread after each step)."""

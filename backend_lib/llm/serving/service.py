@@ -90,7 +90,15 @@ class LLMService:
         The environment variable BACKEND_LIB_FAULT_INJECTION sets the test-only `fault_marker`."""
         config = from_parameters(LLMConfig, context.parameters)
         engine = LLMEngine.from_config(config, context.model_dir, context.device)
-        metrics = LLMMetrics(sink, engine.max_model_len) if sink else None
+        metrics = None
+        if sink:
+            # vLLM's `model_name` label beside model/version: vLLM dashboards and routers key on it.
+            metrics = LLMMetrics(
+                sink.with_labels(model_name=context.name),
+                engine.max_model_len,
+                block_size=config.block_size,
+                num_blocks=engine.runner.num_blocks,
+            )
         return cls(engine, metrics, fault_marker=os.environ.get(FAULT_INJECTION_ENV))
 
     def submit(self, inputs: dict[str, np.ndarray]) -> Job:

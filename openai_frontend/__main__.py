@@ -1,0 +1,47 @@
+"""`python -m openai_frontend --triton-url 127.0.0.1:8001 --model-repository model_repository`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import uvicorn
+
+from openai_frontend.app import create_app
+from openai_frontend.config import DEFAULT_MAX_BODY_BYTES, FrontendConfig
+
+
+def parse_args(argv: list[str] | None = None) -> FrontendConfig:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--triton-url", default="127.0.0.1:8001", help="tritonserver gRPC host:port"
+    )
+    parser.add_argument("--model-repository", type=Path, help="to read tokenizers and templates")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=9000)
+    parser.add_argument("--api-key", help="require this bearer token (default $OPENAI_API_KEY)")
+    parser.add_argument("--triton-admin-key", help="default $TRITON_ADMIN_KEY")
+    parser.add_argument("--chat-template", type=Path, help="a jinja2 chat template for every llm")
+    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    parser.add_argument("--index-ttl", type=float, default=2.0, help="seconds")
+    args = parser.parse_args(argv)
+    return FrontendConfig.with_env_defaults(
+        triton_url=args.triton_url,
+        model_repository=args.model_repository,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        triton_admin_key=args.triton_admin_key,
+        chat_template=args.chat_template,
+        max_body_bytes=args.max_body_bytes,
+        index_ttl_s=args.index_ttl,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_args(argv)
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

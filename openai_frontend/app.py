@@ -1,0 +1,175 @@
+"""The FastAPI app: routes, OpenAI-shaped error handlers, and one ASGI middleware for the API key,
+the body size limit and the request metrics."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from openai_frontend.config import FrontendConfig
+from openai_frontend.discovery import ModelRegistry
+from openai_frontend.errors import APIError, internal, invalid_request
+from openai_frontend.metrics import FrontendMetrics
+from openai_frontend.routes import (
+    chat,
+    completions,
+    embeddings,
+    health,
+    models,
+    rerank,
+    score,
+    tokenize,
+)
+from openai_frontend.state import FrontendState
+from openai_frontend.triton import TritonClient
+
+log = logging.getLogger(__name__)
+OPEN_PATHS = ("/health", "/health/ready", "/metrics")  # no API key needed
+
+
+def _json_error(error: APIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def _param(loc: tuple[Any, ...]) -> str | None:
+    parts = [str(p) for p in loc if p != "body"]
+    return ".".join(parts) or None
+
+
+async def _on_api_error(_: Request, exc: APIError) -> JSONResponse:
+    return _json_error(exc)
+
+
+async def _on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    if first.get("type") == "json_invalid":
+        return _json_error(invalid_request(f"the body is not valid JSON: {first.get('ctx', '')}"))
+    param = _param(tuple(first.get("loc", ())))
+    message = "; ".join(f"{_param(tuple(e['loc'])) or 'body'}: {e['msg']}" for e in errors[:5])
+    return _json_error(invalid_request(message, param))
+
+
+async def _on_http_error(_: Request, exc: HTTPException) -> JSONResponse:
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return _json_error(APIError(exc.status_code, str(exc.detail), kind))
+
+
+async def _on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+    log.exception("request failed")
+    return _json_error(internal(f"{type(exc).__name__}: {exc}"))
+
+
+class FrontendMiddleware:
+    """API key, body size limit (the body is read here, then replayed) and metrics."""
+
+    def __init__(self, app: ASGIApp, config: FrontendConfig, metrics: FrontendMetrics):
+        self.app, self.config, self.metrics = app, config, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started, status = time.perf_counter(), 500
+
+        async def send_and_record(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            error = self._check_auth(scope)
+            if error is None:
+                body, error = await self._read_body(scope, receive)
+            if error is not None:
+                await _json_error(error)(scope, receive, send_and_record)
+            else:
+                await self.app(scope, _replay(body, receive), send_and_record)
+        finally:
+            route = scope.get("route")
+            endpoint = getattr(route, "path", None) or "unmatched"
+            self.metrics.observe(endpoint, status, time.perf_counter() - started)
+
+    def _check_auth(self, scope: Scope) -> APIError | None:
+        key = self.config.api_key
+        if not key or scope["path"] in OPEN_PATHS:
+            return None
+        headers = dict(scope["headers"])
+        given = headers.get(b"authorization", b"").decode("latin-1")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() == "bearer" and secrets.compare_digest(token.strip(), key):
+            return None
+        return APIError(401, "invalid or missing API key", "authentication_error", "api_key")
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> tuple[bytes, APIError | None]:
+        limit = self.config.max_body_bytes
+        too_large = APIError(
+            413, f"the request body is over the limit of {limit} bytes", "invalid_request_error"
+        )
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            return b"", too_large
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return b"", too_large
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks), None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that gives the buffered body once, then the client's own messages (so a
+    disconnect still reaches a streaming response)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def create_app(config: FrontendConfig) -> FastAPI:
+    """The frontend app for `config`; the Triton client opens on the app's event loop."""
+    triton = TritonClient(config.triton_url, config.triton_admin_key, config.request_timeout_s)
+    registry = ModelRegistry(
+        triton, config.model_repository, config.index_ttl_s, config.chat_template
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await triton.close()
+
+    app = FastAPI(title="OpenAI-compatible API for tritonserver", lifespan=lifespan)
+    app.state.frontend = FrontendState(config, triton, registry)
+    app.state.metrics = FrontendMetrics()
+    for module in (models, chat, completions, embeddings, rerank, score, tokenize, health):
+        app.include_router(module.router)
+    app.add_exception_handler(APIError, _on_api_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(HTTPException, _on_http_error)
+    app.add_exception_handler(Exception, _on_unexpected)
+    app.add_middleware(FrontendMiddleware, config=config, metrics=app.state.metrics)
+    return app

@@ -1,0 +1,66 @@
+"""The frontend's settings: one dataclass, validated once, errors naming the field."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+API_KEY_ENV = "OPENAI_API_KEY"
+ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+class FrontendConfigError(ValueError):
+    """A setting is invalid; the message names it."""
+
+    def __init__(self, field: str, value: object, reason: str):
+        self.field = field
+        super().__init__(f"invalid setting {field}={value!r}: {reason}")
+
+
+@dataclass(frozen=True)
+class FrontendConfig:
+    """Where tritonserver is, where its repository is, and how the HTTP side behaves."""
+
+    triton_url: str = "127.0.0.1:8001"
+    model_repository: Path | None = None
+    host: str = "0.0.0.0"
+    port: int = 9000
+    api_key: str | None = None
+    # Sent as `triton-admin-key` on repository-index calls when tritonserver restricts that API.
+    triton_admin_key: str | None = None
+    chat_template: Path | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    index_ttl_s: float = 2.0
+    request_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if not self.triton_url or "://" in self.triton_url:
+            raise FrontendConfigError("triton_url", self.triton_url, "expected host:port")
+        if not 0 <= self.port < 65536:
+            raise FrontendConfigError("port", self.port, "expected 0-65535")
+        if self.model_repository is not None and not Path(self.model_repository).is_dir():
+            raise FrontendConfigError("model_repository", self.model_repository, "not a directory")
+        if self.chat_template is not None and not Path(self.chat_template).is_file():
+            raise FrontendConfigError("chat_template", self.chat_template, "not a file")
+        if self.max_body_bytes < 1024:
+            raise FrontendConfigError("max_body_bytes", self.max_body_bytes, "must be >= 1024")
+        if self.index_ttl_s < 0:
+            raise FrontendConfigError("index_ttl_s", self.index_ttl_s, "must be >= 0")
+        if self.request_timeout_s <= 0:
+            raise FrontendConfigError("request_timeout_s", self.request_timeout_s, "must be > 0")
+
+    @classmethod
+    def with_env_defaults(cls, **values) -> FrontendConfig:
+        """`values`, with the API key and Triton admin key taken from the environment if unset."""
+        values.setdefault("api_key", None)
+        values.setdefault("triton_admin_key", None)
+        values["api_key"] = values["api_key"] or os.environ.get(API_KEY_ENV) or None
+        values["triton_admin_key"] = (
+            values["triton_admin_key"] or os.environ.get(ADMIN_KEY_ENV) or None
+        )
+        return cls(**values)

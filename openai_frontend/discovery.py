@@ -1,0 +1,166 @@
+"""The model registry: which models tritonserver serves now, their kinds, limits and tokenizers.
+
+The repository index is read over gRPC and cached for a short TTL (and re-read on a miss), so a
+model loaded or unloaded in Triton appears or disappears without restarting the frontend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from backend_lib.checkpoint import resolve_model_path
+from backend_lib.config import ConfigError, triton_parameters
+from openai_frontend.errors import APIError, invalid_request, model_not_found
+from openai_frontend.tokenization import ModelTokenizer, load_tokenizer
+from openai_frontend.triton import TritonClient
+
+Kind = Literal["llm", "embedding", "rerank"]
+
+
+def model_kind(config: dict[str, Any]) -> Kind | None:
+    """A model's kind from its Triton config (as JSON): the tensors it declares."""
+    outputs = {output.get("name") for output in config.get("output", [])}
+    decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled"))
+    if decoupled and "text_output" in outputs:
+        return "llm"
+    if "embedding" in outputs:
+        return "embedding"
+    if "score" in outputs:
+        return "rerank"
+    return None
+
+
+@dataclass
+class ModelInfo:
+    """One READY model version as the frontend serves it."""
+
+    name: str
+    version: str
+    kind: Kind
+    parameters: dict[str, str]
+    model_dir: Path | None
+    max_batch_size: int = 0
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def checkpoint(self) -> Path:
+        """The checkpoint directory, resolved as the backend does (`{version}`, relative paths,
+        `package:` specs)."""
+        if self.model_dir is None:
+            raise invalid_request(
+                f"the frontend was started without --model-repository, so it cannot read the "
+                f"tokenizer of model `{self.name}`"
+            )
+        try:
+            return resolve_model_path(self.parameters.get("model", ""), self.model_dir)
+        except ConfigError as exc:
+            raise APIError(500, str(exc), "internal_server_error") from None
+
+    def max_model_len(self) -> int | None:
+        value = int(self.parameters.get("max_model_len", "0") or 0)
+        if value > 0:
+            return value
+        try:
+            config = json.loads((self.checkpoint() / "config.json").read_text())
+        except (APIError, OSError, ValueError):
+            return None
+        return config.get("max_position_embeddings")
+
+
+class ModelRegistry:
+    """The models tritonserver serves, refreshed from its repository index."""
+
+    def __init__(
+        self,
+        triton: TritonClient,
+        repository: Path | None,
+        ttl_s: float = 2.0,
+        chat_template: Path | None = None,
+    ):
+        self.triton, self.repository, self.ttl_s = triton, repository, ttl_s
+        self.chat_template = chat_template
+        self._models: dict[str, ModelInfo] = {}
+        self._configs: dict[tuple[str, str], dict[str, Any]] = {}
+        self._tokenizers: dict[tuple[str, str], ModelTokenizer] = {}
+        self._refreshed_at = float("-inf")
+        self._lock = asyncio.Lock()
+
+    async def refresh(self, force: bool = False) -> None:
+        async with self._lock:
+            if not force and time.monotonic() - self._refreshed_at < self.ttl_s:
+                return
+            models: dict[str, ModelInfo] = {}
+            for entry in await self.triton.repository_index():
+                if entry.get("state") != "READY":
+                    continue
+                name, version = entry["name"], str(entry.get("version", ""))
+                current = models.get(name)
+                if current is not None and _version_key(current.version) >= _version_key(version):
+                    continue
+                info = await self._describe(name, version)
+                if info is not None:
+                    models[name] = info
+            self._models = models
+            self._refreshed_at = time.monotonic()
+
+    async def _describe(self, name: str, version: str) -> ModelInfo | None:
+        key = (name, version)
+        if key not in self._configs:
+            self._configs[key] = await self.triton.model_config(name, version)
+        config = self._configs[key]
+        kind = model_kind(config)
+        if kind is None:
+            return None
+        parameters = {
+            k: v.replace("{version}", version) for k, v in triton_parameters(config).items()
+        }
+        model_dir = self.repository / name if self.repository is not None else None
+        return ModelInfo(
+            name, version, kind, parameters, model_dir, int(config.get("max_batch_size", 0) or 0)
+        )
+
+    async def list(self) -> list[ModelInfo]:
+        await self.refresh()
+        return sorted(self._models.values(), key=lambda m: m.name)
+
+    async def get(self, name: str | None, kind: Kind | None) -> ModelInfo:
+        """The model `name` (or the only model of `kind` when name is empty) serving `kind`
+        (None: any kind, the only llm when name is empty)."""
+        await self.refresh()
+        if not name:
+            return await self._only(kind or "llm")
+        if name not in self._models:
+            await self.refresh(force=True)  # just loaded?
+        info = self._models.get(name)
+        if info is None:
+            raise model_not_found(name)
+        if kind is not None and info.kind != kind:
+            raise invalid_request(
+                f"model `{name}` is a {info.kind} model; this endpoint needs a {kind} model",
+                "model",
+            )
+        return info
+
+    async def _only(self, kind: Kind) -> ModelInfo:
+        found = [m for m in self._models.values() if m.kind == kind]
+        if len(found) != 1:
+            names = ", ".join(sorted(m.name for m in found)) or "none"
+            raise invalid_request(
+                f"`model` is required: {len(found)} {kind} models are served ({names})", "model"
+            )
+        return found[0]
+
+    def tokenizer(self, info: ModelInfo) -> ModelTokenizer:
+        key = (info.name, info.version)
+        if key not in self._tokenizers:
+            override = self.chat_template if info.kind == "llm" else None
+            self._tokenizers[key] = load_tokenizer(info.checkpoint(), override)
+        return self._tokenizers[key]
+
+
+def _version_key(version: str) -> tuple[int, str]:
+    return (int(version), "") if version.isdigit() else (-1, version)

@@ -1,0 +1,146 @@
+"""Running one prompt through the llm: the whole result, or its stream of responses, plus usage
+and the two logprobs shapes (chat's and legacy completions')."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from openai_frontend.triton import LLMResponse, TritonClient
+
+LogprobEntry = dict[str, dict[str, Any]]  # {token_id: {logprob, rank, decoded_token}}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def add(self, response: LLMResponse, first: bool) -> None:
+        # num_input_tokens repeats on every response of a request: count it once.
+        if first:
+            self.prompt_tokens += response.num_input_tokens
+        self.completion_tokens += sum(response.num_output_tokens)
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
+
+@dataclass
+class Choice:
+    text: str = ""
+    finish_reason: str | None = None
+    logprobs: list[LogprobEntry] = field(default_factory=list)
+
+
+@dataclass
+class Generation:
+    """Where one request goes: the llm model, its prompt and sampling parameters."""
+
+    triton: TritonClient
+    model: str
+    prompt: str
+    params: dict[str, Any]
+    logprobs: bool
+
+    def stream(self, stream: bool = True) -> AsyncIterator[LLMResponse]:
+        return self.triton.generate(
+            self.model, self.prompt, self.params, stream=stream, logprobs=self.logprobs
+        )
+
+    async def run(self, usage: Usage) -> list[Choice]:
+        """Every choice, whole (one non-streaming request)."""
+        choices: list[Choice] = []
+        async with contextlib.aclosing(self.stream(stream=False)) as responses:
+            async for i, response in _enumerate(responses):
+                usage.add(response, first=i == 0)
+                if not choices:
+                    choices = [Choice() for _ in response.texts]
+                for choice, text, reason, lps in zip(
+                    choices,
+                    response.texts,
+                    response.finish_reasons,
+                    response.logprobs,
+                    strict=True,
+                ):
+                    choice.text += text
+                    choice.finish_reason = reason or choice.finish_reason
+                    choice.logprobs += lps or []
+        return choices
+
+
+async def _enumerate(items: AsyncIterator[LLMResponse]) -> AsyncIterator[tuple[int, LLMResponse]]:
+    i = 0
+    async for item in items:
+        yield i, item
+        i += 1
+
+
+def _ranked(entry: LogprobEntry) -> list[dict[str, Any]]:
+    return sorted(entry.values(), key=lambda e: e["rank"])
+
+
+def _sampled(entry: LogprobEntry) -> dict[str, Any]:
+    # The engine lists the sampled token first, then the top ones.
+    return next(iter(entry.values()))
+
+
+def _bytes(token: str) -> list[int]:
+    return list(token.encode("utf-8"))
+
+
+def chat_logprobs(entries: list[LogprobEntry], top: int) -> dict[str, Any]:
+    """Chat's `logprobs`: {content: [{token, logprob, bytes, top_logprobs}]}."""
+    content = []
+    for entry in entries:
+        sampled = _sampled(entry)
+        content.append(
+            {
+                "token": sampled["decoded_token"],
+                "logprob": sampled["logprob"],
+                "bytes": _bytes(sampled["decoded_token"]),
+                "top_logprobs": [
+                    {
+                        "token": e["decoded_token"],
+                        "logprob": e["logprob"],
+                        "bytes": _bytes(e["decoded_token"]),
+                    }
+                    for e in _ranked(entry)[:top]
+                ],
+            }
+        )
+    return {"content": content}
+
+
+def completion_logprobs(entries: list[LogprobEntry], top: int, offset: int) -> dict[str, Any]:
+    """Legacy completions' `logprobs`: tokens, token_logprobs, top_logprobs, text_offset."""
+    tokens, token_logprobs, tops, offsets = [], [], [], []
+    for entry in entries:
+        sampled = _sampled(entry)
+        tokens.append(sampled["decoded_token"])
+        token_logprobs.append(sampled["logprob"])
+        tops.append({e["decoded_token"]: e["logprob"] for e in _ranked(entry)[:top]})
+        offsets.append(offset)
+        offset += len(sampled["decoded_token"])
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }

@@ -1,0 +1,182 @@
+"""Request bodies of the OpenAI-compatible endpoints (pydantic), with their range checks.
+
+Unknown fields are accepted and ignored (as vLLM's server does); fields the frontend cannot honour
+are refused by `check_supported` naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from openai_frontend.errors import invalid_request
+
+NonNegInt = Annotated[int, Field(ge=0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingFields(_Body):
+    """The sampling fields chat and completions share (vLLM's names and ranges)."""
+
+    model: str | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[NonNegInt] | None = None
+    ignore_eos: bool = False
+    min_tokens: NonNegInt = 0
+    n: Annotated[int, Field(ge=1, le=128)] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    best_of: int | None = None
+
+    def _refuse(self, *names: str) -> None:
+        for name in names:
+            if getattr(self, name, None) not in (None, [], {}):
+                raise invalid_request(f"`{name}` is not supported by this server", name)
+
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+
+    def check_supported(self) -> None:
+        self._refuse("tools", "logit_bias", "best_of")
+        if self.tool_choice not in (None, "none"):
+            raise invalid_request("`tool_choice` is not supported by this server", "tool_choice")
+        if self.response_format is not None and self.response_format.get("type") != "text":
+            raise invalid_request(
+                'only `response_format` {"type": "text"} is supported', "response_format"
+            )
+        if self.top_logprobs and not self.logprobs:
+            raise invalid_request("`top_logprobs` needs `logprobs` true", "top_logprobs")
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | Annotated[list[str], Field(min_length=1)]
+    echo: bool = False
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    suffix: str | None = None
+
+    def check_supported(self) -> None:
+        self._refuse("logit_bias", "suffix", "best_of")
+
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+
+class EmbeddingRequest(_Body):
+    model: str | None = None
+    input: str | Annotated[list[str], Field(min_length=1)] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    user: str | None = None
+
+    def texts(self) -> list[str]:
+        if isinstance(self.input, str):
+            return [self.input]
+        if not self.input or not all(isinstance(item, str) for item in self.input):
+            raise invalid_request("token-id `input` is not supported: send strings", "input")
+        return list(self.input)
+
+
+class RerankDocument(BaseModel):
+    text: str
+
+
+class RerankRequest(_Body):
+    """Cohere/Jina/vLLM's rerank body, or TEI's (`texts`, `return_text`, `raw_scores`)."""
+
+    model: str | None = None
+    query: str
+    documents: list[str | RerankDocument] | None = None
+    texts: list[str] | None = None
+    top_n: Annotated[int, Field(ge=1)] | None = None
+    return_documents: bool = True
+    return_text: bool = False
+    raw_scores: bool = False
+
+    def is_tei(self) -> bool:
+        return self.documents is None and self.texts is not None
+
+    def document_texts(self) -> list[str]:
+        if self.is_tei():
+            return list(self.texts or [])
+        if self.documents is None:
+            raise invalid_request("`documents` is required", "documents")
+        return [d if isinstance(d, str) else d.text for d in self.documents]
+
+
+class ScoreRequest(_Body):
+    model: str | None = None
+    text_1: str | Annotated[list[str], Field(min_length=1)]
+    text_2: str | Annotated[list[str], Field(min_length=1)]
+
+    def pairs(self) -> list[tuple[str, str]]:
+        left = [self.text_1] if isinstance(self.text_1, str) else self.text_1
+        right = [self.text_2] if isinstance(self.text_2, str) else self.text_2
+        if len(left) == 1:
+            return [(left[0], r) for r in right]
+        if len(left) != len(right):
+            raise invalid_request(
+                f"`text_1` has {len(left)} items and `text_2` {len(right)}: give one `text_1` or "
+                "as many as `text_2`",
+                "text_2",
+            )
+        return list(zip(left, right, strict=True))
+
+
+class TokenizeRequest(_Body):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = None
+    tokens: list[NonNegInt]

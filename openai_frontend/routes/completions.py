@@ -1,0 +1,116 @@
+"""`POST /v1/completions` (one or several prompts, each with `n` choices)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter
+
+from openai_frontend.generation import Generation, Usage, completion_logprobs, new_id, now
+from openai_frontend.protocol import CompletionRequest
+from openai_frontend.sampling import sampling_parameters
+from openai_frontend.state import FrontendState, State
+from openai_frontend.streaming import sse_response
+from openai_frontend.triton import LLMResponse
+
+router = APIRouter()
+
+
+async def prepare(body: CompletionRequest, state: FrontendState) -> list[Generation]:
+    body.check_supported()
+    info = await state.registry.get(body.model, "llm")
+    tokenizer = state.tokenizer_or_none(info)
+    generations = []
+    for prompt in body.prompts():
+        prompt_tokens = len(tokenizer.encode(prompt)) if tokenizer else None
+        params = sampling_parameters(body, info.max_model_len(), prompt_tokens)
+        generations.append(
+            Generation(state.triton, info.name, prompt, params, body.logprobs is not None)
+        )
+    return generations
+
+
+def _logprobs(body: CompletionRequest, entries: list, offset: int) -> dict[str, Any] | None:
+    if body.logprobs is None:
+        return None
+    return completion_logprobs(entries, body.logprobs, offset)
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, state: State):
+    generations = await prepare(body, state)
+    request_id, created = new_id("cmpl"), now()
+    header = {"id": request_id, "created": created, "model": generations[0].model}
+    if body.stream:
+        # Prompts stream one after the other; the first is opened now so that its errors
+        # (a prompt too long, a bad parameter) are plain HTTP errors.
+        responses = generations[0].stream()
+        first = await anext(responses)
+        return sse_response(_chunks(header, body, generations, first, responses))
+    usage = Usage()
+    results = await asyncio.gather(*(g.run(usage) for g in generations))
+    choices = []
+    for generation, result in zip(generations, results, strict=True):
+        echo = generation.prompt if body.echo else ""
+        for choice in result:
+            choices.append(
+                {
+                    "index": len(choices),
+                    "text": echo + choice.text,
+                    "logprobs": _logprobs(body, choice.logprobs, len(echo)),
+                    "finish_reason": choice.finish_reason,
+                }
+            )
+    return {
+        **header,
+        "object": "text_completion",
+        "choices": choices,
+        "usage": usage.as_dict(),
+    }
+
+
+async def _chunks(
+    header: dict[str, Any],
+    body: CompletionRequest,
+    generations: list[Generation],
+    first: LLMResponse,
+    first_stream: AsyncIterator[LLMResponse],
+) -> AsyncIterator[dict[str, Any]]:
+    usage = Usage()
+    base = 0  # choice index of this prompt's first choice
+    for number, generation in enumerate(generations):
+        stream = first_stream if number == 0 else generation.stream()
+        async with contextlib.aclosing(stream):
+            response = first if number == 0 else await anext(stream)
+            is_first, n = True, len(response.texts)
+            offsets = [0] * n  # text already sent per choice (logprobs' text_offset)
+            while response is not None:
+                usage.add(response, first=is_first)
+                choices = []
+                for i, (text, reason, lps) in enumerate(
+                    zip(response.texts, response.finish_reasons, response.logprobs, strict=True)
+                ):
+                    lp_offset = offsets[i]
+                    if is_first and body.echo:
+                        text = generation.prompt + text
+                        lp_offset += len(generation.prompt)
+                    if text or reason or lps:
+                        choices.append(
+                            {
+                                "index": base + i,
+                                "text": text,
+                                "logprobs": _logprobs(body, lps or [], lp_offset),
+                                "finish_reason": reason,
+                            }
+                        )
+                    offsets[i] += len(text)
+                if choices:
+                    yield {**header, "object": "text_completion", "choices": choices}
+                is_first = False
+                response = await anext(stream, None)
+        base += n
+    if body.include_usage():
+        yield {**header, "object": "text_completion", "choices": [], "usage": usage.as_dict()}

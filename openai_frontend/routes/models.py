@@ -1,0 +1,43 @@
+"""`GET /v1/models`, `GET /v1/models/{id}`: the READY models of tritonserver."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from openai_frontend.discovery import ModelInfo
+from openai_frontend.errors import model_not_found
+from openai_frontend.state import State
+
+router = APIRouter()
+
+
+def model_object(info: ModelInfo) -> dict[str, Any]:
+    return {
+        "id": info.name,
+        "object": "model",
+        "created": info.created,
+        "owned_by": "triton",
+        # Not OpenAI's: what the model is and its Triton version, for clients that care.
+        "kind": info.kind,
+        "version": info.version,
+        "max_model_len": info.max_model_len() if info.kind == "llm" else None,
+    }
+
+
+@router.get("/v1/models")
+async def list_models(state: State) -> dict[str, Any]:
+    return {"object": "list", "data": [model_object(m) for m in await state.registry.list()]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, state: State) -> dict[str, Any]:
+    for info in await state.registry.list():
+        if info.name == model_id:
+            return model_object(info)
+    await state.registry.refresh(force=True)
+    for info in await state.registry.list():
+        if info.name == model_id:
+            return model_object(info)
+    raise model_not_found(model_id)

@@ -1,0 +1,32 @@
+"""`POST /v1/score` (vLLM's): text_1 against text_2, one-to-many or pairwise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from openai_frontend.encoders import score
+from openai_frontend.generation import new_id, now
+from openai_frontend.protocol import ScoreRequest
+from openai_frontend.state import State
+
+router = APIRouter()
+
+
+@router.post("/v1/score")
+@router.post("/score")
+async def score_pairs(body: ScoreRequest, state: State) -> dict[str, Any]:
+    pairs = body.pairs()
+    info = await state.registry.get(body.model, "rerank")
+    scores = await score(state.triton, info, pairs)
+    tokenizer = state.tokenizer_or_none(info)
+    tokens = tokenizer.count([t for pair in pairs for t in pair]) if tokenizer else 0
+    return {
+        "id": new_id("score"),
+        "object": "list",
+        "created": now(),
+        "model": info.name,
+        "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }

@@ -1,0 +1,65 @@
+"""OpenAI request fields -> the llm model's `sampling_parameters` JSON (vLLM's names)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from openai_frontend.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+# Passed through under the same name when the client set them.
+_PASSTHROUGH = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "stop_token_ids",
+)
+
+
+def default_max_tokens(max_model_len: int | None, prompt_tokens: int | None) -> int | None:
+    """vLLM's default: whatever fits in max_model_len after the prompt (at least 1, so a prompt
+    too long gets the engine's own max_model_len error)."""
+    if max_model_len is None or prompt_tokens is None:
+        return None
+    return max(1, max_model_len - prompt_tokens)
+
+
+def sampling_parameters(
+    body: SamplingFields, max_model_len: int | None, prompt_tokens: int | None
+) -> dict[str, Any]:
+    """The `sampling_parameters` of one generate request for `body`."""
+    params: dict[str, Any] = {
+        name: getattr(body, name) for name in _PASSTHROUGH if getattr(body, name) is not None
+    }
+    max_tokens = body.max_tokens
+    if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
+        max_tokens = body.max_completion_tokens
+    if max_tokens is None:
+        max_tokens = default_max_tokens(max_model_len, prompt_tokens)
+    if max_tokens is not None:
+        params["max_tokens"] = max_tokens
+    if body.stop is not None:
+        params["stop"] = [body.stop] if isinstance(body.stop, str) else list(body.stop)
+    if body.ignore_eos:
+        params["ignore_eos"] = True
+    if body.min_tokens:
+        params["min_tokens"] = body.min_tokens
+    if body.n != 1:
+        params["n"] = body.n
+    logprobs = requested_logprobs(body)
+    if logprobs is not None:
+        params["logprobs"] = logprobs
+    return params
+
+
+def requested_logprobs(body: SamplingFields) -> int | None:
+    """How many top logprobs per token the engine must return (None: no logprobs)."""
+    if isinstance(body, ChatCompletionRequest):
+        return (body.top_logprobs or 0) if body.logprobs else None
+    if isinstance(body, CompletionRequest):
+        return body.logprobs
+    return None

@@ -1,0 +1,215 @@
+"""The gRPC aio client to tritonserver: the llm's decoupled stream, encoder inference, the index."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.grpc import InferInput
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype, triton_to_np_dtype
+
+from openai_frontend.errors import APIError, from_llm_message, from_triton_exception, unavailable
+
+_LENGTH = struct.Struct("<I")
+LLM_FLAGS = (
+    "return_finish_reason",
+    "return_num_input_tokens",
+    "return_num_output_tokens",
+)
+
+
+@dataclass
+class LLMResponse:
+    """One response of the llm stream: per choice, the new text, tokens and logprobs."""
+
+    texts: list[str]
+    finish_reasons: list[str | None]
+    num_output_tokens: list[int]
+    num_input_tokens: int
+    logprobs: list[list[dict[str, dict[str, Any]]] | None] = field(default_factory=list)
+    final: bool = False
+
+
+def _tensor(name: str, value: np.ndarray) -> InferInput:
+    item = InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+    item.set_data_from_numpy(value)
+    return item
+
+
+def _strings(values: list[str]) -> np.ndarray:
+    return np.array([v.encode("utf-8") for v in values], dtype=object)
+
+
+def _finish_reason(raw: bytes) -> str | None:
+    text = raw.decode()
+    return None if text in ("None", "") else text
+
+
+def _bytes_items(data: bytes) -> list[bytes]:
+    """A serialized BYTES tensor's items (each a little-endian uint32 length, then the bytes)."""
+    items, offset, size = [], 0, len(data)
+    while offset < size:
+        (length,) = _LENGTH.unpack_from(data, offset)
+        offset += 4
+        items.append(data[offset : offset + length])
+        offset += length
+    return items
+
+
+def _outputs(response: Any) -> dict[str, list[Any]]:
+    """{output name: its items} of a ModelInferResponse, read in one pass (the profile of a
+    16-stream load had `InferResult.as_numpy`, a linear search per output, as the frontend's
+    largest cost after the socket writes)."""
+    raw = response.raw_output_contents
+    values: dict[str, list[Any]] = {}
+    for index, output in enumerate(response.outputs):
+        if index >= len(raw):
+            values[output.name] = list(output.contents.bytes_contents)
+        elif output.datatype == "BYTES":
+            values[output.name] = _bytes_items(raw[index])
+        else:
+            dtype = triton_to_np_dtype(output.datatype)
+            values[output.name] = np.frombuffer(raw[index], dtype=dtype).tolist()
+    return values
+
+
+def parse_llm_response(result: Any) -> LLMResponse:
+    """An `InferResult` of the llm as an LLMResponse."""
+    response = result.get_response()
+    outputs = _outputs(response)
+    texts = [t.decode("utf-8", errors="replace") for t in outputs["text_output"]]
+    n = len(texts)
+    reasons = [_finish_reason(r) for r in outputs.get("finish_reason", [b""] * n)]
+    out_tokens = [int(v) for v in outputs.get("num_output_tokens", [0] * n)]
+    in_tokens = int(outputs["num_input_tokens"][0]) if "num_input_tokens" in outputs else 0
+    logprobs = [json.loads(v) for v in outputs["logprobs"]] if "logprobs" in outputs else [None] * n
+    final = response.parameters["triton_final_response"].bool_param
+    return LLMResponse(texts, reasons, out_tokens, in_tokens, logprobs, final)
+
+
+class TritonClient:
+    """One gRPC channel to tritonserver, shared by every request of the frontend."""
+
+    def __init__(self, url: str, admin_key: str | None = None, timeout_s: float = 600.0):
+        self.url = url
+        self.timeout_s = timeout_s
+        # tritonserver expects a restricted gRPC protocol's header with this prefix
+        # (`--grpc-restricted-protocol=model-repository:triton-admin-key=...`, as make serve sets).
+        self._admin_headers = (
+            {"triton-grpc-protocol-triton-admin-key": admin_key} if admin_key else None
+        )
+        self._client: grpcaio.InferenceServerClient | None = None
+
+    @property
+    def client(self) -> grpcaio.InferenceServerClient:
+        # Created lazily: the aio channel belongs to the event loop that first uses it.
+        if self._client is None:
+            self._client = grpcaio.InferenceServerClient(self.url)
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    async def is_ready(self) -> bool:
+        try:
+            return bool(await self.client.is_server_ready(client_timeout=5))
+        except Exception:
+            return False
+
+    async def repository_index(self) -> list[dict[str, Any]]:
+        try:
+            index = await self.client.get_model_repository_index(
+                headers=self._admin_headers, as_json=True, client_timeout=10
+            )
+        except InferenceServerException as exc:
+            raise from_triton_exception(exc) from None
+        return list(index.get("models", []))
+
+    async def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        try:
+            config = await self.client.get_model_config(
+                name, version, as_json=True, client_timeout=10
+            )
+        except InferenceServerException as exc:
+            raise from_triton_exception(exc) from None
+        return dict(config.get("config", {}))
+
+    async def infer(
+        self, model: str, inputs: Mapping[str, np.ndarray], outputs: list[str]
+    ) -> dict[str, np.ndarray]:
+        try:
+            result = await self.client.infer(
+                model,
+                [_tensor(name, value) for name, value in inputs.items()],
+                client_timeout=self.timeout_s,
+            )
+        except InferenceServerException as exc:
+            raise from_triton_exception(exc) from None
+        return {name: result.as_numpy(name) for name in outputs}
+
+    async def generate(
+        self,
+        model: str,
+        prompt: str,
+        sampling_parameters: Mapping[str, Any],
+        *,
+        stream: bool,
+        logprobs: bool = False,
+    ) -> AsyncIterator[LLMResponse]:
+        """The llm's responses for one prompt. Leaving the loop early (a client gone, an
+        exception) cancels the gRPC stream, which aborts the engine request."""
+        inputs = [
+            _tensor("text_input", _strings([prompt])),
+            _tensor("stream", np.array([stream])),
+            _tensor("sampling_parameters", _strings([json.dumps(sampling_parameters)])),
+            _tensor("exclude_input_in_output", np.array([True])),
+        ]
+        flags = LLM_FLAGS + (("return_logprobs",) if logprobs else ())
+        inputs += [_tensor(flag, np.array([True])) for flag in flags]
+        done = asyncio.Event()
+
+        async def requests():
+            yield {"model_name": model, "inputs": inputs}
+            # Keep our side of the stream open until the final response: a half-closed stream
+            # could end before the decoupled model is done.
+            await done.wait()
+
+        try:
+            responses = self.client.stream_infer(requests(), stream_timeout=self.timeout_s)
+        except InferenceServerException as exc:
+            raise from_triton_exception(exc) from None
+        finished = False
+        try:
+            async for result, error in responses:
+                if error is not None:
+                    raise from_llm_message(str(error.message() or error))
+                response = parse_llm_response(result)
+                finished = response.final
+                yield response
+                if finished:
+                    return
+            raise unavailable("the stream ended without a final response")
+        except APIError:
+            raise
+        except InferenceServerException as exc:
+            raise from_triton_exception(exc) from None
+        except Exception as exc:  # grpc.aio.AioRpcError and friends
+            if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+                raise
+            if "StatusCode.UNAVAILABLE" in str(exc) or "Connection refused" in str(exc):
+                raise unavailable(str(exc)) from None
+            raise
+        finally:
+            done.set()  # half-close: after the final response the RPC ends on its own
+            if not finished:
+                # Cancelling a finished stream left tritonserver waiting for it at shutdown
+                # (its full exit timeout, 30 s, after a 16-stream benchmark).
+                responses.cancel()

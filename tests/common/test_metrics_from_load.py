@@ -1,0 +1,132 @@
+"""Every metric series exists from model load with value 0 (unit level; tests/e2e/test_metrics_from_load.py
+checks the same on a real tritonserver), and the llm metrics carry vLLM's `model_name` label."""
+
+from prometheus_client import generate_latest
+
+from backend_lib.encoder.service import FAILURE_REASONS, EncoderMetrics
+from backend_lib.llm.core.stats import EngineCounters, EngineStats
+from backend_lib.llm.serving.metrics import EXTRA_LABELS, FINISHED_REASONS, LLMMetrics
+from backend_lib.metrics import PrometheusMetrics, TritonMetrics, parse_prometheus_text
+
+LLM_LABELS = {"model": "llm", "version": "1", "model_name": "llm"}
+ENCODER_LABELS = {"model": "embedding", "version": "1"}
+
+
+def llm_metrics() -> tuple[PrometheusMetrics, LLMMetrics]:
+    sink = PrometheusMetrics({"model": "llm", "version": "1"}, extra_labels=EXTRA_LABELS)
+    metrics = LLMMetrics(
+        sink.with_labels(model_name="llm"), max_model_len=64, block_size=16, num_blocks=123
+    )
+    return sink, metrics
+
+
+def samples(sink: PrometheusMetrics) -> dict:
+    return parse_prometheus_text(generate_latest(sink.registry).decode())
+
+
+def value(scraped: dict, name: str, labels: dict, **extra: str) -> float:
+    return scraped[(name, frozenset({**labels, **extra}.items()))]
+
+
+def test_llm_series_are_zero_from_load_with_model_name():
+    sink, _ = llm_metrics()
+    scraped = samples(sink)
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_preemptions_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:inter_token_latency_seconds_count",
+        "vllm:e2e_request_latency_seconds_count",
+        "vllm:request_prompt_tokens_count",
+        "vllm:request_generation_tokens_count",
+    ):
+        assert value(scraped, name, LLM_LABELS) == 0, name
+    for reason in FINISHED_REASONS:
+        assert value(scraped, "vllm:request_success_total", LLM_LABELS, finished_reason=reason) == 0
+    info = value(
+        scraped, "vllm:cache_config_info", LLM_LABELS, block_size="16", num_gpu_blocks="123"
+    )
+    assert info == 1
+    # Every llm sample carries model_name; none lacks it.
+    assert all(dict(labels).get("model_name") == "llm" for _, labels in scraped)
+
+
+def test_llm_update_moves_the_zeroed_series():
+    sink, metrics = llm_metrics()
+    stats = EngineStats(
+        num_running=2,
+        num_waiting=3,
+        num_swapped=0,
+        kv_cache_usage=0.5,
+        counters=EngineCounters(num_preemptions=4, prompt_tokens=7),
+    )
+    metrics.update(stats)
+    scraped = samples(sink)
+    assert value(scraped, "vllm:num_requests_waiting", LLM_LABELS) == 3
+    assert value(scraped, "vllm:num_requests_running", LLM_LABELS) == 2
+    assert value(scraped, "vllm:kv_cache_usage_perc", LLM_LABELS) == 0.5
+    assert value(scraped, "vllm:num_preemptions_total", LLM_LABELS) == 4
+    assert value(scraped, "vllm:prompt_tokens_total", LLM_LABELS) == 7
+
+
+def test_encoder_series_are_zero_from_load():
+    sink = PrometheusMetrics(ENCODER_LABELS, extra_labels={"encoder_failures_total": ["reason"]})
+    EncoderMetrics(sink)
+    scraped = samples(sink)
+    for name in (
+        "encoder_requests_total",
+        "encoder_items_total",
+        "encoder_batch_size_count",
+        "encoder_batch_tokens_count",
+        "encoder_batch_requests_count",
+        "encoder_queue_seconds_count",
+        "encoder_queue_seconds_sum",
+        "encoder_compute_seconds_count",
+    ):
+        assert value(scraped, name, ENCODER_LABELS) == 0, name
+    assert set(FAILURE_REASONS) == {"invalid_input", "internal"}
+    for reason in FAILURE_REASONS:
+        assert value(scraped, "encoder_failures_total", ENCODER_LABELS, reason=reason) == 0
+
+
+class _Family:
+    """Records pb_utils.MetricFamily children; the real one is covered end to end."""
+
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+
+    def __init__(self, name, description, kind):
+        self.name, self.children = name, []
+
+    def Metric(self, labels, buckets=None):  # pb_utils' spelling
+        child = _Child(labels)
+        self.children.append(child)
+        return child
+
+
+class _Child:
+    def __init__(self, labels):
+        self.labels, self.increments = labels, []
+
+    def increment(self, amount):
+        self.increments.append(amount)
+
+
+def test_triton_touch_creates_the_series_without_incrementing_and_with_labels_merges():
+    class PbUtils:
+        MetricFamily = _Family
+
+    sink = TritonMetrics(PbUtils, {"model": "m", "version": "1"}).with_labels(model_name="m")
+    counter = sink.counter("x_total", "x")
+    counter.touch(reason="a")
+    counter.inc(reason="a")
+    family = counter._family
+    assert [child.labels for child in family.children] == [
+        {"model": "m", "version": "1", "model_name": "m", "reason": "a"}
+    ]
+    assert family.children[0].increments == [1.0]

@@ -1,0 +1,72 @@
+"""Render deploy/helm/triton-llm with Helm's own engine (the `helm-python-sdk` wheel binds Helm's Go
+SDK: no `helm` binary, no cluster) and load the manifests, for the tests in this folder."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from pathlib import Path
+
+import helm_python
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CHART_DIR = REPO_ROOT / "deploy" / "helm" / "triton-llm"
+CRD_DIR = REPO_ROOT / "deploy" / "crds"
+VALUES_FILES = ("values-cpu.yaml", "values-gpu.yaml")
+RELEASE, NAMESPACE = "rel", "serving"
+
+# Every optional object on: monitoring, the OpenAI sidecar (HPA autoscaling is on by default).
+EVERYTHING_ON = {
+    "openai": {"enabled": True},
+    "monitoring": {
+        "serviceMonitor": {"enabled": True},
+        "podMonitor": {"enabled": True},
+        "prometheusRule": {"enabled": True},
+    },
+}
+KEDA = {"autoscaling": {"engine": "keda"}}
+
+
+def merge(base: dict, override: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def values_file(name: str) -> dict:
+    return yaml.safe_load((CHART_DIR / name).read_text()) or {}
+
+
+@functools.cache
+def _render(values_name: str | None, overrides_json: str) -> tuple[dict, ...]:
+    values = values_file(values_name) if values_name else {}
+    values = merge(values, json.loads(overrides_json))
+    chart = helm_python.Chart.load(CHART_DIR)
+    manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    return tuple(
+        doc
+        for text in manifests.values()
+        for doc in yaml.safe_load_all(text)
+        if doc  # templates that render nothing
+    )
+
+
+def render(values_name: str | None = None, overrides: dict | None = None) -> list[dict]:
+    """The chart's objects for the chart defaults + `values_name` + `overrides` (deep copies)."""
+    return copy.deepcopy(list(_render(values_name, json.dumps(overrides or {}, sort_keys=True))))
+
+
+def by_kind(objects: list[dict], kind: str) -> dict[str, dict]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+def crd_schema(filename: str) -> dict:
+    crd = yaml.safe_load((CRD_DIR / filename).read_text())
+    (version,) = crd["spec"]["versions"]
+    return version["schema"]["openAPIV3Schema"]

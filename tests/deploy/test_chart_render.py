@@ -1,0 +1,179 @@
+"""The chart renders with Helm's engine for the CPU and GPU values, and the rendered objects have the
+shape the deployment relies on: one Deployment per role, probes, drain, security, autoscaling."""
+
+import pytest
+
+from tests.deploy.chart import EVERYTHING_ON, KEDA, VALUES_FILES, by_kind, render
+
+ROLES = {"llm": ["llm"], "encoders": ["embedding", "rerank"]}
+
+
+def container(deployment: dict, name: str = "tritonserver") -> dict:
+    (found,) = [
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == name
+    ]
+    return found
+
+
+@pytest.mark.parametrize("values", VALUES_FILES)
+def test_one_deployment_per_role_loading_its_models(values):
+    deployments = by_kind(render(values), "Deployment")
+    assert set(deployments) == {f"rel-triton-llm-{role}" for role in ROLES}
+    for role, models in ROLES.items():
+        args = container(deployments[f"rel-triton-llm-{role}"])["args"]
+        assert "--model-control-mode=explicit" in args
+        assert [a.removeprefix("--load-model=") for a in args if a.startswith("--load-model=")] == (
+            models
+        )
+
+
+@pytest.mark.parametrize("values", VALUES_FILES)
+def test_probes_drain_and_grace_period(values):
+    objects = render(values)
+    for deployment in by_kind(objects, "Deployment").values():
+        pod = deployment["spec"]["template"]["spec"]
+        server = container(deployment)
+        assert server["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"
+        assert server["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+        assert server["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+        assert server["lifecycle"]["preStop"]["exec"]["command"][-1] == "sleep 15"
+        exit_timeout = int(
+            next(a for a in server["args"] if a.startswith("--exit-timeout-secs=")).split("=")[1]
+        )
+        assert exit_timeout == 600  # drain.longestGenerationSeconds
+        assert pod["terminationGracePeriodSeconds"] > 15 + exit_timeout
+
+
+def test_grace_period_follows_the_longest_generation():
+    (deployment, *_) = by_kind(
+        render("values-cpu.yaml", {"drain": {"longestGenerationSeconds": 3600}}), "Deployment"
+    ).values()
+    assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 15 + 3600 + 30
+
+
+@pytest.mark.parametrize("values", VALUES_FILES)
+def test_security_context_and_writable_volumes(values):
+    for deployment in by_kind(render(values, EVERYTHING_ON), "Deployment").values():
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        for c in pod["containers"]:
+            security = c["securityContext"]
+            assert security["readOnlyRootFilesystem"] is True
+            assert security["allowPrivilegeEscalation"] is False
+            assert security["capabilities"]["drop"] == ["ALL"]
+            mounts = {m["mountPath"] for m in c["volumeMounts"]}
+            assert {"/tmp", "/cache", "/dev/shm"} <= mounts
+        assert pod["volumes"][2] == {
+            "name": "dshm",
+            "emptyDir": {
+                "medium": "Memory",
+                "sizeLimit": pod["volumes"][2]["emptyDir"]["sizeLimit"],
+            },
+        }
+
+
+def test_gpu_values_request_a_gpu_and_cpu_values_do_not():
+    for values, gpus in (("values-gpu.yaml", 1), ("values-cpu.yaml", None)):
+        for deployment in by_kind(render(values), "Deployment").values():
+            resources = container(deployment)["resources"]
+            assert resources["limits"].get("nvidia.com/gpu") == gpus
+
+
+def test_admin_key_comes_from_a_secret():
+    objects = render("values-cpu.yaml")
+    (secret,) = by_kind(objects, "Secret").values()
+    assert "TRITON_ADMIN_KEY" in secret["data"]
+    for deployment in by_kind(objects, "Deployment").values():
+        server = container(deployment)
+        (env,) = [e for e in server["env"] if e["name"] == "TRITON_ADMIN_KEY"]
+        assert env["valueFrom"]["secretKeyRef"] == {
+            "name": secret["metadata"]["name"],
+            "key": "TRITON_ADMIN_KEY",
+        }
+        assert any("triton-admin-key=$(TRITON_ADMIN_KEY)" in a for a in server["args"])
+    existing = render("values-cpu.yaml", {"adminKey": {"existingSecret": "mine"}})
+    assert not by_kind(existing, "Secret")
+    server = container(next(iter(by_kind(existing, "Deployment").values())))
+    assert server["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "mine"
+
+
+def test_services_expose_http_grpc_metrics_and_openai_only_when_enabled():
+    def ports(objects):
+        return {
+            name: [p["port"] for p in s["spec"]["ports"]]
+            for name, s in by_kind(objects, "Service").items()
+        }
+
+    assert set(map(tuple, ports(render("values-cpu.yaml")).values())) == {(8000, 8001, 8002)}
+    objects = render("values-cpu.yaml", EVERYTHING_ON)
+    assert set(map(tuple, ports(objects).values())) == {(8000, 8001, 8002, 9000)}
+    sidecar = container(next(iter(by_kind(objects, "Deployment").values())), "openai-frontend")
+    assert sidecar["command"] == ["python3", "-m", "openai_frontend"]
+    assert "--triton-url=127.0.0.1:8001" in sidecar["args"]
+    assert "--port=9000" in sidecar["args"]
+
+
+def test_model_repository_from_a_pvc():
+    objects = render(
+        "values-cpu.yaml", {"modelRepository": {"source": "pvc", "pvc": {"claimName": "models"}}}
+    )
+    for deployment in by_kind(objects, "Deployment").values():
+        pod = deployment["spec"]["template"]["spec"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "model-repository"]
+        assert volume["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+        (mount,) = [
+            m for m in container(deployment)["volumeMounts"] if m["name"] == "model-repository"
+        ]
+        assert mount["mountPath"] == "/opt/app/model_repository"
+
+
+def test_hpa_scales_llm_on_waiting_and_kv_and_encoders_on_queue_time():
+    objects = render("values-gpu.yaml")
+    hpas = by_kind(objects, "HorizontalPodAutoscaler")
+    assert {h["apiVersion"] for h in hpas.values()} == {"autoscaling/v2"}
+    llm, encoders = hpas["rel-triton-llm-llm"], hpas["rel-triton-llm-encoders"]
+    assert [m["pods"]["metric"]["name"] for m in llm["spec"]["metrics"]] == [
+        "vllm_num_requests_waiting",
+        "vllm_kv_cache_usage_perc",
+    ]
+    assert [m["pods"]["metric"]["name"] for m in encoders["spec"]["metrics"]] == [
+        "encoder_queue_seconds_mean"
+    ]
+    scale_down = llm["spec"]["behavior"]["scaleDown"]
+    assert scale_down["stabilizationWindowSeconds"] >= 300
+    assert scale_down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 300}]
+    # An autoscaled Deployment leaves replicas to the HPA.
+    assert all("replicas" not in d["spec"] for d in by_kind(objects, "Deployment").values())
+    assert not by_kind(objects, "ScaledObject")
+
+
+def test_keda_replaces_the_hpas():
+    objects = render("values-gpu.yaml", KEDA)
+    assert not by_kind(objects, "HorizontalPodAutoscaler")
+    scaled = by_kind(objects, "ScaledObject")
+    assert set(scaled) == {"rel-triton-llm-llm", "rel-triton-llm-encoders"}
+    for obj in scaled.values():
+        assert {t["type"] for t in obj["spec"]["triggers"]} == {"prometheus"}
+
+
+def test_without_autoscaling_replicas_are_set():
+    objects = render("values-cpu.yaml", {"autoscaling": {"enabled": False}})
+    assert not by_kind(objects, "HorizontalPodAutoscaler")
+    assert {d["spec"]["replicas"] for d in by_kind(objects, "Deployment").values()} == {1}
+
+
+def test_monitoring_objects_only_when_enabled():
+    kinds = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+    assert not kinds & {o["kind"] for o in render("values-cpu.yaml")}
+    assert kinds <= {o["kind"] for o in render("values-cpu.yaml", EVERYTHING_ON)}
+
+
+@pytest.mark.parametrize("values", VALUES_FILES)
+def test_helm_lint_strict_finds_no_warning(values):
+    import helm_python
+
+    from tests.deploy.chart import CHART_DIR, values_file
+
+    report = helm_python.lint(CHART_DIR, values_file(values), strict=True)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []

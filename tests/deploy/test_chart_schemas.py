@@ -1,0 +1,96 @@
+"""Every rendered object validates strictly: core kinds against the Kubernetes schemas
+(`kubernetes-validate`, strict: unknown fields fail, and so do kinds or API versions the release no
+longer serves), CRD-based kinds against their CRD's openAPIV3Schema in deploy/crds/ (closed the way
+the API server prunes: a field the schema does not list fails)."""
+
+from __future__ import annotations
+
+import copy
+
+import jsonschema
+import kubernetes_validate
+import pytest
+
+from tests.deploy.chart import EVERYTHING_ON, KEDA, VALUES_FILES, by_kind, crd_schema, render
+
+KUBERNETES_VERSION = "1.33"
+CRD_SCHEMAS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "monitoring.coreos.com_servicemonitors.yaml",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "monitoring.coreos.com_podmonitors.yaml",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "monitoring.coreos.com_prometheusrules.yaml",
+    ("keda.sh/v1alpha1", "ScaledObject"): "keda.sh_scaledobjects.yaml",
+}
+
+
+def closed(schema: dict) -> dict:
+    """The structural schema as the API server applies it: objects with listed properties reject
+    others unless marked x-kubernetes-preserve-unknown-fields."""
+    schema = copy.deepcopy(schema)
+
+    def visit(node):
+        if isinstance(node, dict):
+            if (
+                "properties" in node
+                and "additionalProperties" not in node
+                and not node.get("x-kubernetes-preserve-unknown-fields")
+            ):
+                node["additionalProperties"] = False
+            for value in node.values():
+                visit(value)
+        elif isinstance(node, list):
+            for value in node:
+                visit(value)
+
+    visit(schema)
+    return schema
+
+
+def validate(obj: dict) -> None:
+    key = (obj["apiVersion"], obj["kind"])
+    if key in CRD_SCHEMAS:
+        # No metaschema check: the CRDs' patterns are Go regular expressions (one has `^(?i)`),
+        # which Python's `re` only rejects when a value is matched against them.
+        jsonschema.Draft7Validator(closed(crd_schema(CRD_SCHEMAS[key]))).validate(obj)
+    else:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("overrides", [EVERYTHING_ON, EVERYTHING_ON | KEDA], ids=["hpa", "keda"])
+@pytest.mark.parametrize("values", VALUES_FILES)
+def test_every_rendered_object_validates(values, overrides):
+    objects = render(values, overrides)
+    kinds = {o["kind"] for o in objects}
+    assert {"Deployment", "Service", "PodDisruptionBudget", "Secret", "ConfigMap"} <= kinds
+    assert {"ServiceMonitor", "PodMonitor", "PrometheusRule"} <= kinds
+    assert ("ScaledObject" if overrides.get("autoscaling") else "HorizontalPodAutoscaler") in kinds
+    for obj in objects:
+        validate(obj)
+
+
+def test_the_validators_reject_what_a_cluster_would():
+    objects = render("values-cpu.yaml", EVERYTHING_ON)
+    hpa = next(iter(by_kind(objects, "HorizontalPodAutoscaler").values()))
+    removed = {**hpa, "apiVersion": "autoscaling/v2beta2"}
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        validate(removed)
+    deployment = copy.deepcopy(next(iter(by_kind(objects, "Deployment").values())))
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbes"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(deployment)
+    unknown = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        validate(unknown)
+    rule = copy.deepcopy(next(iter(by_kind(objects, "PrometheusRule").values())))
+    rule["spec"]["groups"][0]["rules"][0]["expresion"] = "up"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(rule)
+    monitor = copy.deepcopy(next(iter(by_kind(objects, "ServiceMonitor").values())))
+    monitor["spec"]["endpoints"][0]["interval"] = "15 seconds"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(monitor)
+    scaled = copy.deepcopy(
+        next(iter(by_kind(render("values-cpu.yaml", KEDA), "ScaledObject").values()))
+    )
+    del scaled["spec"]["scaleTargetRef"]
+    with pytest.raises(jsonschema.ValidationError):
+        validate(scaled)

@@ -1,0 +1,115 @@
+"""Embeddings, rerank, score, tokenize and the model list, against the models called directly."""
+
+from __future__ import annotations
+
+import numpy as np
+import openai
+import pytest
+from langchain_openai import OpenAIEmbeddings
+
+from tests.openai.references import embeddings, rerank_scores
+
+pytestmark = pytest.mark.e2e
+TEXTS = ["To be, or not to be", "a rose by any other name", "hello world"]
+QUERY = "what smells sweet?"
+DOCS = ["the rose smells sweet", "a storm at sea", "sweet perfume of flowers", "kings and crowns"]
+
+
+def test_models_list_and_object(client):
+    listed = client.get("/v1/models").json()
+    assert listed["object"] == "list"
+    kinds = {m["id"]: m["kind"] for m in listed["data"]}
+    assert kinds == {"llm": "llm", "embedding": "embedding", "rerank": "rerank"}
+    llm = client.get("/v1/models/llm").json()
+    assert llm["object"] == "model" and llm["id"] == "llm" and llm["max_model_len"] == 1024
+
+
+def test_embeddings_float_and_base64_equal_the_model(frontend, server):
+    sdk = openai.OpenAI(base_url=frontend.base_url, api_key="unused", max_retries=0)
+    expected = embeddings(server, TEXTS)
+    as_float = sdk.embeddings.create(model="embedding", input=TEXTS, encoding_format="float")
+    as_base64 = sdk.embeddings.create(model="embedding", input=TEXTS)  # SDK: base64, decoded
+    for result in (as_float, as_base64):
+        assert [d.index for d in result.data] == [0, 1, 2]
+        np.testing.assert_allclose(
+            np.array([d.embedding for d in result.data]), expected, atol=1e-6
+        )
+    assert as_float.usage.prompt_tokens > len(TEXTS)
+    same = sdk.embeddings.create(model="embedding", input=TEXTS[0], dimensions=expected.shape[1])
+    np.testing.assert_allclose(same.data[0].embedding, expected[0], atol=1e-6)
+
+
+def test_langchain_embeddings(frontend, server):
+    lc = OpenAIEmbeddings(
+        model="embedding",
+        base_url=frontend.base_url,
+        api_key="unused",
+        check_embedding_ctx_length=False,
+    )
+    np.testing.assert_allclose(lc.embed_documents(TEXTS), embeddings(server, TEXTS), atol=1e-6)
+    np.testing.assert_allclose(
+        lc.embed_query(TEXTS[1]), embeddings(server, TEXTS[1:2])[0], atol=1e-6
+    )
+
+
+def test_rerank_order_scores_top_n_and_documents(client, server):
+    scores = rerank_scores(server, QUERY, DOCS)
+    order = sorted(range(len(DOCS)), key=lambda i: scores[i], reverse=True)
+    documents = [DOCS[0], {"text": DOCS[1]}, *DOCS[2:]]
+    for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
+        reply = client.post(path, json={"query": QUERY, "documents": documents, "top_n": 2}).json()
+        assert [r["index"] for r in reply["results"]] == order[:2]
+        for r in reply["results"]:
+            assert r["relevance_score"] == pytest.approx(scores[r["index"]], abs=1e-6)
+            assert r["document"]["text"] == DOCS[r["index"]]
+        assert reply["model"] == "rerank" and reply["usage"]["prompt_tokens"] > 0
+    bare = client.post(
+        "/v1/rerank",
+        json={"model": "rerank", "query": QUERY, "documents": DOCS, "return_documents": False},
+    ).json()
+    assert [r["index"] for r in bare["results"]] == order
+    assert all("document" not in r for r in bare["results"])
+    tei = client.post("/rerank", json={"query": QUERY, "texts": DOCS, "return_text": True}).json()
+    assert [r["index"] for r in tei] == order
+    assert [r["text"] for r in tei] == [DOCS[i] for i in order]
+    assert tei[0]["score"] == pytest.approx(max(scores), abs=1e-6)
+
+
+def test_score_one_to_many_and_pairwise(client, server):
+    one = client.post("/v1/score", json={"model": "rerank", "text_1": QUERY, "text_2": DOCS}).json()
+    assert one["object"] == "list"
+    assert [d["score"] for d in one["data"]] == pytest.approx(
+        rerank_scores(server, QUERY, DOCS), abs=1e-6
+    )
+    pairs = client.post("/v1/score", json={"text_1": DOCS[:2], "text_2": DOCS[2:]}).json()
+    expected = [
+        rerank_scores(server, DOCS[0], [DOCS[2]])[0],
+        rerank_scores(server, DOCS[1], [DOCS[3]])[0],
+    ]
+    assert [d["score"] for d in pairs["data"]] == pytest.approx(expected, abs=1e-6)
+    assert [d["index"] for d in pairs["data"]] == [0, 1]
+
+
+def test_tokenize_detokenize_round_trip(client):
+    tokens = client.post("/tokenize", json={"model": "llm", "prompt": "ROMEO: hello"}).json()
+    assert tokens["count"] == len(tokens["tokens"]) and tokens["max_model_len"] == 1024
+    assert tokens["tokens"][0] == 1  # <|bos|>
+    plain = client.post(
+        "/tokenize", json={"model": "llm", "prompt": "ROMEO: hello", "add_special_tokens": False}
+    ).json()
+    assert plain["tokens"] == tokens["tokens"][1:]
+    text = client.post("/detokenize", json={"model": "llm", "tokens": plain["tokens"]}).json()
+    assert text == {"prompt": "ROMEO: hello"}
+    chat = client.post(
+        "/tokenize", json={"model": "llm", "messages": [{"role": "user", "content": "Hi"}]}
+    ).json()
+    assert chat["count"] > 3
+
+
+def test_health_ready_and_metrics(client):
+    assert client.get("/health").status_code == 200
+    assert client.get("/health/ready").status_code == 200
+    client.get("/v1/models")
+    text = client.get("/metrics").text
+    assert 'openai_frontend_requests_total{endpoint="/v1/models",status="200"}' in text
+    assert "openai_frontend_request_duration_seconds_bucket" in text
