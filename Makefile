@@ -27,9 +27,9 @@ serve: setup
 
 # Everything: lint, unit and kernel tests, end-to-end tests against a real tritonserver, the
 # benchmark suite in --quick mode. Two pytest workers (one per core): tests sharing a server or
-# the benchmark run stay on one worker (tests/conftest.py); TEST_WORKERS=0 runs serially.
+# the benchmark run stay on one worker (tests/conftest.py: worker_group); TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= 2
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 test: setup lint
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 

@@ -50,21 +50,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "tests that start a tritonserver must be marked e2e: " + ", ".join(unmarked)
         )
-    for item in items:
-        group = xdist_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
-def xdist_group(item: pytest.Item) -> str | None:
-    """Under `pytest -n 2 --dist loadgroup` (make test), tests sharing a session-wide server or the
-    one benchmark run stay on one worker, so each starts once; the rest spread freely."""
-    if item.get_closest_marker("bench") is not None:
-        return "bench"
-    for fixture in ("reliability_server", "server"):
-        if fixture in getattr(item, "fixturenames", ()):
-            return fixture
-    return None
+# Under `pytest -n 2` (make test), tests sharing a session-wide server or the one benchmark run
+# stay on one worker, so each starts once; every other test is its own work unit.
+WORKER_GROUPS = {
+    "tests/bench/": "bench",
+    "tests/e2e/test_reliability.py": "reliability_server",
+    "tests/e2e/test_soak.py": "reliability_server",
+    "tests/e2e/test_llm.py": "server",
+    "tests/e2e/test_encoders.py": "server",
+    "tests/e2e/test_metrics_from_load.py": "server",
+    "tests/openai/": "server",
+}
+
+
+def worker_group(nodeid: str) -> str:
+    """The work unit of a test: its group, else its module for e2e tests (they share servers they
+    start per module), else the test itself."""
+    for prefix, group in WORKER_GROUPS.items():
+        if nodeid.startswith(prefix):
+            return group
+    module = nodeid.split("::", 1)[0]
+    return module if module.startswith("tests/e2e/") else nodeid
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    # pytest-xdist's own --dist loadgroup does not apply its groups under pytest 9.
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid)
+
+    return GroupScheduling(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)
