@@ -40,7 +40,7 @@ from pathlib import Path
 from bench import cli, plots
 from bench.output import machine_info, progress
 from bench.server import instance_kind, tritonserver
-from bench.serving_load import RequestTiming, Run
+from bench.serving_load import RequestTiming, Run, llm_stream_inputs, stream_request
 from bench.summary import target
 from bench.timing import percentile, spread
 
@@ -168,46 +168,13 @@ async def frontend_request(http, messages: list[dict], max_tokens: int) -> Reque
     return timing
 
 
-def _grpc_inputs(prompt: str, params: dict) -> list:
-    import numpy as np
-    import tritonclient.grpc as grpcclient
-
-    def tensor(name: str, value) -> object:
-        array = np.array([value], dtype=object if isinstance(value, bytes) else bool)
-        item = grpcclient.InferInput(name, [1], "BYTES" if isinstance(value, bytes) else "BOOL")
-        item.set_data_from_numpy(array)
-        return item
-
-    flags = ("return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")
-    return [
-        tensor("text_input", prompt.encode()),
-        tensor("stream", True),
-        tensor("sampling_parameters", json.dumps(params).encode()),
-        tensor("exclude_input_in_output", True),
-        *(tensor(flag, True) for flag in flags),
-    ]
+GRPC_FLAGS = ("return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")
+"""What the frontend asks the llm for, so the direct requests cost the server the same."""
 
 
 async def grpc_request(client, prompt: str, max_tokens: int) -> RequestTiming:
-    inputs = _grpc_inputs(prompt, sampling_parameters(max_tokens))
-
-    async def one_request():
-        yield {"model_name": "llm", "inputs": inputs}
-
-    timing = RequestTiming(time.perf_counter())
-    pieces = []
-    async for result, error in client.stream_infer(one_request()):
-        now = time.perf_counter()
-        if error is not None:
-            raise RuntimeError(f"gRPC request failed: {error}")
-        pieces.append(b"".join(result.as_numpy("text_output")).decode())
-        timing.on_tokens(int(result.as_numpy("num_output_tokens").sum()), now)
-        if result.get_response().parameters["triton_final_response"].bool_param:
-            timing.end = now
-    timing.text = "".join(pieces)
-    if timing.end is None:
-        raise RuntimeError("the gRPC stream ended without a final response")
-    return timing
+    inputs = llm_stream_inputs(prompt, sampling_parameters(max_tokens), GRPC_FLAGS)
+    return await stream_request(client, inputs)
 
 
 async def _closed_loop(request, count: int, concurrency: int) -> list[RequestTiming]:

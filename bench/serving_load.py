@@ -98,28 +98,31 @@ class Run:
 # --- served: asyncio gRPC streaming clients ------------------------------------------------------
 
 
-def _llm_inputs(prompt: str, max_tokens: int) -> list:
+def llm_stream_inputs(
+    prompt: str, params: dict, flags: tuple[str, ...] = ("return_num_output_tokens",)
+) -> list:
+    """The llm's gRPC inputs for one streamed request: the prompt, `sampling_parameters`, and the
+    `return_*` flags set (num_output_tokens is what the timing counts)."""
     import numpy as np
     import tritonclient.grpc as grpcclient
 
-    def tensor(name: str, value, datatype: str):
-        item = grpcclient.InferInput(name, [1], datatype)
-        item.set_data_from_numpy(np.array([value], dtype=object if datatype == "BYTES" else bool))
+    def tensor(name: str, value) -> object:
+        array = np.array([value], dtype=object if isinstance(value, bytes) else bool)
+        item = grpcclient.InferInput(name, [1], "BYTES" if isinstance(value, bytes) else "BOOL")
+        item.set_data_from_numpy(array)
         return item
 
-    params = {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}
     return [
-        tensor("text_input", prompt.encode(), "BYTES"),
-        tensor("stream", True, "BOOL"),
-        tensor("sampling_parameters", json.dumps(params).encode(), "BYTES"),
-        tensor("exclude_input_in_output", True, "BOOL"),
-        tensor("return_num_output_tokens", True, "BOOL"),
+        tensor("text_input", prompt.encode()),
+        tensor("stream", True),
+        tensor("sampling_parameters", json.dumps(params).encode()),
+        tensor("exclude_input_in_output", True),
+        *(tensor(flag, True) for flag in flags),
     ]
 
 
-async def served_request(client, prompt: str, max_tokens: int) -> RequestTiming:
-    """One streamed request; token counts come from the server's num_output_tokens."""
-    inputs = _llm_inputs(prompt, max_tokens)
+async def stream_request(client, inputs: list) -> RequestTiming:
+    """One streamed llm request over gRPC; token counts come from the server's num_output_tokens."""
 
     async def one_request():
         yield {"model_name": "llm", "inputs": inputs}
@@ -138,6 +141,12 @@ async def served_request(client, prompt: str, max_tokens: int) -> RequestTiming:
     if timing.end is None:
         raise RuntimeError("the response stream ended without a final response")
     return timing
+
+
+async def served_request(client, prompt: str, max_tokens: int) -> RequestTiming:
+    """One streamed greedy request of exactly `max_tokens` tokens."""
+    params = {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}
+    return await stream_request(client, llm_stream_inputs(prompt, params))
 
 
 async def _closed_loop(

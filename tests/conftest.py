@@ -16,11 +16,13 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from tests.server_helpers import live_servers, start_server, stop_server  # noqa: E402
+from tests.server_helpers import (  # noqa: E402
+    DEFAULT_REPOSITORY,
+    live_servers,
+    start_server,
+    stop_server,
+)
 from tooling.tritonserver import TritonServer  # noqa: E402
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

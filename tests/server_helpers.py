@@ -6,6 +6,10 @@ from pathlib import Path
 
 from tooling.tritonserver import TritonServer
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
+"""The committed repository: what `make serve` serves."""
+
 live_servers: list[TritonServer] = []
 """Servers started and not yet stopped (tests/conftest.py prints their log tails on failure)."""
 

@@ -7,6 +7,7 @@ from backend_lib.encoder.service import FAILURE_REASONS, EncoderMetrics
 from backend_lib.llm.core.stats import EngineCounters, EngineStats
 from backend_lib.llm.serving.metrics import EXTRA_LABELS, FINISHED_REASONS, LLMMetrics
 from backend_lib.metrics import PrometheusMetrics, TritonMetrics, parse_prometheus_text
+from tests.metric_names import ENCODER_ZERO_FROM_LOAD, LLM_ZERO_FROM_LOAD
 
 LLM_LABELS = {"model": "llm", "version": "1", "model_name": "llm"}
 ENCODER_LABELS = {"model": "embedding", "version": "1"}
@@ -31,21 +32,7 @@ def value(scraped: dict, name: str, labels: dict, **extra: str) -> float:
 def test_llm_series_are_zero_from_load_with_model_name():
     sink, _ = llm_metrics()
     scraped = samples(sink)
-    for name in (
-        "vllm:num_requests_running",
-        "vllm:num_requests_waiting",
-        "vllm:kv_cache_usage_perc",
-        "vllm:num_preemptions_total",
-        "vllm:prefix_cache_queries_total",
-        "vllm:prefix_cache_hits_total",
-        "vllm:prompt_tokens_total",
-        "vllm:generation_tokens_total",
-        "vllm:time_to_first_token_seconds_count",
-        "vllm:inter_token_latency_seconds_count",
-        "vllm:e2e_request_latency_seconds_count",
-        "vllm:request_prompt_tokens_count",
-        "vllm:request_generation_tokens_count",
-    ):
+    for name in LLM_ZERO_FROM_LOAD:
         assert value(scraped, name, LLM_LABELS) == 0, name
     for reason in FINISHED_REASONS:
         assert value(scraped, "vllm:request_success_total", LLM_LABELS, finished_reason=reason) == 0
@@ -79,16 +66,7 @@ def test_encoder_series_are_zero_from_load():
     sink = PrometheusMetrics(ENCODER_LABELS, extra_labels={"encoder_failures_total": ["reason"]})
     EncoderMetrics(sink)
     scraped = samples(sink)
-    for name in (
-        "encoder_requests_total",
-        "encoder_items_total",
-        "encoder_batch_size_count",
-        "encoder_batch_tokens_count",
-        "encoder_batch_requests_count",
-        "encoder_queue_seconds_count",
-        "encoder_queue_seconds_sum",
-        "encoder_compute_seconds_count",
-    ):
+    for name in ENCODER_ZERO_FROM_LOAD:
         assert value(scraped, name, ENCODER_LABELS) == 0, name
     assert set(FAILURE_REASONS) == {"invalid_input", "internal"}
     for reason in FAILURE_REASONS:

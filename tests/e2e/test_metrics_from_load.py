@@ -17,37 +17,14 @@ from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.execution.kv_pool import GIB, KVCacheSpec, blocks_in
 from backend_lib.llm.serving.metrics import FINISHED_REASONS
 from backend_lib.metrics import parse_prometheus_text
-from tests.conftest import DEFAULT_REPOSITORY, REPO_ROOT
 from tests.deploy.triton_metric_names import TRITON_CPU_METRICS
+from tests.metric_names import ENCODER_ZERO_FROM_LOAD as ENCODER_ZERO
+from tests.metric_names import LLM_ZERO_FROM_LOAD as LLM_ZERO
+from tests.server_helpers import DEFAULT_REPOSITORY, REPO_ROOT
 
 pytestmark = pytest.mark.e2e
 
 LLM = {"model": "llm", "version": "1", "model_name": "llm"}
-LLM_ZERO = [
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-    "vllm:kv_cache_usage_perc",
-    "vllm:num_preemptions_total",
-    "vllm:prefix_cache_queries_total",
-    "vllm:prefix_cache_hits_total",
-    "vllm:prompt_tokens_total",
-    "vllm:generation_tokens_total",
-    "vllm:time_to_first_token_seconds_count",
-    "vllm:inter_token_latency_seconds_count",
-    "vllm:e2e_request_latency_seconds_count",
-    "vllm:request_prompt_tokens_count",
-    "vllm:request_generation_tokens_count",
-]
-ENCODER_ZERO = [
-    "encoder_requests_total",
-    "encoder_items_total",
-    "encoder_batch_size_count",
-    "encoder_batch_tokens_count",
-    "encoder_batch_requests_count",
-    "encoder_queue_seconds_count",
-    "encoder_queue_seconds_sum",
-    "encoder_compute_seconds_count",
-]
 
 
 def _served_any_request(samples: dict) -> bool:

@@ -18,10 +18,10 @@ from fastapi.testclient import TestClient
 
 from openai_frontend.app import create_app
 from openai_frontend.config import FrontendConfig
+from tests.openai.references import API_KEY
 from tooling.tritonserver import TritonServer, free_port, http_status
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-API_KEY = "sk-test-key"
 
 
 @dataclass

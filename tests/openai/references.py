@@ -21,6 +21,9 @@ CHAT_MESSAGES = [
     {"role": "user", "content": "Who goes there?"},
 ]
 
+API_KEY = "sk-test-key"
+"""The bearer token of the frontend that requires one (tests of 401)."""
+
 
 def llm_generate(server: TritonServer, prompt: str, params: dict) -> tuple[list[str], list[str]]:
     """The llm's own texts and finish reasons (one non-streaming request, n choices)."""

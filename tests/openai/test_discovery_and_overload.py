@@ -56,7 +56,12 @@ async def burst(url: str) -> list[httpx.Response]:
 
 def test_models_follow_triton_and_a_full_queue_is_429(tmp_path, make_server, make_frontend):
     write_repository(tmp_path)
-    server = make_server(tmp_path, ["--model-control-mode=explicit", "--load-model=llm"])
+    # A short exit timeout: after this test's unload and refused burst, Triton's shutdown otherwise
+    # waits out its default 30 s (shutdown is not what is tested here).
+    server = make_server(
+        tmp_path,
+        ["--model-control-mode=explicit", "--load-model=llm", "--exit-timeout-secs=3"],
+    )
     frontend = make_frontend(server.grpc_url, tmp_path, "--index-ttl", "0.5")
     triton = httpclient.InferenceServerClient(server.http_url)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.openai.conftest import API_KEY
+from tests.openai.references import API_KEY
 
 pytestmark = pytest.mark.e2e
 MSG = [{"role": "user", "content": "hi"}]

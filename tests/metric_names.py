@@ -1,0 +1,29 @@
+"""The metric series that must exist from model load with value 0 (dashboards, alerts and the
+autoscaler read them), checked at unit level (tests/common) and on a real tritonserver (tests/e2e)."""
+
+LLM_ZERO_FROM_LOAD = [
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_preemptions_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:time_to_first_token_seconds_count",
+    "vllm:inter_token_latency_seconds_count",
+    "vllm:e2e_request_latency_seconds_count",
+    "vllm:request_prompt_tokens_count",
+    "vllm:request_generation_tokens_count",
+]
+
+ENCODER_ZERO_FROM_LOAD = [
+    "encoder_requests_total",
+    "encoder_items_total",
+    "encoder_batch_size_count",
+    "encoder_batch_tokens_count",
+    "encoder_batch_requests_count",
+    "encoder_queue_seconds_count",
+    "encoder_queue_seconds_sum",
+    "encoder_compute_seconds_count",
+]
