@@ -108,6 +108,15 @@ def triton_parameters(model_config: Mapping[str, Any] | str) -> dict[str, str]:
     return {key: value.get("string_value", "") for key, value in raw.items()}
 
 
+def version_parameters(model_config: Mapping[str, Any] | str, version: str) -> dict[str, str]:
+    """`triton_parameters` of one served version: `{version}` in a value becomes the version number,
+    so versions served side by side can use their own files (`model: "{version}/checkpoint"`)."""
+    return {
+        key: value.replace("{version}", version)
+        for key, value in triton_parameters(model_config).items()
+    }
+
+
 def require(condition: bool, key: str, value: Any, reason: str) -> None:
     """Raise `ConfigError(key, value, reason)` unless `condition` holds."""
     if not condition:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from backend_lib.config import triton_parameters
+from backend_lib.config import version_parameters
 from backend_lib.device import select_device
 from backend_lib.metrics import MetricsSink, TritonMetrics
 
@@ -30,12 +30,7 @@ class ModelContext:
     def from_args(cls, args: Mapping[str, Any]) -> ModelContext:
         model_config = json.loads(args["model_config"])
         version = str(args["model_version"])
-        # `{version}` in a parameter lets versions served side by side use their own files,
-        # e.g. model: "{version}/checkpoint" -> <model dir>/2/checkpoint for version 2.
-        parameters = {
-            key: value.replace("{version}", version)
-            for key, value in triton_parameters(model_config).items()
-        }
+        parameters = version_parameters(model_config, version)
         return cls(
             name=str(args["model_name"]),
             version=version,

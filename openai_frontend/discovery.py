@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from backend_lib.checkpoint import resolve_model_path
-from backend_lib.config import ConfigError, triton_parameters
+from backend_lib.config import ConfigError, version_parameters
 from openai_frontend.errors import APIError, invalid_request, model_not_found
 from openai_frontend.tokenization import ModelTokenizer, load_tokenizer
 from openai_frontend.triton import TritonClient
@@ -115,9 +115,7 @@ class ModelRegistry:
         kind = model_kind(config)
         if kind is None:
             return None
-        parameters = {
-            k: v.replace("{version}", version) for k, v in triton_parameters(config).items()
-        }
+        parameters = version_parameters(config, version)
         model_dir = self.repository / name if self.repository is not None else None
         return ModelInfo(
             name, version, kind, parameters, model_dir, int(config.get("max_batch_size", 0) or 0)
