@@ -11,9 +11,10 @@ METRICS_PORT ?= 8002
 OPENAI_PORT ?= 9000
 PYTEST_ARGS ?=
 
-.PHONY: setup serve test test-fast lint format bench clean
+.PHONY: setup prometheus serve test test-fast lint format bench clean
 
-setup: $(STAMP)
+CPU_KERNELS := .cache/kernels/llm_cpu.so
+setup: $(STAMP) prometheus $(CPU_KERNELS)
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml scripts/tritonserver
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +22,23 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml scripts/tritonserver
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	ln -sf ../../scripts/tritonserver $(VENV)/bin/tritonserver
 	touch $(STAMP)
+
+# The C++ CPU kernels (kernels/csrc/), rebuilt when a source changes. Without a compiler nothing is
+# built (one line says so), setup still succeeds and the PyTorch paths serve; the target is then
+# retried on the next setup.
+$(CPU_KERNELS): $(STAMP) $(wildcard kernels/csrc/*.cpp) kernels/cpu_extension.py kernels/cpu_build.py
+	$(PY) -m kernels.cpu_build
+
+# Debian's Prometheus server and promtool: the deployment tests (tests/deploy) run a real Prometheus
+# against a real tritonserver and unit-test the alerts. Installed with apt-get when missing.
+prometheus:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  echo "installing Debian's prometheus package"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  $$sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 || \
+	    { $$sudo apt-get update -qq && $$sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }; \
+	  command -v promtool >/dev/null || { echo "could not install prometheus (apt-get as root or with sudo)"; exit 1; }; }
 
 serve: setup
 	@$(PY) scripts/serve.py --model-repository=$(REPO) --http-port=$(HTTP_PORT) --grpc-port=$(GRPC_PORT) --metrics-port=$(METRICS_PORT) --openai-port=$(OPENAI_PORT)
@@ -45,11 +63,11 @@ format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-# The benchmark suite (<= 20 min on 2 cores): bench/results/{*.json,summary.json,report.md,*.png}.
+# The benchmark suite (about 35 min on 2 cores; the peers' .venv-peers is built on first use): bench/results/{*.json,summary.json,report.md,*.png}.
 # BENCH_ARGS=--gpu for the GPU mode, BENCH_ARGS="--only engine,prefix_cache" for a subset.
 BENCH_ARGS ?=
 bench: setup
 	$(PY) -m bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-peers .cache/bench-peers .cache/kernels .pytest_cache .ruff_cache

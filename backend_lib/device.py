@@ -27,10 +27,21 @@ def select_device(args: Mapping[str, Any] | None = None) -> torch.device:
     return torch.device("cpu")
 
 
+def cpu_has_native_bfloat16() -> bool:
+    """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX tiles). Elsewhere
+    (e.g. AVX2 only) PyTorch emulates bfloat16 GEMMs, several times slower than float32."""
+    cpu = getattr(torch, "cpu", None)
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
+
+
 def resolve_dtype(name: str, device: torch.device, key: str = "dtype") -> torch.dtype:
-    """Map a dtype name to torch. `auto` is float32 on CPU and bfloat16 on CUDA."""
+    """Map a dtype name to torch. `auto` is bfloat16 on CUDA and on CPUs with native bfloat16
+    (`cpu_has_native_bfloat16`), float32 on other CPUs."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda" or cpu_has_native_bfloat16():
+            return torch.bfloat16
+        return torch.float32
     if name not in DTYPES:
         raise ConfigError(key, name, f"expected one of auto, {', '.join(DTYPES)}")
     return DTYPES[name]

@@ -29,7 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.output import machine_info, progress, write_result
-from bench.summary import TARGETS, collect_summary, missed_targets, summary_table
+from bench.summary import (
+    TARGETS,
+    collect_missing,
+    collect_summary,
+    missed_targets,
+    not_measured,
+    summary_table,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,17 +55,21 @@ class Benchmark:
 # runs differ several-fold; one thread gives steady ratios, and both sides of each ratio get it.
 BENCHMARKS = (
     Benchmark("engine", "LLM engine vs transformers", ("--repeats", "1")),
+    Benchmark("engine_peers", "LLM engine vs OpenVINO GenAI and CTranslate2 (CPU)"),
     Benchmark("batching_spread", "Continuous vs static batching"),
     Benchmark("prefix_cache", "Prefix caching"),
     Benchmark("kv_memory", "KV memory"),
     Benchmark("preemption", "Preemption: recompute vs swap"),
+    Benchmark("lora", "Multi-LoRA: adapters + base vs base alone"),
     Benchmark("serving", "Serving through tritonserver"),
     Benchmark(
         "embedding", "Embedding vs sentence-transformers", ("--texts", "250", "--repeats", "3")
     ),
+    Benchmark("embedding_peers", "Embedding vs OpenVINO and ONNX Runtime (CPU)"),
     Benchmark("rerank", "Rerank vs CrossEncoder"),
     Benchmark("encoders_served", "Embedding and rerank through tritonserver"),
     Benchmark("openai_frontend", "OpenAI frontend vs gRPC"),
+    Benchmark("structured_outputs", "Structured outputs: constrained vs free"),
 )
 
 
@@ -114,6 +125,7 @@ def write_report(
     results: dict[str, dict],
     failures: dict[str, str],
     figures: dict[str, float],
+    missing: dict[str, str],
     plots: dict[str, list[Path]],
     args: argparse.Namespace,
     machine: dict,
@@ -132,6 +144,7 @@ def write_report(
         *summary_table(figures),
         "",
         *missed_targets(figures),
+        *not_measured(missing),
     ]
     if failures:
         lines += ["## Failed benchmarks", ""]
@@ -189,6 +202,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.report_only and (out_dir / "summary.json").exists():
         seconds = json.loads((out_dir / "summary.json").read_text(encoding="utf-8"))["seconds"]
     figures, sources = collect_summary(results)
+    missing = collect_missing(results, figures)
     plots = make_plots(out_dir, results)
     machine = machine_info()
     summary = {
@@ -199,13 +213,14 @@ def run(args: argparse.Namespace) -> dict:
         "gpu": args.gpu,
         "targets": {t.key: t.minimum for t in TARGETS},
         "sources": sources,
+        "missing": missing,
         "failed": failures,
         "seconds": seconds
         if args.report_only
         else {**seconds, "total": time.monotonic() - suite_started},
     }
     write_result(out_dir / "summary.json", summary)
-    report = write_report(out_dir, results, failures, figures, plots, args, machine)
+    report = write_report(out_dir, results, failures, figures, missing, plots, args, machine)
     print(f"wrote {report}")
     print("\n".join(summary_table(figures)))
     return summary

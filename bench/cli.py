@@ -55,7 +55,8 @@ def add_cli_args(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument(
         "--dtype",
         choices=DTYPE_CHOICES,
-        help="auto: float32 on CPU, bfloat16 on CUDA (default: %(default)s)",
+        help="auto: bfloat16 on CUDA and on CPUs with native bfloat16, float32 otherwise "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--threads",

@@ -11,7 +11,10 @@ EOS ignored, greedy. Figures are useful output tokens per second (the requested 
 - hf_static: `generate` on batches of `static_batch` (16) left-padded prompts; each batch runs to its
   longest output (the waste of static batching);
 - hf_continuous: `model.continuous_batching_context_manager()` with one `add_request` per request
-  and its own max_new_tokens (`generate_batch` is this loop with a single max_new_tokens).
+  and its own max_new_tokens (`generate_batch` is this loop with a single max_new_tokens);
+- engine_int8: the engine with `quantization: int8` (on CPU fbgemm's W8A8-dynamic int8 GEMMs),
+  timed interleaved with the others and reported apart ("int8": its rate, its ratio to the float
+  engine, its greedy agreement with the float engine, which is reported, not required).
 
 Greedy outputs are compared before timing (a few requests against plain `generate`) and after
 (every request, between systems). The systems run interleaved, `--repeats` times, in rotating
@@ -34,7 +37,15 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench import cli, plots
-from bench.llm import Workload, agreement, greedy, load_hf_model, make_workload, new_engine
+from bench.llm import (
+    Workload,
+    agreement,
+    greedy,
+    load_hf_model,
+    make_workload,
+    new_engine,
+    workload_record,
+)
 from bench.output import machine_info
 from bench.timing import spread, time_interleaved, timed
 from tooling.checkpoints import FULL, GPU, QUICK, build_random_llama
@@ -50,9 +61,20 @@ class EngineRunner:
     """Runs a workload on a fresh LLMEngine each time (an empty prefix cache, as the other
     systems start with), timing each phase of its steps."""
 
-    def __init__(self, model_dir: Path, dtype: str, device, max_num_seqs: int = 64):
+    def __init__(
+        self,
+        model_dir: Path,
+        dtype: str,
+        device,
+        max_num_seqs: int = 64,
+        quantization: str = "none",
+    ):
         self.model_dir, self.dtype, self.device = model_dir, dtype, device
-        self.settings = {"max_model_len": 1024, "max_num_seqs": max_num_seqs}
+        self.settings = {
+            "max_model_len": 1024,
+            "max_num_seqs": max_num_seqs,
+            "quantization": quantization,
+        }
         self.config = None
         """The latest engine's LLMConfig."""
         self.phase_seconds: dict[str, float] = defaultdict(float)
@@ -197,15 +219,22 @@ def run_in(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
     if dtype == torch.float32 and fidelity["engine"]["requests"] < 1.0:
         raise SystemExit("the engine's greedy outputs differ from transformers generate")
     engine.phase_seconds.clear()
+    engine_int8 = EngineRunner(
+        model_dir, dtype_name, device, max_num_seqs=max(64, sizes.requests), quantization="int8"
+    )
+    engine_int8.run(Workload(workload.prompts[:4], [16] * 4))  # warm-up
 
     systems = {
         "engine": lambda: engine.run(workload),
+        "engine_int8": lambda: engine_int8.run(workload),
         "hf_static": timed(lambda: hf_static(hf, workload, sizes.static_batch)),
         "hf_continuous": lambda: hf_continuous(hf, workload),
     }
     if args.skip_continuous:
         del systems["hf_continuous"]
     seconds, outputs = time_interleaved(systems, args.repeats)
+    int8 = int8_record(seconds.pop("engine_int8"), seconds["engine"], workload.num_output_tokens)
+    int8["agreement_with_float_engine"] = agreement(outputs["engine"], outputs.pop("engine_int8"))
     engine_seconds = sum(seconds["engine"])
     phases = {name: value / engine_seconds for name, value in engine.phase_seconds.items()}
     phases["other"] = 1.0 - sum(phases.values())
@@ -217,16 +246,10 @@ def run_in(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
         "device": str(device),
         "dtype": dtype_name,
         "model": {**asdict(sizes), "parameters": num_params},
-        "workload": {
-            "requests": sizes.requests,
-            "seed": args.seed,
-            "prompt_tokens": sum(map(len, workload.prompts)),
-            "output_tokens": workload.num_output_tokens,
-            "ignore_eos": True,
-            "greedy": True,
-        },
+        "workload": workload_record(workload, args.seed),
         "repeats": args.repeats,
-        **figures(seconds, workload.num_output_tokens, phases),
+        **figures(seconds, workload.num_output_tokens, phases, int8["ratio_vs_float_engine"]),
+        "int8": int8,
         "fidelity_vs_generate": fidelity,
         "agreement_with_engine": {
             name: agreement(outputs["engine"], out)
@@ -267,8 +290,21 @@ def write_profile(engine: EngineRunner, workload: Workload, path: Path) -> None:
     path.write_text(profiler.output_text(unicode=True, color=False), encoding="utf-8")
 
 
+def int8_record(int8: list[float], float_engine: list[float], tokens: int) -> dict[str, object]:
+    """The int8 engine's timings against the float engine's (same workload, interleaved)."""
+    return {
+        "seconds": int8,
+        "output_tokens_per_second": tokens / statistics.median(int8),
+        "output_tokens_per_second_spread": spread([tokens / t for t in int8]),
+        "ratio_vs_float_engine": statistics.median(float_engine) / statistics.median(int8),
+    }
+
+
 def figures(
-    seconds: dict[str, list[float]], tokens: int, phases: dict[str, float]
+    seconds: dict[str, list[float]],
+    tokens: int,
+    phases: dict[str, float],
+    int8_ratio: float | None = None,
 ) -> dict[str, object]:
     """The timings and the figures drawn from them, for the result JSON."""
     median = {name: statistics.median(s) for name, s in seconds.items()}
@@ -292,6 +328,7 @@ def figures(
                 else {}
             ),
             "forward_time_share": phases["model_forward"],
+            **({"engine_int8_vs_float32": int8_ratio} if int8_ratio is not None else {}),
         },
     }
 
@@ -333,6 +370,14 @@ def report(result: dict) -> list[str]:
         lines.append(
             f"- engine / `generate_batch`: **{summary['engine_vs_hf_generate_batch']:.2f}x** "
             "(target >= 5x)"
+        )
+    if "int8" in result:
+        int8 = result["int8"]
+        lines.append(
+            f"- engine with int8 weights: {int8['output_tokens_per_second']:.1f} output tokens/s, "
+            f"**{int8['ratio_vs_float_engine']:.2f}x** the {result['dtype']} engine (target >= "
+            f"1.3x); greedy agreement with it {int8['agreement_with_float_engine']} (reported, "
+            "not required)"
         )
     shares = ", ".join(f"{k} {v:.3f}" for k, v in result["engine_time_share"].items())
     lines.append(

@@ -24,6 +24,18 @@ class Workload:
         return sum(self.output_lens)
 
 
+def workload_record(workload: Workload, seed: int) -> dict:
+    """How a result JSON describes a greedy, EOS-ignored workload."""
+    return {
+        "requests": len(workload.prompts),
+        "seed": seed,
+        "prompt_tokens": sum(map(len, workload.prompts)),
+        "output_tokens": workload.num_output_tokens,
+        "ignore_eos": True,
+        "greedy": True,
+    }
+
+
 def make_workload(sizes: Sizes, seed: int) -> Workload:
     """`sizes.requests` random-token prompts and output lengths of seeded random length."""
     rng = random.Random(seed)

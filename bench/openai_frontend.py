@@ -7,8 +7,8 @@ on a free port in front of it. Chat conversations are rendered once with the che
 template (the frontend's own tokenizer code), so both systems get the very same prompt text and the
 same `sampling_parameters` (greedy, EOS ignored, fixed `max_tokens`):
 
-- frontend: N concurrent asyncio clients (httpx) streaming `POST /v1/chat/completions`
-  (`stream_options.include_usage` gives the output token count), SSE parsed by hand;
+- frontend: N concurrent asyncio clients (aiohttp, whose HTTP parser is C like gRPC's) streaming
+  `POST /v1/chat/completions` (`stream_options.include_usage` gives the output token count);
 - grpc: N concurrent asyncio clients (tritonclient.grpc.aio `stream_infer`) sending the inputs the
   frontend sends (text_input, stream, sampling_parameters, exclude_input_in_output and the
   return_finish_reason / num_input_tokens / num_output_tokens flags).
@@ -128,7 +128,7 @@ def sampling_parameters(max_tokens: int) -> dict:
 # --- the two clients ------------------------------------------------------------------------------
 
 
-async def frontend_request(http, messages: list[dict], max_tokens: int) -> RequestTiming:
+async def frontend_request(session, messages: list[dict], max_tokens: int) -> RequestTiming:
     body = {
         "model": "llm",
         "messages": messages,
@@ -140,16 +140,14 @@ async def frontend_request(http, messages: list[dict], max_tokens: int) -> Reque
     }
     timing = RequestTiming(time.perf_counter())
     pieces: list[str] = []
-    async with http.stream("POST", "/v1/chat/completions", json=body) as response:
-        if response.status_code != 200:
-            raise RuntimeError(
-                f"frontend answered {response.status_code}: {await response.aread()}"
-            )
-        async for line in response.aiter_lines():
-            if not line.startswith("data: "):
+    async with session.post("/v1/chat/completions", json=body) as response:
+        if response.status != 200:
+            raise RuntimeError(f"frontend answered {response.status}: {await response.read()}")
+        async for line in response.content:  # one SSE line at a time
+            if not line.startswith(b"data: "):
                 continue
-            data = line[6:]
-            if data == "[DONE]":
+            data = line[6:].strip()
+            if data == b"[DONE]":
                 timing.end = time.perf_counter()
                 break
             chunk = json.loads(data)
@@ -192,13 +190,16 @@ async def _closed_loop(request, count: int, concurrency: int) -> list[RequestTim
 def frontend_closed_loop(
     url: str, conversations: list, max_tokens: int, concurrency: int
 ) -> list[RequestTiming]:
-    import httpx
+    import aiohttp
 
     async def main() -> list[RequestTiming]:
-        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+        async with aiohttp.ClientSession(
+            base_url=url,
+            connector=aiohttp.TCPConnector(limit=concurrency),
+            timeout=aiohttp.ClientTimeout(total=600),
+        ) as session:
             return await _closed_loop(
-                lambda i: frontend_request(http, conversations[i], max_tokens),
+                lambda i: frontend_request(session, conversations[i], max_tokens),
                 len(conversations),
                 concurrency,
             )
@@ -344,7 +345,7 @@ def run(args: argparse.Namespace) -> dict:
                 fidelity = check_fidelity(
                     frontend.url, server.grpc_url, conversations, prompts, preset
                 )
-                runs = time_runs(
+                runs, client_cpu_ms = time_runs(
                     frontend.url, server.grpc_url, conversations, prompts, preset, args
                 )
             finally:
@@ -357,6 +358,7 @@ def run(args: argparse.Namespace) -> dict:
         args,
         preset,
         runs,
+        client_cpu_ms,
         device,
         dtype,
         fidelity,
@@ -367,18 +369,24 @@ def run(args: argparse.Namespace) -> dict:
     )
 
 
-def time_runs(url, grpc_url, conversations, prompts, preset: Preset, args) -> list[Run]:
-    """Both systems, `repeats` times, interleaved (the first one alternates)."""
+def time_runs(
+    url, grpc_url, conversations, prompts, preset: Preset, args
+) -> tuple[list[Run], dict[str, list[float]]]:
+    """Both systems, `repeats` times, interleaved (the first one alternates); also the clients'
+    CPU time per output token (this process, all threads), by system, in milliseconds."""
     systems = {
         "frontend": lambda: frontend_closed_loop(
             url, conversations, preset.max_tokens, preset.concurrency
         ),
         "grpc": lambda: grpc_closed_loop(grpc_url, prompts, preset.max_tokens, preset.concurrency),
     }
-    runs = []
+    runs, client_cpu_ms = [], {name: [] for name in SYSTEMS}
     for repeat in range(args.repeats):
         for name in SYSTEMS[::-1] if repeat % 2 else SYSTEMS:
+            cpu_started = time.process_time()
             runs.append(Run(name, "closed", preset.concurrency, None, repeat, systems[name]()))
+            tokens = sum(r.output_tokens for r in runs[-1].requests)
+            client_cpu_ms[name].append((time.process_time() - cpu_started) * 1000 / tokens)
             progress(
                 f"repeat {repeat + 1}/{args.repeats} {name}: "
                 f"{runs[-1].metrics()['output_tokens_per_s']:.1f} output tokens/s"
@@ -388,13 +396,14 @@ def time_runs(url, grpc_url, conversations, prompts, preset: Preset, args) -> li
             raise SystemExit(
                 f"a {run_.system} request produced other than {preset.max_tokens} tokens"
             )
-    return runs
+    return runs, client_cpu_ms
 
 
 def build_result(
     args,
     preset,
     runs,
+    client_cpu_ms,
     device,
     dtype,
     fidelity,
@@ -443,7 +452,7 @@ def build_result(
         },
         "settings": {
             "llm_parameters": parameters,
-            "frontend_client": "httpx.AsyncClient, POST /v1/chat/completions stream=true",
+            "frontend_client": "aiohttp.ClientSession, POST /v1/chat/completions stream=true",
             "grpc_client": "tritonclient.grpc.aio stream_infer",
             "threads": {"server": args.threads or "torch default"},
         },
@@ -454,6 +463,7 @@ def build_result(
         "timed_same_text": sum(same_text) / len(same_text),
         "output_tokens_per_second": {s: spread(rates[s]) for s in SYSTEMS},
         "latency": latency,
+        "client_cpu_ms_per_token": {s: spread(client_cpu_ms[s]) for s in SYSTEMS},
         "ttft_added_s": {
             "p50": latency["frontend"]["ttft_p50_s"] - latency["grpc"]["ttft_p50_s"],
             "p99": latency["frontend"]["ttft_p99_s"] - latency["grpc"]["ttft_p99_s"],
@@ -503,6 +513,11 @@ def report(result: dict) -> list[str]:
     lines += [
         "",
         f"TTFT added by the frontend: {_ms(added['p50'])} ms at p50, {_ms(added['p99'])} ms at p99.",
+        "",
+        "The clients share the machine with the servers; their CPU per output token (this process, "
+        "median): "
+        + ", ".join(f"{s} {result['client_cpu_ms_per_token'][s]['median']:.3f} ms" for s in SYSTEMS)
+        + ".",
         "",
         f"Target: frontend output tokens/s >= {TARGET} x gRPC: {ratio:.3f} ({met}).",
         "",

@@ -1,4 +1,5 @@
-"""Compute kernels of the LLM engine: Triton kernels (GPU) and their PyTorch twins (CPU path, references).
+"""Compute kernels of the LLM engine: Triton kernels (GPU) and their PyTorch twins (CPU path, references),
+plus C++ CPU kernels (kernels/csrc/, built by `make setup`) where they beat the PyTorch twins.
 
 The caller picks a backend ("torch" or "triton") and calls through `kernel_ops(backend)`. This
 package imports only torch, triton and itself (tests/kernels/test_independence.py checks it).
@@ -11,15 +12,17 @@ from dataclasses import dataclass
 
 from kernels.activation import silu_and_mul_torch, silu_and_mul_triton
 from kernels.kv_cache import write_kv_cache_torch, write_kv_cache_triton
+from kernels.lora import LoRASegments, add_lora_torch, add_lora_triton, lora_segments
 from kernels.paged_attention import (
-    paged_attention_torch,
+    paged_attention_cpu,
     paged_attention_triton,
-    plan_paged_attention_torch,
+    plan_paged_attention_cpu,
 )
 from kernels.rmsnorm import rms_norm_torch, rms_norm_triton
 from kernels.rotary import apply_rotary_torch, apply_rotary_triton, rope_cos_sin_cache
+from kernels.token_bitmask import apply_token_bitmask_torch, apply_token_bitmask_triton
 
-__all__ = ["KernelOps", "kernel_ops", "rope_cos_sin_cache"]
+__all__ = ["KernelOps", "LoRASegments", "kernel_ops", "lora_segments", "rope_cos_sin_cache"]
 
 
 @dataclass(frozen=True)
@@ -31,19 +34,25 @@ class KernelOps:
     rms_norm: Callable
     apply_rotary: Callable
     silu_and_mul: Callable
+    apply_token_bitmask: Callable
+    add_lora: Callable
     plan_attention: Callable | None = None
     """Builds a batch's host-side attention plan once per step, passed to every layer's
     paged_attention as `plan=` (backends that need none leave it None)."""
 
 
 _BACKENDS = {
+    # Attention: the C++ op on CPU tensors when it is built (kernels/cpu_extension.py), else the
+    # PyTorch twins (paged_attention_torch).
     "torch": KernelOps(
-        paged_attention=paged_attention_torch,
+        paged_attention=paged_attention_cpu,
         write_kv_cache=write_kv_cache_torch,
         rms_norm=rms_norm_torch,
         apply_rotary=apply_rotary_torch,
         silu_and_mul=silu_and_mul_torch,
-        plan_attention=plan_paged_attention_torch,
+        apply_token_bitmask=apply_token_bitmask_torch,
+        add_lora=add_lora_torch,
+        plan_attention=plan_paged_attention_cpu,
     ),
     "triton": KernelOps(
         paged_attention=paged_attention_triton,
@@ -51,6 +60,8 @@ _BACKENDS = {
         rms_norm=rms_norm_triton,
         apply_rotary=apply_rotary_triton,
         silu_and_mul=silu_and_mul_triton,
+        apply_token_bitmask=apply_token_bitmask_triton,
+        add_lora=add_lora_triton,
     ),
 }
 

@@ -18,6 +18,16 @@ SDPA call, its GQA query heads folded into query rows; each longer chunk gets it
 a causal mask offset by its prefix. The grouping (a `TorchAttentionPlan`) depends only on the batch
 metadata: the engine builds it once per step and every layer reuses it.
 
+C++ path (CPU production, `paged_attention_cpu`: the "torch" backend on CPU when
+kernels/csrc/paged_attention_cpu.cpp is built, see kernels/cpu_extension.py): work items like the
+Triton kernel's below, one query tile (up to 16 rows: tokens x the G heads of one kv head) per item,
+reading each key and value row straight from the cache through the block table (no gathered copy),
+with an online softmax and accumulation in float32, in q's dtype out (float32, bfloat16, float16);
+items spread over torch's intra-op threads. The plan routes each sequence: decodes and short chunks
+to the op, long chunks after a cached prefix to the SDPA call above, whose GEMMs win there
+(`_native_takes` has the measured rule). Without the library (no compiler at setup, another torch)
+everything goes through the PyTorch path.
+
 Triton path: ONE unified kernel for prefill chunks and decodes alike, so a mixed batch is one launch.
 A program owns one query tile of one sequence and one kv head: BLOCK_M rows = BLOCK_Q consecutive new
 tokens x the G query heads sharing that kv head, so each K/V tile is loaded once per GQA group. It
@@ -42,6 +52,8 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from kernels import cpu_extension
 
 
 def _gather_context(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
@@ -95,6 +107,8 @@ class TorchAttentionPlan:
     decode_groups: list[_DecodeGroup]
     prefills: list[_Prefill]
     block_size: int
+    native_seqs: torch.Tensor | None = None
+    """int32 indices of the sequences left to the C++ op (`paged_attention_cpu`); None: none."""
     _masks: dict[int | None, list[torch.Tensor]] = field(default_factory=dict)
 
     def decode_masks(self, sliding_window: int | None) -> list[torch.Tensor]:
@@ -119,9 +133,12 @@ def plan_paged_attention_torch(
     seq_lens: torch.Tensor,
     block_tables: torch.Tensor,
     k_cache: torch.Tensor,
+    *,
+    native: bool = False,
 ) -> TorchAttentionPlan:
     """The SDPA calls of `paged_attention_torch` for this batch (arguments as there; any layer's
-    k_cache, for its shape): decodes in groups of similar context length, every longer chunk alone."""
+    k_cache, for its shape): decodes in groups of similar context length, every longer chunk alone.
+    `native`: the sequences `_native_takes` are left out, listed in `native_seqs` for the C++ op."""
     num_seqs = seq_lens.shape[0]
     num_blocks, block_size = k_cache.shape[:2]
     # One host copy of the metadata: grouping needs plain ints.
@@ -132,7 +149,10 @@ def plan_paged_attention_torch(
     tables = block_tables.clamp(0, num_blocks - 1).long()
     device = block_tables.device
 
-    decode_seqs = [b for b in range(num_seqs) if starts[b + 1] - starts[b] == 1]
+    query_lens = [starts[b + 1] - starts[b] for b in range(num_seqs)]
+    to_op = [b for b in range(num_seqs) if native and _native_takes(query_lens[b], context_lens[b])]
+    own = sorted(set(range(num_seqs)).difference(to_op))
+    decode_seqs = [b for b in own if query_lens[b] == 1]
     groups = []
     for members in _length_groups([context_lens[b] for b in decode_seqs]):
         seqs = [decode_seqs[i] for i in members]
@@ -156,10 +176,11 @@ def plan_paged_attention_torch(
             context_lens[b],
             tables[b, : triton.cdiv(context_lens[b], block_size)],
         )
-        for b in range(num_seqs)
-        if starts[b + 1] - starts[b] > 1
+        for b in own
+        if query_lens[b] > 1
     ]
-    return TorchAttentionPlan(groups, prefills, block_size)
+    native_seqs = torch.tensor(to_op, dtype=torch.int32) if native else None
+    return TorchAttentionPlan(groups, prefills, block_size, native_seqs)
 
 
 def _decode_attention_torch(
@@ -241,7 +262,8 @@ def paged_attention_torch(
     in q's dtype (written into `out` when given). The engine's CPU path: single-token queries in
     groups of similar context length, one batched gather + masked SDPA per group; every longer chunk
     through its own SDPA call with a causal mask offset by its cached prefix. `plan`: this batch's
-    `plan_paged_attention_torch` (built here when not given)."""
+    `plan_paged_attention_torch` (built here when not given); rows it leaves to the C++ op
+    (`native_seqs`) are not written."""
     if out is None:
         out = torch.empty_like(q)
     if plan is None:
@@ -256,6 +278,100 @@ def paged_attention_torch(
             q[rows], k_cache, v_cache, chunk.block_ids, chunk.context_len, scale, sliding_window
         ).to(out.dtype)
     return out
+
+
+# C++ path (design in the module docstring; the op in kernels/csrc/paged_attention_cpu.cpp).
+
+NATIVE_MAX_QUERY_LEN = 16
+NATIVE_MAX_FRESH_LEN = 512
+
+
+def _native_takes(query_len: int, context_len: int) -> bool:
+    """Whether the C++ op beats SDPA on a chunk (measured, 1 thread, 8 Hq / 2 Hkv, D 64; module
+    docstring). The op costs about 1.75x SDPA's GEMMs per (query, visible key) pair but skips the keys
+    the causal mask hides, where one SDPA call pays the whole query x context rectangle plus ~0.8 ms of
+    mask set-up. So: every chunk of up to NATIVE_MAX_QUERY_LEN tokens (break-even at 16 after a
+    768-token prefix), and chunks with little cached prefix (at most a quarter of the chunk) up to
+    NATIVE_MAX_FRESH_LEN tokens (1.2x faster at 512, 0.85x at 1024)."""
+    if query_len <= NATIVE_MAX_QUERY_LEN:
+        return True
+    return query_len <= NATIVE_MAX_FRESH_LEN and 4 * (context_len - query_len) <= query_len
+
+
+_NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _native_usable(k_cache: torch.Tensor) -> bool:
+    return (
+        k_cache.device.type == "cpu"
+        and k_cache.dtype in _NATIVE_DTYPES
+        and k_cache.stride(-1) == 1
+        and cpu_extension.load()
+    )
+
+
+def plan_paged_attention_cpu(
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    k_cache: torch.Tensor,
+) -> TorchAttentionPlan:
+    """The plan of `paged_attention_cpu`: the chunks `_native_takes` to the C++ op when it is loaded
+    and the cache is a CPU one of a dtype it handles, the rest as `plan_paged_attention_torch` splits
+    them."""
+    return plan_paged_attention_torch(
+        query_start_loc, seq_lens, block_tables, k_cache, native=_native_usable(k_cache)
+    )
+
+
+def paged_attention_cpu(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+    *,
+    plan: TorchAttentionPlan | None = None,
+) -> torch.Tensor:
+    """`paged_attention_torch`'s contract, the "torch" backend's entry: the C++ op for the rows the
+    plan (`plan_paged_attention_cpu`, built here when not given) leaves to it, SDPA for the rest."""
+    if out is None:
+        out = torch.empty_like(q)
+    if plan is None:
+        plan = plan_paged_attention_cpu(query_start_loc, seq_lens, block_tables, k_cache)
+    if plan.native_seqs is not None:
+        tensors = (q, k_cache, v_cache, out)
+        if all(t.dtype == q.dtype and t.stride(-1) == 1 for t in tensors):
+            torch.ops.llm_cpu.paged_attention(
+                q,
+                k_cache,
+                v_cache,
+                query_start_loc.to(torch.int32).contiguous(),
+                seq_lens.to(torch.int32).contiguous(),
+                block_tables.to(torch.int32).contiguous(),
+                scale,
+                sliding_window or 0,
+                plan.native_seqs,
+                out,
+            )
+        else:  # a layout the op does not take (mixed dtypes): all through PyTorch
+            plan = plan_paged_attention_torch(query_start_loc, seq_lens, block_tables, k_cache)
+    return paged_attention_torch(
+        q,
+        k_cache,
+        v_cache,
+        query_start_loc,
+        seq_lens,
+        block_tables,
+        scale,
+        sliding_window,
+        out,
+        plan=plan,
+    )
 
 
 # Triton path (design in the module docstring).

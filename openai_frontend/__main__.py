@@ -40,7 +40,13 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="warning")
+    uvicorn.run(
+        create_app(config),
+        host=config.host,
+        port=config.port,
+        log_level="warning",
+        access_log=False,
+    )
 
 
 if __name__ == "__main__":

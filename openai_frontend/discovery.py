@@ -2,6 +2,10 @@
 
 The repository index is read over gRPC and cached for a short TTL (and re-read on a miss), so a
 model loaded or unloaded in Triton appears or disappears without restarting the frontend.
+
+An llm with `enable_lora` serves each LoRA adapter of its `<version>/multi_lora.json` as a model of
+its own, as vLLM does: under the adapter's name (unless another model has that name) and always as
+`<llm>:<adapter>`; a request for it goes to the llm with `lora_name` in its sampling parameters.
 """
 
 from __future__ import annotations
@@ -9,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,6 +50,32 @@ class ModelInfo:
     model_dir: Path | None
     max_batch_size: int = 0
     created: int = field(default_factory=lambda: int(time.time()))
+    lora_name: str | None = None
+    """The LoRA adapter this served model is (None: the Triton model itself)."""
+    parent: str | None = None
+    """For an adapter: the Triton llm it runs on."""
+
+    @property
+    def triton_name(self) -> str:
+        """The Triton model that serves requests for this model."""
+        return self.parent or self.name
+
+    def adapter(self, served_as: str, lora_name: str) -> ModelInfo:
+        """This llm's LoRA adapter `lora_name`, served under the model id `served_as`."""
+        return replace(self, name=served_as, lora_name=lora_name, parent=self.name)
+
+    def lora_names(self) -> list[str]:
+        """The adapters in this llm's `multi_lora.json` (none when LoRA is off or unreadable,
+        as the backend would then refuse every `lora_name`)."""
+        if self.kind != "llm" or self.model_dir is None:
+            return []
+        if self.parameters.get("enable_lora", "false").strip().lower() not in ("true", "1", "yes"):
+            return []
+        try:
+            listed = json.loads((self.model_dir / self.version / "multi_lora.json").read_text())
+        except (OSError, ValueError):
+            return []
+        return sorted(listed) if isinstance(listed, dict) else []
 
     def checkpoint(self) -> Path:
         """The checkpoint directory, resolved as the backend does (`{version}`, relative paths,
@@ -84,6 +114,8 @@ class ModelRegistry:
         self.triton, self.repository, self.ttl_s = triton, repository, ttl_s
         self.chat_template = chat_template
         self._models: dict[str, ModelInfo] = {}
+        self._aliases: dict[str, ModelInfo] = {}
+        """`<llm>:<adapter>` ids, also accepted where the adapter is listed under its own name."""
         self._configs: dict[tuple[str, str], dict[str, Any]] = {}
         self._tokenizers: dict[tuple[str, str], ModelTokenizer] = {}
         self._refreshed_at = float("-inf")
@@ -104,7 +136,7 @@ class ModelRegistry:
                 info = await self._describe(name, version)
                 if info is not None:
                     models[name] = info
-            self._models = models
+            self._models, self._aliases = _with_adapters(models)
             self._refreshed_at = time.monotonic()
 
     async def _describe(self, name: str, version: str) -> ModelInfo | None:
@@ -131,9 +163,9 @@ class ModelRegistry:
         await self.refresh()
         if not name:
             return await self._only(kind or "llm")
-        if name not in self._models:
+        if name not in self._models and name not in self._aliases:
             await self.refresh(force=True)  # just loaded?
-        info = self._models.get(name)
+        info = self._models.get(name) or self._aliases.get(name)
         if info is None:
             raise model_not_found(name)
         if kind is not None and info.kind != kind:
@@ -144,7 +176,7 @@ class ModelRegistry:
         return info
 
     async def _only(self, kind: Kind) -> ModelInfo:
-        found = [m for m in self._models.values() if m.kind == kind]
+        found = [m for m in self._models.values() if m.kind == kind and m.parent is None]
         if len(found) != 1:
             names = ", ".join(sorted(m.name for m in found)) or "none"
             raise invalid_request(
@@ -153,11 +185,29 @@ class ModelRegistry:
         return found[0]
 
     def tokenizer(self, info: ModelInfo) -> ModelTokenizer:
-        key = (info.name, info.version)
+        key = (info.triton_name, info.version)  # an adapter shares its llm's tokenizer
         if key not in self._tokenizers:
             override = self.chat_template if info.kind == "llm" else None
             self._tokenizers[key] = load_tokenizer(info.checkpoint(), override)
         return self._tokenizers[key]
+
+
+def _with_adapters(
+    models: dict[str, ModelInfo],
+) -> tuple[dict[str, ModelInfo], dict[str, ModelInfo]]:
+    """The models plus each llm's LoRA adapters (listed under their own names where no other
+    model has them, else as `<llm>:<adapter>`), and every `<llm>:<adapter>` id."""
+    served, aliases = dict(models), {}
+    adapters = [(info, lora) for info in models.values() for lora in info.lora_names()]
+    names = [lora for _, lora in adapters]
+    for info, lora in adapters:
+        qualified = f"{info.name}:{lora}"
+        aliases[qualified] = info.adapter(qualified, lora)
+        own_name = lora not in models and names.count(lora) == 1
+        served[lora if own_name else qualified] = info.adapter(
+            lora if own_name else qualified, lora
+        )
+    return served, aliases
 
 
 def _version_key(version: str) -> tuple[int, str]:

@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from openai_frontend.errors import APIError
+from openai_frontend.structured import Constraint
 from openai_frontend.triton import LLMResponse, TritonClient
 
 LogprobEntry = dict[str, dict[str, Any]]  # {token_id: {logprob, rank, decoded_token}}
@@ -58,11 +60,22 @@ class Generation:
     prompt: str
     params: dict[str, Any]
     logprobs: bool
+    constraint: Constraint | None = None
+    """The output constraint in `params` (its errors name the request field it came from)."""
+    served_as: str = ""
+    """The model id the client asked for (a LoRA adapter's, or `model`)."""
+
+    @property
+    def model_id(self) -> str:
+        return self.served_as or self.model
 
     def stream(self, stream: bool = True) -> AsyncIterator[LLMResponse]:
-        return self.triton.generate(
+        responses = self.triton.generate(
             self.model, self.prompt, self.params, stream=stream, logprobs=self.logprobs
         )
+        if self.constraint is None:
+            return responses
+        return _naming_param(responses, self.constraint)
 
     async def run(self, usage: Usage) -> list[Choice]:
         """Every choice, whole (one non-streaming request)."""
@@ -83,6 +96,17 @@ class Generation:
                     choice.finish_reason = reason or choice.finish_reason
                     choice.logprobs += lps or []
         return choices
+
+
+async def _naming_param(
+    responses: AsyncIterator[LLMResponse], constraint: Constraint
+) -> AsyncIterator[LLMResponse]:
+    async with contextlib.aclosing(responses):  # closing this closes the Triton stream
+        try:
+            async for response in responses:
+                yield response
+        except APIError as exc:
+            raise constraint.name_param(exc) from None
 
 
 async def _enumerate(items: AsyncIterator[LLMResponse]) -> AsyncIterator[tuple[int, LLMResponse]]:

@@ -1,7 +1,8 @@
 """Request bodies of the OpenAI-compatible endpoints (pydantic), with their range checks.
 
 Unknown fields are accepted and ignored (as vLLM's server does); fields the frontend cannot honour
-are refused by `check_supported` naming the field.
+are refused by `check_supported` naming the field. What the output-constraint fields mean is
+`structured.py`'s and `tools.py`'s business.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from openai_frontend.errors import invalid_request
 
 NonNegInt = Annotated[int, Field(ge=0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+_UNSUPPORTED_GUIDES = ("guided_whitespace_pattern",)
+"""vLLM's older guided-decoding option the engine's grammar backend (xgrammar) cannot honour."""
 
 
 class _Body(BaseModel):
@@ -28,7 +31,7 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
 
@@ -40,6 +43,39 @@ class ChatMessage(BaseModel):
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(BaseModel):
+    """`response_format.json_schema`: `name`, `description` and `strict` are accepted and unused
+    (the schema is always enforced)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: FunctionDefinition
 
 
 class SamplingFields(_Body):
@@ -65,6 +101,13 @@ class SamplingFields(_Body):
     user: str | None = None
     logit_bias: dict[str, float] | None = None
     best_of: int | None = None
+    # Output constraints (structured.py): OpenAI's, and vLLM's extras.
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     def _refuse(self, *names: str) -> None:
         for name in names:
@@ -80,18 +123,13 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    response_format: dict[str, Any] | None = None
-    tools: list[Any] | None = None
+    tools: list[Tool] | None = None
     tool_choice: Any = None
+    """"none", "auto", "required" or {"type": "function", "function": {"name": ...}} (tools.py)."""
+    parallel_tool_calls: bool | None = None
 
     def check_supported(self) -> None:
-        self._refuse("tools", "logit_bias", "best_of")
-        if self.tool_choice not in (None, "none"):
-            raise invalid_request("`tool_choice` is not supported by this server", "tool_choice")
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            raise invalid_request(
-                'only `response_format` {"type": "text"} is supported', "response_format"
-            )
+        self._refuse("logit_bias", "best_of", "functions", "function_call", *_UNSUPPORTED_GUIDES)
         if self.top_logprobs and not self.logprobs:
             raise invalid_request("`top_logprobs` needs `logprobs` true", "top_logprobs")
 
@@ -103,7 +141,7 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
 
     def check_supported(self) -> None:
-        self._refuse("logit_bias", "suffix", "best_of")
+        self._refuse("logit_bias", "suffix", "best_of", *_UNSUPPORTED_GUIDES)
 
     def prompts(self) -> list[str]:
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from openai_frontend.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from openai_frontend.structured import Constraint
 
 # Passed through under the same name when the client set them.
 _PASSTHROUGH = (
@@ -29,12 +30,20 @@ def default_max_tokens(max_model_len: int | None, prompt_tokens: int | None) -> 
 
 
 def sampling_parameters(
-    body: SamplingFields, max_model_len: int | None, prompt_tokens: int | None
+    body: SamplingFields,
+    max_model_len: int | None,
+    prompt_tokens: int | None,
+    constraint: Constraint | None = None,
+    lora_name: str | None = None,
 ) -> dict[str, Any]:
-    """The `sampling_parameters` of one generate request for `body`."""
+    """The `sampling_parameters` of one generate request for `body`; `constraint`: its output
+    constraint (structured.py), sent as `structured_outputs`; `lora_name`: the LoRA adapter the
+    requested model id names (discovery.py)."""
     params: dict[str, Any] = {
         name: getattr(body, name) for name in _PASSTHROUGH if getattr(body, name) is not None
     }
+    if lora_name is not None:
+        params["lora_name"] = lora_name
     max_tokens = body.max_tokens
     if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
         max_tokens = body.max_completion_tokens
@@ -53,6 +62,8 @@ def sampling_parameters(
     logprobs = requested_logprobs(body)
     if logprobs is not None:
         params["logprobs"] = logprobs
+    if constraint is not None:
+        params["structured_outputs"] = constraint.value
     return params
 
 

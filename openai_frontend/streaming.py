@@ -3,24 +3,26 @@ then `data: [DONE]`."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 from fastapi.responses import StreamingResponse
 
 from openai_frontend.errors import APIError, internal
 
 log = logging.getLogger(__name__)
-DONE = "data: [DONE]\n\n"
+DONE = b"data: [DONE]\n\n"
 
 
-def sse(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+def sse(payload: dict[str, Any]) -> bytes:
+    # orjson: UTF-8 bytes straight to the socket (json.dumps then str.encode cost ~10x more, and
+    # every streamed token is one event).
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-async def _events(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+async def _events(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
     try:
         async for chunk in chunks:
             yield sse(chunk)

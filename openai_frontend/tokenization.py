@@ -1,7 +1,7 @@
 """Tokenizers and chat templates of the served models, read from their checkpoint directories.
 
 Chat templates render as transformers' `apply_chat_template` does: jinja2 in an immutable sandbox with
-`trim_blocks`/`lstrip_blocks`, variables `messages`, `add_generation_prompt`, `bos_token`,
+`trim_blocks`/`lstrip_blocks`, variables `messages`, `tools`, `add_generation_prompt`, `bos_token`,
 `eos_token`, and `raise_exception`.
 """
 
@@ -58,8 +58,15 @@ class ModelTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
-    def render_chat(self, messages: list[dict[str, Any]], model: str) -> str:
-        """The prompt for `messages`, ending with the assistant's generation prompt."""
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        model: str,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The prompt for `messages`, ending with the assistant's generation prompt; `tools` go
+        to the template as transformers passes them (templates without tool support ignore
+        them)."""
         if not self.chat_template:
             raise invalid_request(
                 f"model `{model}` has no chat template (its checkpoint has none and the frontend "
@@ -69,6 +76,7 @@ class ModelTokenizer:
         try:
             return _compile(self.chat_template).render(
                 messages=messages,
+                tools=tools,
                 add_generation_prompt=True,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,

@@ -64,6 +64,8 @@ WORKER_GROUPS = {
     "tests/e2e/test_encoders.py": "server",
     "tests/e2e/test_metrics_from_load.py": "server",
     "tests/openai/": "server",
+    "tests/deploy/test_queries_live.py": "prometheus",
+    "tests/deploy/test_autoscaling_live.py": "prometheus",
 }
 
 

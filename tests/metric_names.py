@@ -15,6 +15,9 @@ LLM_ZERO_FROM_LOAD = [
     "vllm:e2e_request_latency_seconds_count",
     "vllm:request_prompt_tokens_count",
     "vllm:request_generation_tokens_count",
+    "llm_structured_output_requests_total",
+    "llm_grammar_compile_seconds_count",
+    "llm_structured_output_bitmask_seconds_count",
 ]
 
 ENCODER_ZERO_FROM_LOAD = [
@@ -27,3 +30,10 @@ ENCODER_ZERO_FROM_LOAD = [
     "encoder_queue_seconds_sum",
     "encoder_compute_seconds_count",
 ]
+
+LLM_LORA_ZERO_FROM_LOAD = [
+    "vllm:lora_requests_info",
+    "llm_lora_requests_total",
+]
+"""With enable_lora only, and labelled: the info gauge's empty-state series (max_lora,
+running_lora_adapters="", waiting_lora_adapters="") and one request counter per listed adapter."""

@@ -27,3 +27,26 @@ def hf_greedy(
         pad_token_id=0,
     )
     return out[0, len(token_ids) :].tolist()
+
+
+@torch.inference_mode()
+def hf_greedy_constrained(
+    model: transformers.PreTrainedModel,
+    token_ids: list[int],
+    grammar: object,
+    max_new_tokens: int,
+    eos_token_id: int,
+) -> list[int]:
+    """`generate`'s greedy continuation under xgrammar's own Hugging Face logits processor for
+    `grammar` (an xgrammar CompiledGrammar), stopping at EOS (included) or max_new_tokens."""
+    import xgrammar.contrib.hf  # only the structured-output tests need it
+
+    out = model.generate(
+        torch.tensor([token_ids], device=model.device),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        logits_processor=[xgrammar.contrib.hf.LogitsProcessor(grammar)],
+        eos_token_id=eos_token_id,
+        pad_token_id=0,
+    )
+    return out[0, len(token_ids) :].tolist()

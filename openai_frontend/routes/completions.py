@@ -1,4 +1,5 @@
-"""`POST /v1/completions` (one or several prompts, each with `n` choices)."""
+"""`POST /v1/completions` (one or several prompts, each with `n` choices; output constraints:
+structured.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from openai_frontend.protocol import CompletionRequest
 from openai_frontend.sampling import sampling_parameters
 from openai_frontend.state import FrontendState, State
 from openai_frontend.streaming import sse_response
+from openai_frontend.structured import output_constraint
 from openai_frontend.triton import LLMResponse
 
 router = APIRouter()
@@ -21,14 +23,25 @@ router = APIRouter()
 
 async def prepare(body: CompletionRequest, state: FrontendState) -> list[Generation]:
     body.check_supported()
+    constraint = output_constraint(body)
     info = await state.registry.get(body.model, "llm")
     tokenizer = state.tokenizer_or_none(info)
     generations = []
     for prompt in body.prompts():
         prompt_tokens = len(tokenizer.encode(prompt)) if tokenizer else None
-        params = sampling_parameters(body, info.max_model_len(), prompt_tokens)
+        params = sampling_parameters(
+            body, info.max_model_len(), prompt_tokens, constraint, info.lora_name
+        )
         generations.append(
-            Generation(state.triton, info.name, prompt, params, body.logprobs is not None)
+            Generation(
+                state.triton,
+                info.triton_name,
+                prompt,
+                params,
+                body.logprobs is not None,
+                constraint,
+                info.name,
+            )
         )
     return generations
 
@@ -43,7 +56,7 @@ def _logprobs(body: CompletionRequest, entries: list, offset: int) -> dict[str, 
 async def completions(body: CompletionRequest, state: State):
     generations = await prepare(body, state)
     request_id, created = new_id("cmpl"), now()
-    header = {"id": request_id, "created": created, "model": generations[0].model}
+    header = {"id": request_id, "created": created, "model": generations[0].model_id}
     if body.stream:
         # Prompts stream one after the other; the first is opened now so that its errors
         # (a prompt too long, a bad parameter) are plain HTTP errors.

@@ -23,6 +23,7 @@ def model_object(info: ModelInfo) -> dict[str, Any]:
         "kind": info.kind,
         "version": info.version,
         "max_model_len": info.max_model_len() if info.kind == "llm" else None,
+        "parent": info.parent,  # vLLM's: the base model of a LoRA adapter
     }
 
 
@@ -33,11 +34,6 @@ async def list_models(state: State) -> dict[str, Any]:
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, state: State) -> dict[str, Any]:
-    for info in await state.registry.list():
-        if info.name == model_id:
-            return model_object(info)
-    await state.registry.refresh(force=True)
-    for info in await state.registry.list():
-        if info.name == model_id:
-            return model_object(info)
-    raise model_not_found(model_id)
+    if not model_id:
+        raise model_not_found(model_id)
+    return model_object(await state.registry.get(model_id, None))

@@ -84,3 +84,14 @@ def check_plots(suite: SuiteRun, name: str, count: int) -> None:
     for path in paths:
         assert path.read_bytes()[:8] == PNG_MAGIC, path.name
         assert f"]({path.name})" in report, path.name
+
+
+PEER_KEYS = {
+    "engine_peers": {
+        "engine_vs_openvino_genai",
+        "engine_bf16_vs_openvino_genai_bf16",
+        "engine_vs_ctranslate2",
+    },
+    "embedding_peers": {"embedding_vs_openvino", "embedding_bf16_vs_openvino_bf16"},
+}
+"""The summary keys each peer benchmark gives (missing, with a reason, in --quick mode)."""

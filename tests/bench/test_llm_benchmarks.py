@@ -19,7 +19,12 @@ def test_engine(quick_suite):
     result = quick_result(
         quick_suite,
         "engine",
-        {"engine_vs_hf_static", "engine_vs_hf_generate_batch", "forward_time_share"},
+        {
+            "engine_vs_hf_static",
+            "engine_vs_hf_generate_batch",
+            "forward_time_share",
+            "engine_int8_vs_float32",
+        },
         plots=1,
         benchmark="llm_engine",
     )
@@ -30,6 +35,10 @@ def test_engine(quick_suite):
         assert result["fidelity_vs_generate"][name]["requests"] == 1.0
     assert all(a["requests"] == 1.0 for a in result["agreement_with_engine"].values())
     assert 0 < result["model_forward_share"] <= 1
+    # The int8 engine: timed alongside, its greedy agreement reported (not required identical).
+    int8 = result["int8"]
+    assert int8["output_tokens_per_second"] > 0 and int8["ratio_vs_float_engine"] > 0
+    assert 0 <= int8["agreement_with_float_engine"]["tokens"] <= 1
 
 
 def test_batching_spread(quick_suite):

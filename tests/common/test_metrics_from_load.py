@@ -5,7 +5,14 @@ from prometheus_client import generate_latest
 
 from backend_lib.encoder.service import FAILURE_REASONS, EncoderMetrics
 from backend_lib.llm.core.stats import EngineCounters, EngineStats
-from backend_lib.llm.serving.metrics import EXTRA_LABELS, FINISHED_REASONS, LLMMetrics
+from backend_lib.llm.serving.metrics import (
+    EXTRA_LABELS,
+    FINISHED_REASONS,
+    LLMMetrics,
+)
+from backend_lib.llm.serving.metrics import (
+    FAILURE_REASONS as LLM_FAILURE_REASONS,
+)
 from backend_lib.metrics import PrometheusMetrics, TritonMetrics, parse_prometheus_text
 from tests.metric_names import ENCODER_ZERO_FROM_LOAD, LLM_ZERO_FROM_LOAD
 
@@ -36,6 +43,8 @@ def test_llm_series_are_zero_from_load_with_model_name():
         assert value(scraped, name, LLM_LABELS) == 0, name
     for reason in FINISHED_REASONS:
         assert value(scraped, "vllm:request_success_total", LLM_LABELS, finished_reason=reason) == 0
+    for reason in LLM_FAILURE_REASONS:
+        assert value(scraped, "llm_request_failures_total", LLM_LABELS, reason=reason) == 0
     info = value(
         scraped, "vllm:cache_config_info", LLM_LABELS, block_size="16", num_gpu_blocks="123"
     )

@@ -5,14 +5,13 @@ checked against a real server end to end), `up`, and the chart's own recording r
 
 from __future__ import annotations
 
-import re
-
 import promql_parser
 import pytest
-import yaml
 
-from tests.deploy.chart import EVERYTHING_ON, KEDA, NAMESPACE, by_kind, render
+from tests.deploy.chart import EVERYTHING_ON, NAMESPACE, render
+from tests.deploy.chart_queries import adapter_rules, keda_queries, rule_queries
 from tests.deploy.exported_metrics import backend_metric_names
+from tests.deploy.promql import metric_names
 from tests.deploy.triton_metric_names import (
     PROMETHEUS_SYNTHETIC,
     TRITON_CPU_METRICS,
@@ -22,57 +21,16 @@ from tests.deploy.triton_metric_names import (
 ADAPTER_MATCHERS = f'namespace="{NAMESPACE}",pod=~"rel-triton-llm-llm-abc|rel-triton-llm-llm-def"'
 
 
-def adapter_queries(objects: list[dict]) -> list[str]:
-    """Each rule's seriesQuery and its metricsQuery, `<<.Series>>`, `<<.LabelMatchers>>` and
-    `<<.GroupBy>>` substituted as prometheus-adapter does for a per-pod request."""
-    (configmap,) = by_kind(objects, "ConfigMap").values()
-    rules = yaml.safe_load(configmap["data"]["config.yaml"])["rules"]
-    queries = []
-    for rule in rules:
-        series = re.match(r"[A-Za-z_:][A-Za-z0-9_:]*", rule["seriesQuery"]).group(0)
-        assert re.fullmatch(rule["name"]["matches"], series)
-        filled = (
-            rule["metricsQuery"]
-            .replace("<<.Series>>", series)
-            .replace("<<.LabelMatchers>>", ADAPTER_MATCHERS)
-            .replace("<<.GroupBy>>", "pod")
-        )
-        assert "<<" not in filled, filled
-        queries += [rule["seriesQuery"], filled]
-    return queries
-
-
-def rule_queries(objects: list[dict]) -> tuple[list[str], set[str]]:
-    """The PrometheusRule's expressions and the names its recording rules define."""
-    (rule,) = by_kind(objects, "PrometheusRule").values()
-    rules = [r for group in rule["spec"]["groups"] for r in group["rules"]]
-    return [r["expr"] for r in rules], {r["record"] for r in rules if "record" in r}
-
-
-def keda_queries() -> list[str]:
-    objects = render("values-gpu.yaml", KEDA)
-    return [
-        trigger["metadata"]["query"]
-        for scaled in by_kind(objects, "ScaledObject").values()
-        for trigger in scaled["spec"]["triggers"]
-    ]
-
-
 def all_queries() -> tuple[list[str], set[str]]:
     objects = render("values-gpu.yaml", EVERYTHING_ON)
     rules, recorded = rule_queries(objects)
-    return adapter_queries(objects) + rules + keda_queries(), recorded
-
-
-def metric_names(expr: str) -> set[str]:
-    names: set[str] = set()
-
-    def visit(node):
-        if isinstance(node, promql_parser.VectorSelector) and node.name:
-            names.add(node.name)
-
-    promql_parser.walk(promql_parser.parse(expr), visit)
-    return names
+    adapter = [
+        query
+        for rule in adapter_rules(objects)
+        for query in (rule.series_query, rule.filled(ADAPTER_MATCHERS))
+    ]
+    keda = [query for queries in keda_queries().values() for query in queries]
+    return adapter + rules + keda, recorded
 
 
 def test_every_query_parses():

@@ -15,6 +15,7 @@ from backend_lib.device import resolve_dtype
 from backend_lib.encoder.service import FAILURE_REASONS
 from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.execution.kv_pool import GIB, KVCacheSpec, blocks_in
+from backend_lib.llm.serving.metrics import FAILURE_REASONS as LLM_FAILURE_REASONS
 from backend_lib.llm.serving.metrics import FINISHED_REASONS
 from backend_lib.metrics import parse_prometheus_text
 from tests.deploy.triton_metric_names import TRITON_CPU_METRICS
@@ -76,6 +77,8 @@ def test_every_series_is_zero_from_load(fresh_server):
         assert value(name, LLM) == 0, name
     for reason in FINISHED_REASONS:
         assert value("vllm:request_success_total", LLM, finished_reason=reason) == 0
+    for reason in LLM_FAILURE_REASONS:
+        assert value("llm_request_failures_total", LLM, reason=reason) == 0
     for model in ("embedding", "rerank"):
         labels = {"model": model, "version": "1"}
         for name in ENCODER_ZERO:

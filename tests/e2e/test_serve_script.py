@@ -14,14 +14,14 @@ import urllib.request
 import pytest
 
 from tooling.repository import REPO_ROOT
-from tooling.tritonserver import free_port
+from tooling.tritonserver import free_ports
 from tooling.tritonserver import http_status as status
 
 pytestmark = pytest.mark.e2e
 
 
 def test_serve_prints_usage_and_restricts_repository_control(tmp_path):
-    http, grpc, metrics, openai_port = free_port(), free_port(), free_port(), free_port()
+    http, grpc, metrics, openai_port = free_ports(4)
     log = (tmp_path / "serve.log").open("w")
     process = subprocess.Popen(
         [
@@ -61,7 +61,8 @@ def test_serve_prints_usage_and_restricts_repository_control(tmp_path):
             time.sleep(0.5)
         with urllib.request.urlopen(models_url, timeout=10) as response:
             listed = {m["id"] for m in json.load(response)["data"]}
-        assert listed == {"embedding", "rerank", "llm"}
+        adapters = json.loads((REPO_ROOT / "model_repository/llm/1/multi_lora.json").read_text())
+        assert listed == {"embedding", "rerank", "llm", *adapters}  # + the llm's LoRA adapters
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)

@@ -28,7 +28,7 @@ def minilm():
     from backend_lib.encoder.config import EmbeddingConfig
     from backend_lib.encoder.embedder import Embedder
 
-    return Embedder.from_config(EmbeddingConfig(), torch.device("cpu"), Path("."))
+    return Embedder.from_config(EmbeddingConfig(dtype="float32"), torch.device("cpu"), Path("."))
 
 
 @pytest.fixture(scope="session")

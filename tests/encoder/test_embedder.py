@@ -43,7 +43,7 @@ def test_results_independent_of_micro_batching(minilm, enc):
     tokens = minilm.tokenize(enc.texts)
     reference, _ = minilm.embed(tokens)
     small = Embedder.from_config(
-        EmbeddingConfig(max_batch_tokens=300, max_batch_size=3), CPU, Path(".")
+        EmbeddingConfig(dtype="float32", max_batch_tokens=300, max_batch_size=3), CPU, Path(".")
     )
     got, batches = small.embed(tokens)
     np.testing.assert_allclose(got, reference, atol=1e-6)
@@ -55,7 +55,9 @@ def test_results_independent_of_micro_batching(minilm, enc):
 
 def test_padded_attention_path_matches_sentence_transformers(minilm_st, enc):
     """The GPU default (one masked attention per micro-batch), checked here on CPU."""
-    embedder = Embedder.from_config(EmbeddingConfig(max_batch_tokens=2048), CPU, Path("."))
+    embedder = Embedder.from_config(
+        EmbeddingConfig(dtype="float32", max_batch_tokens=2048), CPU, Path(".")
+    )
     embedder.encoder.attention = PaddedAttention()
     texts = [*enc.texts[:4], *(f"sentence {i} " * i for i in range(1, 40, 3))]
     got, batches = embedder.embed(embedder.tokenize(texts))
@@ -121,7 +123,9 @@ def test_tiny_bert_pooling_matches_sentence_transformers(
     model_dir = tmp_path / "model"
     _link_model(tiny_bert_dir, model_dir)
     enc.write_st_files(model_dir, pooling, normalize, max_seq_length=64)
-    embedder = Embedder.from_config(EmbeddingConfig(model=str(model_dir)), CPU, Path("."))
+    embedder = Embedder.from_config(
+        EmbeddingConfig(dtype="float32", model=str(model_dir)), CPU, Path(".")
+    )
     expected = sentence_transformer(model_dir).encode(enc.texts)
     got = embedder.encode(enc.texts)
     assert embedder.normalize_default is normalize and embedder.dim == expected.shape[1]
@@ -130,7 +134,9 @@ def test_tiny_bert_pooling_matches_sentence_transformers(
 
 
 def test_plain_hf_checkpoint_uses_mean_pooling_like_sentence_transformers(tiny_bert_dir, enc):
-    embedder = Embedder.from_config(EmbeddingConfig(model=str(tiny_bert_dir)), CPU, Path("."))
+    embedder = Embedder.from_config(
+        EmbeddingConfig(dtype="float32", model=str(tiny_bert_dir)), CPU, Path(".")
+    )
     expected = sentence_transformer(tiny_bert_dir).encode(enc.texts)
     assert embedder.max_seq_length == 128 and not embedder.normalize_default
     np.testing.assert_allclose(embedder.encode(enc.texts), expected, atol=1e-5, rtol=1e-5)
@@ -162,7 +168,9 @@ def tiny_xlmr_dir(tmp_path_factory, enc) -> Path:
 
 
 def test_tiny_xlmr_lowercase_matches_sentence_transformers(tiny_xlmr_dir, enc):
-    embedder = Embedder.from_config(EmbeddingConfig(model=str(tiny_xlmr_dir)), CPU, Path("."))
+    embedder = Embedder.from_config(
+        EmbeddingConfig(dtype="float32", model=str(tiny_xlmr_dir)), CPU, Path(".")
+    )
     assert embedder.tokenize(["Hello"]) == embedder.tokenize(["hello"])
     texts = [*enc.texts, "Mixed CASE words <pad> around a literal pad token"]
     expected = sentence_transformer(tiny_xlmr_dir).encode(texts)

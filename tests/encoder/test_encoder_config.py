@@ -175,3 +175,22 @@ def test_linear_matches_torch(activation, dtype):
     else:
         with pytest.raises(ValueError):
             layer(x, residual=residual)
+
+
+@pytest.mark.parametrize("epilogue", [True, False], ids=["gelu_in_epilogue", "gelu_after_gemm"])
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
+def test_packed_linear_gelu_either_way_matches_torch(monkeypatch, activation, epilogue):
+    """Both GELU placements of the packed GEMM (in oneDNN's epilogue on AVX-512 CPUs, after the
+    GEMM elsewhere) give torch's GELU of the float32 linear."""
+    import backend_lib.linear as linear
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN in this torch build: the F.linear path is tested above")
+    monkeypatch.setattr(linear, "_gelu_epilogue_pays", lambda: epilogue)
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(96, 40), torch.randn(96), torch.randn(53, 40)
+    layer = Linear(weight, bias, activation)
+    assert layer.uses_onednn and (layer._after_gemm is None) == epilogue
+    approximate = "tanh" if activation == "gelu_tanh" else "none"
+    expected = F.gelu(F.linear(x, weight, bias), approximate=approximate)
+    torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)

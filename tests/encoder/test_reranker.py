@@ -68,7 +68,7 @@ def xlmr_classifier_dir(tmp_path_factory, enc) -> Path:
 @pytest.mark.parametrize("checkpoint", ["bert_classifier_dir", "xlmr_classifier_dir"])
 def test_cross_encoder_matches_sentence_transformers(checkpoint, request, enc):
     path = request.getfixturevalue(checkpoint)
-    reranker = load_reranker(RerankConfig(model=str(path)), CPU, Path("."))
+    reranker = load_reranker(RerankConfig(dtype="float32", model=str(path)), CPU, Path("."))
     assert isinstance(reranker, CrossEncoderReranker)
     reference = cross_encoder(path)
     assert reranker.max_seq_length == reference.max_seq_length == 128
@@ -91,11 +91,17 @@ def test_cross_encoder_matches_sentence_transformers(checkpoint, request, enc):
 
 
 def test_cross_encoder_activation_follows_checkpoint(bert_classifier_dir, xlmr_classifier_dir):
-    bert = load_reranker(RerankConfig(model=str(bert_classifier_dir)), CPU, Path("."))
-    xlmr = load_reranker(RerankConfig(model=str(xlmr_classifier_dir)), CPU, Path("."))
+    bert = load_reranker(
+        RerankConfig(dtype="float32", model=str(bert_classifier_dir)), CPU, Path(".")
+    )
+    xlmr = load_reranker(
+        RerankConfig(dtype="float32", model=str(xlmr_classifier_dir)), CPU, Path(".")
+    )
     assert (bert.activation, xlmr.activation) == ("sigmoid", "identity")
     forced = load_reranker(
-        RerankConfig(model=str(xlmr_classifier_dir), apply_sigmoid=True), CPU, Path(".")
+        RerankConfig(dtype="float32", model=str(xlmr_classifier_dir), apply_sigmoid=True),
+        CPU,
+        Path("."),
     )
     scores = forced.predict(["q"], ["d"])
     assert (
@@ -105,7 +111,9 @@ def test_cross_encoder_activation_follows_checkpoint(bert_classifier_dir, xlmr_c
 
 
 def test_cross_encoder_input_errors(bert_classifier_dir):
-    reranker = load_reranker(RerankConfig(model=str(bert_classifier_dir)), CPU, Path("."))
+    reranker = load_reranker(
+        RerankConfig(dtype="float32", model=str(bert_classifier_dir)), CPU, Path(".")
+    )
     with pytest.raises(InputError, match="2 queries but 1 documents"):
         reranker.tokenize(["a", "b"], ["c"])
     with pytest.raises(
@@ -123,11 +131,11 @@ def test_multi_label_classifier_is_refused(tmp_path, enc):
     BertForSequenceClassification(enc.tiny_bert_config(num_labels=3)).save_pretrained(tmp_path)
     enc.copy_minilm_tokenizer(tmp_path)
     with pytest.raises(ConfigError, match="one label"):
-        load_reranker(RerankConfig(model=str(tmp_path)), CPU, Path("."))
+        load_reranker(RerankConfig(dtype="float32", model=str(tmp_path)), CPU, Path("."))
 
 
 def test_bi_encoder_scores_are_embedding_cosines(enc, minilm, minilm_st):
-    reranker = load_reranker(RerankConfig(), CPU, Path("."))
+    reranker = load_reranker(RerankConfig(dtype="float32"), CPU, Path("."))
     assert isinstance(reranker, BiEncoderReranker)
     queries, documents = pairs([text[:300] for text in enc.texts])  # long texts: test_embedder
     scores, batches = reranker.score(reranker.tokenize(queries, documents))
@@ -151,5 +159,5 @@ def test_bi_encoder_scores_are_embedding_cosines(enc, minilm, minilm_st):
 
 
 def test_mode_can_force_bi_encoder_on_a_classifier(bert_classifier_dir):
-    config = RerankConfig(model=str(bert_classifier_dir), mode="bi_encoder")
+    config = RerankConfig(dtype="float32", model=str(bert_classifier_dir), mode="bi_encoder")
     assert isinstance(load_reranker(config, CPU, Path(".")), BiEncoderReranker)

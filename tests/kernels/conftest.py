@@ -15,12 +15,20 @@ if not torch.cuda.is_available():
     # tests/conftest.py sets it first, this covers running these tests with another root.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from kernels import activation, kv_cache, paged_attention, rmsnorm, rotary  # noqa: E402  (after the switch)
+from kernels import (  # noqa: E402  (after the switch)
+    activation,
+    kv_cache,
+    lora,
+    paged_attention,
+    rmsnorm,
+    rotary,
+    token_bitmask,
+)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # Relative error bound: max |got - want| / max |want|.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-KERNEL_MODULES = (activation, kv_cache, paged_attention, rmsnorm, rotary)
+KERNEL_MODULES = (activation, kv_cache, lora, paged_attention, rmsnorm, rotary, token_bitmask)
 
 
 def _check_kernels_runnable() -> None:

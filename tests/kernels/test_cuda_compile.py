@@ -23,7 +23,7 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernels import activation, kv_cache, paged_attention, rmsnorm, rotary
+from kernels import activation, kv_cache, lora, paged_attention, rmsnorm, rotary
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
@@ -70,6 +70,12 @@ configs = {
     "kv-cache-bf16": (kv_cache._write_kv_cache_kernel, {"*": "bf16", "slot_ptr": "i64"}, set(),
                       dict(NUM_KV_HEADS=8, BLOCK_H=8, BLOCK_D=128), 4),
     "silu-and-mul-bf16": (activation._silu_and_mul_kernel, {"*": "bf16"}, set(), dict(BLOCK=1024), 4),
+    "lora-shrink-bf16": (lora._lora_shrink_kernel, {"*": "bf16", "y_ptr": "fp32", "starts_ptr": "i32",
+                         "ends_ptr": "i32", "slots_ptr": "i32"}, set(),
+                         dict(BLOCK_M=16, BLOCK_R=64, BLOCK_K=32, DOT_PRECISION="tf32"), 4),
+    "lora-expand-fp16": (lora._lora_expand_kernel, {"*": "fp16", "y_ptr": "fp32", "starts_ptr": "i32",
+                         "ends_ptr": "i32", "slots_ptr": "i32"}, set(),
+                         dict(BLOCK_M=16, BLOCK_N=64, BLOCK_R=16, DOT_PRECISION="ieee"), 4),
 }
 failures = {}
 for arch in (80, 90):

@@ -38,3 +38,19 @@ def test_backend_setting_reaches_the_model():
     assert make_engine(model_dir, kernel_backend="auto").runner.ops == kernel_ops(
         "triton" if torch.cuda.is_available() else "torch"
     )
+
+
+def test_triton_lora_kernels_give_peft_s_greedy_tokens_in_a_mixed_batch():
+    from tests.llm.lora_helpers import lora_checkpoint, make_lora_engine
+    from tooling.hf_reference import hf_greedy
+
+    model_dir, hf, adapters = lora_checkpoint("LlamaForCausalLM")
+    engine = make_lora_engine(
+        model_dir, {n: p for n, (p, _) in adapters.items()}, kernel_backend="triton"
+    )
+    names = [None, "r4", "r8-rslora", "r16"]
+    prompts = [random_prompt(6 + 3 * i, seed=40 + i) for i in range(len(names))]
+    outs = engine.generate(prompts, greedy(4), lora_names=names)
+    references = {None: hf} | {name: peft for name, (_, peft) in adapters.items()}
+    for prompt, name, out in zip(prompts, names, outs, strict=True):
+        assert out.outputs[0].token_ids == hf_greedy(references[name], prompt, 4), name

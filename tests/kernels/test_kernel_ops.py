@@ -5,12 +5,18 @@ from __future__ import annotations
 import pytest
 
 from kernels import kernel_ops
-from kernels.paged_attention import paged_attention_torch, paged_attention_triton
+from kernels.paged_attention import (
+    paged_attention_cpu,
+    paged_attention_triton,
+    plan_paged_attention_cpu,
+)
 from kernels.rmsnorm import rms_norm_torch, rms_norm_triton
 
 
 def test_kernel_ops_returns_the_backends_functions():
-    assert kernel_ops("torch").paged_attention is paged_attention_torch
+    # The C++ op where built, else paged_attention_torch (tests/kernels/test_paged_attention_cpu.py).
+    assert kernel_ops("torch").paged_attention is paged_attention_cpu
+    assert kernel_ops("torch").plan_attention is plan_paged_attention_cpu
     assert kernel_ops("torch").rms_norm is rms_norm_torch
     assert kernel_ops("triton").paged_attention is paged_attention_triton
     assert kernel_ops("triton").rms_norm is rms_norm_triton

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from backend_lib.llm.serving.service import LLMService
+from backend_lib.metrics import MetricsSink
 from backend_lib.model_context import ModelContext
 from tests.llm.engine_helpers import greedy, make_engine
 
@@ -16,7 +17,7 @@ PROMPTS = ["karo mite lusa ven", "tor al is qu bre"]
 MAX_TOKENS = 8
 
 
-def service_from_context(model_dir) -> LLMService:
+def service_from_context(model_dir, sink: MetricsSink | None = None) -> LLMService:
     parameters = {
         "model": str(model_dir),
         "dtype": "float32",
@@ -26,7 +27,7 @@ def service_from_context(model_dir) -> LLMService:
         "max_model_len": "128",
     }
     context = ModelContext("llm", "1", model_dir, torch.device("cpu"), parameters, {})
-    return LLMService.from_context(context, None)
+    return LLMService.from_context(context, sink)
 
 
 def inputs(prompt: str) -> dict[str, np.ndarray]:

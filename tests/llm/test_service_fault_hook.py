@@ -1,12 +1,18 @@
 """The test-only fault hook of LLMService (BACKEND_LIB_FAULT_INJECTION): a request whose prompt holds
 the marker fails inside the engine step with "injected fault"; requests running beside it finish with
-their normal output and the KV pool is released. Without the variable nothing is injected."""
+their normal output and the KV pool is released. Without the variable nothing is injected. Failed and
+refused requests move `llm_request_failures_total` by reason."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from prometheus_client import generate_latest
 
+from backend_lib.errors import InputError
+from backend_lib.llm.serving.metrics import EXTRA_LABELS, FAILURE_REASONS
 from backend_lib.llm.serving.service import FAULT_INJECTION_ENV, LLMService
+from backend_lib.metrics import PrometheusMetrics, parse_prometheus_text
 from tests.llm.engine_helpers import assert_pool_released, engine_checkpoint
 from tests.llm.service_helpers import PROMPTS, expected_texts, inputs, service_from_context
 
@@ -53,5 +59,33 @@ def test_without_the_variable_nothing_is_injected(monkeypatch):
         assert service.fault_marker is None and service.engine.fault_injector is None
         text, error = collect(service, service.submit(inputs(f"ka {MARKER} ro")))
         assert error is None and text
+    finally:
+        service.shutdown()
+
+
+def test_refused_and_failed_requests_are_counted_by_reason(monkeypatch):
+    model_dir, _ = engine_checkpoint("LlamaForCausalLM")
+    monkeypatch.setenv(FAULT_INJECTION_ENV, MARKER)
+    sink = PrometheusMetrics({"model": "llm", "version": "1"}, extra_labels=EXTRA_LABELS)
+    service = service_from_context(model_dir, sink)
+
+    def failures() -> dict[str, float]:
+        scraped = parse_prometheus_text(generate_latest(sink.registry).decode())
+        return {
+            dict(labels)["reason"]: v
+            for (name, labels), v in scraped.items()
+            if name == "llm_request_failures_total"
+        }
+
+    try:
+        assert failures() == dict.fromkeys(FAILURE_REASONS, 0)
+        bad = {**inputs(PROMPTS[0]), "sampling_parameters": np.array([b"{not json"], dtype=object)}
+        for _ in range(2):
+            with pytest.raises(InputError):
+                service.start(bad, lambda result, final: None, lambda: False)
+        job = service.submit(inputs(f"ka {MARKER} ro"))
+        assert isinstance(collect(service, job)[1], RuntimeError)
+        assert collect(service, service.submit(inputs(PROMPTS[1])))[1] is None
+        assert failures() == {"invalid_input": 2, "queue_full": 0, "internal": 1}
     finally:
         service.shutdown()

@@ -167,3 +167,67 @@ def test_fuzzed_sampling_parameters_parse_or_raise_input_error(fields):
         assert str(exc)
     else:
         request.params.validate(max_logprobs=20, max_n=8)
+
+
+# --- structured outputs --------------------------------------------------------------------------
+
+_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize(
+    "structured",
+    [json.dumps({"json": _SCHEMA}), {"json": _SCHEMA}, {"json": json.dumps(_SCHEMA)}],
+)
+def test_structured_outputs_in_sampling_parameters(structured):
+    params = {"temperature": 0, "structured_outputs": structured}
+    request = parse_generate_request(
+        {"text_input": text("Hi"), "sampling_parameters": text(json.dumps(params))}, **LIMITS
+    )
+    so = request.params.structured_outputs
+    assert so.kind == "json" and json.loads(so.text) == _SCHEMA
+
+
+@pytest.mark.parametrize(
+    "guide_type,guide,kind,expected_text",
+    [
+        ("json", None, "json_object", ""),
+        ("json_schema", json.dumps(_SCHEMA), "json", json.dumps(_SCHEMA)),
+        ("regex", "[a-z]+", "regex", "[a-z]+"),
+        ("ebnf_grammar", 'root ::= "x"', "grammar", 'root ::= "x"'),
+    ],
+)
+def test_guided_decoding_inputs_map_to_structured_outputs(guide_type, guide, kind, expected_text):
+    inputs = {"text_input": text("Hi"), "guided_decoding_guide_type": text(guide_type)}
+    if guide is not None:
+        inputs["guided_decoding_guide"] = text(guide)
+    so = parse_generate_request(inputs, **LIMITS).params.structured_outputs
+    assert (so.kind, so.text) == (kind, expected_text)
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        ({"guided_decoding_guide_type": text("xml")}, "guided_decoding_guide_type' must be one"),
+        ({"guided_decoding_guide_type": text("regex")}, "guided_decoding_guide' is required"),
+        ({"guided_decoding_guide": text("[a-z]")}, "needs 'guided_decoding_guide_type'"),
+        (
+            {
+                "guided_decoding_guide_type": text("regex"),
+                "guided_decoding_guide": text("a"),
+                "sampling_parameters": text(json.dumps({"structured_outputs": {"regex": "b"}})),
+            },
+            "not both",
+        ),
+        (
+            {
+                "sampling_parameters": text(
+                    json.dumps({"structured_outputs": {"regex": "a", "x": 1}})
+                )
+            },
+            "unknown structured_outputs key 'x'",
+        ),
+    ],
+)
+def test_bad_guided_decoding_inputs_name_the_input(extra, message):
+    with pytest.raises(InputError, match=message):
+        parse_generate_request({"text_input": text("Hi"), **extra}, **LIMITS)

@@ -19,7 +19,8 @@ def test_models_list_and_object(client):
     listed = client.get("/v1/models").json()
     assert listed["object"] == "list"
     kinds = {m["id"]: m["kind"] for m in listed["data"]}
-    assert kinds == {"llm": "llm", "embedding": "embedding", "rerank": "rerank"}
+    # The llm's LoRA adapter (the default repository ships `sonnets`) is a model of its own.
+    assert kinds == {"llm": "llm", "sonnets": "llm", "embedding": "embedding", "rerank": "rerank"}
     llm = client.get("/v1/models/llm").json()
     assert llm["object"] == "model" and llm["id"] == "llm" and llm["max_model_len"] == 1024
 

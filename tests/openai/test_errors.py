@@ -9,6 +9,81 @@ from tests.openai.references import API_KEY
 pytestmark = pytest.mark.e2e
 MSG = [{"role": "user", "content": "hi"}]
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+
+
+def _chat(**fields) -> dict:
+    return {"model": "llm", "messages": MSG, **fields}
+
+
+def _completion(**fields) -> dict:
+    return {"model": "llm", "prompt": "hi", "max_tokens": 5, **fields}
+
+
+# Output constraints and tool calls (openai_frontend/structured.py, tools.py).
+STRUCTURED_BAD_REQUESTS = [
+    (CHAT, _chat(response_format={"type": "json_schema"}), 400, "response_format.json_schema"),
+    (CHAT, _chat(response_format={"type": "xml"}), 400, "response_format.type"),
+    (
+        CHAT,
+        _chat(response_format={"type": "json_schema", "json_schema": {"schema": {"type": 5}}}),
+        400,
+        "response_format",
+    ),
+    (CHAT, _chat(response_format=SCHEMA, guided_json={"type": "object"}), 400, "guided_json"),
+    (CHAT, _chat(tools=[WEATHER]), 400, "tool_choice"),  # "auto", the default with tools
+    (CHAT, _chat(tools=[WEATHER], tool_choice="auto"), 400, "tool_choice"),
+    (
+        CHAT,
+        _chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "ghost"}}),
+        400,
+        "tool_choice",
+    ),
+    (CHAT, _chat(tools=[WEATHER], tool_choice="sometimes"), 400, "tool_choice"),
+    (CHAT, _chat(tool_choice="required"), 400, "tool_choice"),
+    (
+        CHAT,
+        _chat(tools=[WEATHER], tool_choice="required", response_format=SCHEMA),
+        400,
+        "tool_choice",
+    ),
+    (
+        CHAT,
+        _chat(tools=[{"type": "function", "function": {"name": "bad name!"}}]),
+        400,
+        "tools.0.function.name",
+    ),
+    (CHAT, _chat(tools=[WEATHER, WEATHER], tool_choice="required"), 400, "tools"),
+    (CHAT, _chat(functions=[WEATHER["function"]]), 400, "functions"),
+    (COMPLETIONS, _completion(guided_choice="Romeo"), 400, "guided_choice"),
+    (COMPLETIONS, _completion(guided_regex="a(b"), 400, "guided_regex"),
+    (COMPLETIONS, _completion(guided_regex="a", guided_choice=["a"]), 400, "guided_choice"),
+    (
+        COMPLETIONS,
+        _completion(structured_outputs={"regex": "a", "grammar": 'root ::= "a"'}),
+        400,
+        "structured_outputs",
+    ),
+    (
+        COMPLETIONS,
+        _completion(structured_outputs={"disable_any_whitespace": True}),
+        400,
+        "structured_outputs",
+    ),
+    (
+        COMPLETIONS,
+        _completion(guided_regex="a", guided_whitespace_pattern=" "),
+        400,
+        "guided_whitespace_pattern",
+    ),
+    (
+        COMPLETIONS,
+        _completion(stream=True, structured_outputs={"choice": []}),
+        400,
+        "structured_outputs",
+    ),
+]
 
 BAD_REQUESTS = [
     # (path, body (dict, or raw bytes), status, param)
@@ -37,14 +112,14 @@ BAD_REQUESTS = [
         "top_logprobs",
     ),
     (CHAT, {"model": "llm", "messages": MSG, "stop": 5}, 400, "stop.str"),
-    (CHAT, {"model": "llm", "messages": MSG, "tools": [{"type": "function"}]}, 400, "tools"),
-    (CHAT, {"model": "llm", "messages": MSG, "logit_bias": {"5": 1}}, 400, "logit_bias"),
     (
         CHAT,
-        {"model": "llm", "messages": MSG, "response_format": {"type": "json_object"}},
+        {"model": "llm", "messages": MSG, "tools": [{"type": "function"}]},
         400,
-        "response_format",
+        "tools.0.function",
     ),
+    (CHAT, {"model": "llm", "messages": MSG, "logit_bias": {"5": 1}}, 400, "logit_bias"),
+    *STRUCTURED_BAD_REQUESTS,
     (CHAT, {"model": "nope", "messages": MSG}, 404, "model"),
     (CHAT, {"model": "embedding", "messages": MSG}, 400, "model"),
     (

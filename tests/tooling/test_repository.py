@@ -58,3 +58,18 @@ def test_detect_kind_rejects_unknown(tmp_path: Path):
         detect_kind(tmp_path)
     with pytest.raises(FileNotFoundError):
         detect_kind(tmp_path / "missing")
+
+
+def test_llm_with_enable_lora_gets_a_multi_lora_json():
+    spec = ModelSpec("m", "llm", {"enable_lora": "True"}, lora_modules={"a": "../adapters/a"})
+    files = render_model_files(spec)
+    assert json.loads(files["m/1/multi_lora.json"]) == {"a": "../adapters/a"}
+    # Enabled without adapters: an empty list, so the model still loads.
+    assert render_model_files(ModelSpec("m", "llm", {"enable_lora": "true"}))["m/1/multi_lora.json"]
+    assert (
+        json.loads(
+            render_model_files(ModelSpec("m", "llm", {"enable_lora": "1"}))["m/1/multi_lora.json"]
+        )
+        == {}
+    )
+    assert "m/1/multi_lora.json" not in render_model_files(ModelSpec("m", "llm", {}))

@@ -9,6 +9,20 @@ test hook) fails only that request; an exception in the forward (or anywhere in 
 fails every request of that step. Failed requests finish with reason "error", the message in
 `RequestOutput.error`, and their KV blocks freed; the engine keeps serving the others.
 
+Structured outputs (`SamplingParams.structured_outputs`): the constraint is compiled at
+`prepare_request` (bad ones are an InputError naming the field); each constrained sequence keeps an
+xgrammar matcher (backend_lib/llm/structured/), whose next-token bitmask the runner fills during
+the forward and applies before sampling. Every sampled token advances the matcher; a terminated
+grammar finishes the sequence with "stop"; a grammar allowing no token (or refusing the sampled
+one) fails that request with reason "error" while the others continue.
+
+LoRA (`enable_lora`, adapters named in `lora_modules`): a request names its adapter with
+`lora_name`; `prepare_request` resolves it through the LoRARegistry (loading it into host memory
+on first use, on the caller's thread: an unknown name, LoRA disabled or a bad adapter directory is
+an InputError for that request only). The sequence carries its LoRARequest through scheduling,
+preemption and forks; the scheduler keeps at most max_loras adapters running; the runner maps
+each row to its adapter's device slot.
+
 Length policy: `max_tokens=None` generates up to max_model_len; a `max_tokens` beyond what fits
 (max_model_len - prompt) is not an error, the output just stops at max_model_len with "length"
 (vLLM's engine behaviour). Only a prompt leaving no room for one output token is refused.
@@ -21,12 +35,13 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import xgrammar as xgr
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from backend_lib.checkpoint import HF_OFFLINE_KWARGS, resolve_model_path
@@ -42,6 +57,10 @@ from backend_lib.llm.core.stats import EngineStats, FinishedRequest, StatsCollec
 from backend_lib.llm.execution.loader import read_checkpoint_info
 from backend_lib.llm.execution.model_runner import ModelOutput, ModelRunner
 from backend_lib.llm.execution.sampler import TokenLogprobs
+from backend_lib.llm.lora.registry import LORA_DISABLED_ERROR, LoRARegistry
+from backend_lib.llm.lora.request import LoRARequest
+from backend_lib.llm.structured.compiler import GrammarCompiler
+from backend_lib.llm.structured.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +76,10 @@ class PreparedRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     arrival_time: float
+    grammar: xgr.CompiledGrammar | None = None
+    """params.structured_outputs compiled for this engine's tokenizer (None: unconstrained)."""
+    lora_request: LoRARequest | None = None
+    """The adapter it runs under (None: the base model)."""
 
 
 @dataclass(eq=False)
@@ -97,9 +120,11 @@ class LLMEngine:
         model_dir: str | Path,
         device: torch.device,
         tokenizer: PreTrainedTokenizerBase | None = None,
+        lora_modules: Mapping[str, str | Path] | None = None,
     ) -> None:
         """Load the checkpoint in `model_dir` (already resolved; see `from_config`) on `device`.
-        Request limits (max_n, max_logprobs, max_queue_size, ...) all come from `config`."""
+        Request limits (max_n, max_logprobs, max_queue_size, ...) all come from `config`.
+        `lora_modules`: adapter name -> PEFT adapter directory (needs `config.enable_lora`)."""
         self.config = config
         self.device = torch.device(device)
         checkpoint = read_checkpoint_info(model_dir)
@@ -130,13 +155,39 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._generate_ids = itertools.count()
         self._stats = StatsCollector()
+        self.grammar_compiler = GrammarCompiler(
+            self.tokenizer, self.vocab_size, checkpoint.eos_token_ids
+        )
+        self.structured = StructuredOutputManager(self.vocab_size)
+        require(
+            config.enable_lora or not lora_modules,
+            "enable_lora",
+            config.enable_lora,
+            "LoRA adapters are listed, but enable_lora is off",
+        )
+        self.lora_registry = (
+            LoRARegistry(
+                lora_modules or {},
+                self.runner.lora_spec,
+                config.max_lora_rank,
+                config.cpu_lora_capacity,
+            )
+            if config.enable_lora
+            else None
+        )
+        """The servable adapters (None: LoRA disabled)."""
 
     @classmethod
     def from_config(
-        cls, config: LLMConfig, base_dir: str | Path, device: torch.device
+        cls,
+        config: LLMConfig,
+        base_dir: str | Path,
+        device: torch.device,
+        lora_modules: Mapping[str, str | Path] | None = None,
     ) -> LLMEngine:
         """Engine on the checkpoint `config.model` (resolved against `base_dir`)."""
-        return cls(config, resolve_model_path(config.model, Path(base_dir)), device)
+        model_dir = resolve_model_path(config.model, Path(base_dir))
+        return cls(config, model_dir, device, lora_modules=lora_modules)
 
     # --- requests ----------------------------------------------------------------------------
 
@@ -147,11 +198,14 @@ class LLMEngine:
         params: SamplingParams,
         prompt_token_ids: Seq[int] | None = None,
         arrival_time: float | None = None,
+        lora_name: str | None = None,
     ) -> PreparedRequest:
         """Validate and tokenize without touching engine state (safe from any thread).
 
-        Raises InputError for bad parameters, an empty prompt, token ids outside the vocabulary,
-        or a prompt that leaves no room for output within max_model_len.
+        Raises InputError for bad parameters (a structured_outputs constraint that does not
+        compile included), an empty prompt, token ids outside the vocabulary, a prompt that
+        leaves no room for output within max_model_len, or a `lora_name` that cannot be served
+        (LoRA disabled, unknown name, bad adapter directory; loads the adapter otherwise).
         """
         arrival_time = time.monotonic() if arrival_time is None else arrival_time
         if not isinstance(request_id, str) or not request_id:
@@ -170,7 +224,24 @@ class LLMEngine:
         if not ids:
             raise InputError("the prompt is empty")
         check_prompt_fits(len(ids), self.max_model_len)
-        return PreparedRequest(request_id, prompt, ids, params, arrival_time)
+        lora_request = self.resolve_lora(lora_name)
+        grammar = None
+        if params.structured_outputs is not None:
+            grammar, seconds = self.grammar_compiler.compile(params.structured_outputs)
+            if seconds is not None:
+                self._stats.grammar_compiled(seconds)
+        return PreparedRequest(request_id, prompt, ids, params, arrival_time, grammar, lora_request)
+
+    def resolve_lora(self, lora_name: str | None) -> LoRARequest | None:
+        """The loaded adapter `lora_name` (None: the base model); InputError with the vLLM
+        backend's messages when LoRA is off or the name unknown, or when it cannot be loaded."""
+        if lora_name is None:
+            return None
+        if not isinstance(lora_name, str):
+            raise InputError(f"lora_name must be a string, got {lora_name!r}")
+        if self.lora_registry is None:
+            raise InputError(LORA_DISABLED_ERROR)
+        return self.lora_registry.request(lora_name)
 
     def add_prepared(self, prepared: PreparedRequest) -> None:
         """Queue a prepared request. Raises InputError (duplicate id) or QueueFullError."""
@@ -183,9 +254,15 @@ class LLMEngine:
             len(prepared.prompt_token_ids),
             prepared.params,
             prepared.arrival_time,
+            lora_request=prepared.lora_request,
         )
         state = self._new_seq_state(seq, 0)
         self.scheduler.add(seq)
+        if prepared.grammar is not None:
+            self.structured.add(seq.seq_id, prepared.grammar)
+            self._stats.constrained_requests += 1
+        if prepared.lora_request is not None:
+            self._stats.lora_request(prepared.lora_request.lora_name)
         request = _Request(prepared, RequestMetrics(prepared.arrival_time))
         self._track(request, state)
         self._requests[prepared.request_id] = request
@@ -197,10 +274,13 @@ class LLMEngine:
         params: SamplingParams,
         prompt_token_ids: Seq[int] | None = None,
         arrival_time: float | None = None,
+        lora_name: str | None = None,
     ) -> None:
         """Validate, tokenize (unless `prompt_token_ids` is given) and queue a request."""
         self.add_prepared(
-            self.prepare_request(request_id, prompt, params, prompt_token_ids, arrival_time)
+            self.prepare_request(
+                request_id, prompt, params, prompt_token_ids, arrival_time, lora_name
+            )
         )
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
@@ -237,32 +317,48 @@ class LLMEngine:
             if metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = now
         num_samples = self._num_samples(sched_out)
+        failed: list[RequestOutput] = []
         try:
-            model_out = self.runner.execute(sched_out, num_samples or None)
+            model_out = self.runner.execute(sched_out, num_samples or None, self.structured)
+            if model_out.bitmask is not None:
+                self._stats.bitmask_filled(model_out.bitmask.fill_seconds)
+                for seq_id in model_out.bitmask.dead_seq_ids:
+                    error = "structured_outputs: the grammar allows no next token (dead end)"
+                    request_id = self._seq_states[seq_id].seq.request_id
+                    failed += self._fail_constrained(request_id, error, model_out, num_samples)
             sampled, forks = self._split_samples(model_out, num_samples)
             self.scheduler.update(sched_out, sampled, forks)
+            for request_id, error in self._advance_grammars(sched_out, sampled, forks).items():
+                failed += self._fail_constrained(request_id, error, model_out, num_samples)
         except Exception as exc:
             logger.exception("engine step failed; failing the requests of this step")
-            return self._fail_step(sched_out, exc)
-        return self._process_tokens(sched_out, model_out, forks, time.monotonic())
+            return failed + self._fail_step(sched_out, exc)
+        return failed + self._process_tokens(sched_out, model_out, forks, time.monotonic())
 
     def generate(
-        self, prompts: Seq[str | Seq[int]], params: SamplingParams | Seq[SamplingParams]
+        self,
+        prompts: Seq[str | Seq[int]],
+        params: SamplingParams | Seq[SamplingParams],
+        lora_names: Seq[str | None] | None = None,
     ) -> list[RequestOutput]:
-        """Run `prompts` (texts or token id lists) to completion; final outputs in order."""
+        """Run `prompts` (texts or token id lists) to completion; final outputs in order.
+        `lora_names`: each prompt's adapter (None: the base model)."""
         params_list = (
             [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         )
         if len(params_list) != len(prompts):
             raise ValueError("need one SamplingParams per prompt")
+        loras = [None] * len(prompts) if lora_names is None else list(lora_names)
+        if len(loras) != len(prompts):
+            raise ValueError("need one lora name (or None) per prompt")
         request_ids: list[str] = []
         try:
-            for prompt, sp in zip(prompts, params_list, strict=True):
+            for prompt, sp, lora in zip(prompts, params_list, loras, strict=True):
                 request_id = f"generate-{next(self._generate_ids)}"
                 if isinstance(prompt, str):
-                    self.add_request(request_id, prompt, sp)
+                    self.add_request(request_id, prompt, sp, lora_name=lora)
                 else:
-                    self.add_request(request_id, None, sp, prompt_token_ids=prompt)
+                    self.add_request(request_id, None, sp, prompt_token_ids=prompt, lora_name=lora)
                 request_ids.append(request_id)
         except Exception:  # all or nothing: a bad prompt (or a full queue) adds none
             for request_id in request_ids:
@@ -308,6 +404,52 @@ class LLMEngine:
             ]
         return sampled, forks
 
+    def _advance_grammars(
+        self,
+        sched_out: SchedulerOutput,
+        sampled: dict[int, list[int]],
+        forks: dict[int, list[Sequence]],
+    ) -> dict[str, str]:
+        """Advance each constrained sequence's matcher by its new token (a new child starts from
+        its parent's state); finish those whose grammar terminated with "stop". Returns
+        request_id -> error for tokens the grammar refuses (sampled from a fully masked row)."""
+        errors: dict[str, str] = {}
+        if not len(self.structured):
+            return errors
+        for item in sched_out.scheduled:
+            seq = item.seq
+            if seq.seq_id not in sampled or seq.seq_id not in self.structured:
+                continue
+            for child in forks.get(seq.seq_id, ()):
+                self.structured.fork(seq.seq_id, child.seq_id)
+                self._accept_grammar(child, errors)
+            self._accept_grammar(seq, errors)
+        return errors
+
+    def _accept_grammar(self, seq: Sequence, errors: dict[str, str]) -> None:
+        token = seq.last_token_id
+        allowed, terminated = self.structured.accept(seq.seq_id, token)
+        if not allowed:
+            errors[seq.request_id] = (
+                f"structured_outputs: the grammar allows no token here (token {token} was "
+                "sampled from a fully masked row; e.g. min_tokens banned EOS where only EOS fits)"
+            )
+        elif terminated and not seq.is_finished:
+            self.scheduler.finish(seq, "stop")
+
+    def _fail_constrained(
+        self, request_id: str, error: str, model_out: ModelOutput, num_samples: dict[int, int]
+    ) -> list[RequestOutput]:
+        """Fail the request now; its sequences' tokens of this step are dropped."""
+        request = self._requests.get(request_id)
+        if request is None:
+            return []  # already failed this step (a sibling)
+        for s in request.seqs:
+            model_out.sampled.pop(s.seq.seq_id, None)
+            model_out.logprobs.pop(s.seq.seq_id, None)
+            num_samples.pop(s.seq.seq_id, None)
+        return [self._fail(request, error)]
+
     def _child(self, parent: Sequence, index: int, first_token: int) -> Sequence:
         params = parent.sampling_params
         child = Sequence(
@@ -317,6 +459,7 @@ class LLMEngine:
             parent.num_prompt_tokens,
             params,
             parent.arrival_time,
+            lora_request=parent.lora_request,
         )
         if params.seed is not None:
             # Its own stream, as the runner seeds a parent's, so siblings are not correlated.
@@ -419,7 +562,8 @@ class LLMEngine:
         for state in request.seqs:
             self.scheduler.finish(state.seq, "error")  # on a finished one: only the reason changes
         # Children forked in a step that failed before the engine tracked them.
-        self.scheduler.abort(request.prepared.request_id)
+        for seq in self.scheduler.abort(request.prepared.request_id):
+            self.structured.remove(seq.seq_id)
         return self._finish(request)
 
     # --- outputs -----------------------------------------------------------------------------
@@ -441,6 +585,7 @@ class LLMEngine:
         del self._requests[request.prepared.request_id]
         for state in request.seqs:
             del self._seq_states[state.seq.seq_id]
+            self.structured.remove(state.seq.seq_id)
         params = request.prepared.params
         first = metrics.first_token_time
         self._stats.finished(

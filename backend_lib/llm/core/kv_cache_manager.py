@@ -5,6 +5,9 @@ The manager edits `seq.block_table` and, at admission, `seq.num_computed_tokens`
 which sequence runs (that is the scheduler's job). Block copies it requires are returned (swaps)
 or queued for the scheduler to collect (`take_copies`), and the runner performs them before the
 forward pass that depends on them.
+
+A sequence's hash chain starts from its adapter's `cache_salt` (the base model's from nothing), so
+blocks computed under one LoRA adapter are never reused by another or by the base model.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ class KVCacheManager:
         hashes = self._hashes(seq, (seq.num_tokens - 1) // self.block_size)
         for index, block_hash in enumerate(hashes):
             block_id = self.pool.lookup(
-                block_hash, hashes[index - 1] if index else None, self._block_tokens(seq, index)
+                block_hash, _parent(seq, hashes, index), self._block_tokens(seq, index)
             )
             if block_id is None:
                 break
@@ -139,7 +142,7 @@ class KVCacheManager:
             self.pool.cache_block(
                 seq.block_table[index],
                 hashes[index],
-                hashes[index - 1] if index else None,
+                _parent(seq, hashes, index),
                 self._block_tokens(seq, index),
             )
         self._num_cached_blocks[seq.seq_id] = num_full
@@ -206,7 +209,13 @@ class KVCacheManager:
         """Chained hashes of the sequence's first `num_blocks` full blocks (computed once)."""
         hashes = self._block_hashes.setdefault(seq.seq_id, [])
         for index in range(len(hashes), num_blocks):
-            hashes.append(
-                hash_block(hashes[-1] if hashes else None, self._block_tokens(seq, index))
-            )
+            hashes.append(hash_block(_parent(seq, hashes, index), self._block_tokens(seq, index)))
         return hashes[:num_blocks]
+
+
+def _parent(seq: Sequence, hashes: list[BlockHash], index: int) -> BlockHash | None:
+    """The hash block `index` chains from: the previous block's, or for the first block the
+    sequence's adapter salt (None for the base model)."""
+    if index:
+        return hashes[index - 1]
+    return None if seq.lora_request is None else seq.lora_request.cache_salt

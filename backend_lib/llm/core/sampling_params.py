@@ -12,6 +12,7 @@ from typing import Any
 
 from backend_lib.config import ConfigError, parse_bool
 from backend_lib.errors import InputError
+from backend_lib.llm.core.structured_params import StructuredOutputsParams
 
 # Temperatures below this are greedy (vLLM's _SAMPLING_EPS).
 SAMPLING_EPS = 1e-5
@@ -52,8 +53,13 @@ class SamplingParams:
     """Number of top log-probabilities returned per generated token (None: none)."""
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None
+    """Output constraint (JSON schema, regex, choice, grammar); a dict or its JSON text is
+    converted on construction (see structured_params.py)."""
 
     def __post_init__(self) -> None:
+        if self.structured_outputs is not None:
+            self.structured_outputs = StructuredOutputsParams.from_value(self.structured_outputs)
         if self.stop is None:
             self.stop = []
         elif isinstance(self.stop, str):
@@ -211,6 +217,8 @@ def _parse_field(key: str, raw: Any, annotation: Any) -> Any:
         return _parse_list(key, raw, _parse_str)
     if key == "stop_token_ids":
         return _parse_list(key, raw, _parse_int)
+    if key == "structured_outputs":
+        return StructuredOutputsParams.from_value(raw)
     base = next((a for a in args if a is not type(None)), annotation)
     parser = {bool: _parse_bool, int: _parse_int, float: _parse_float}[base]
     return parser(key, raw)

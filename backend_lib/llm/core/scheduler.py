@@ -8,7 +8,13 @@ Every `schedule()` call builds one step within `max_num_batched_tokens` and `max
    pool; recompute when that is full);
 2. then, only if nothing was preempted this step, swapped sequences are resumed, and only once
    none is left swapped, waiting sequences are admitted first-come first-served, reusing their
-   longest cached prefix.
+   longest cached prefix (computed under the same LoRA adapter: the adapter salts the hashes);
+3. LoRA: running sequences use at most `max_loras` distinct adapters (the base model is free), so
+   every step fits the device's adapter slots. A swapped or waiting sequence whose adapter would
+   be one too many stops resumption / admission (as a sequence that does not fit the pool does):
+   it waits for running sequences of other adapters to finish, and no younger request overtakes
+   it, so none starves. Which adapter occupies which slot (free slot first, else the least
+   recently used one not needed by the step) is the runner's business (lora/slots.py).
 
 After the runner executes the step, `update()` advances every scheduled sequence, appends the
 sampled tokens and finishes sequences on token-level stops: EOS (unless ignore_eos),
@@ -97,6 +103,10 @@ class SchedulerStats:
     prefix_cache_hits: int
     """Tokens found there."""
     num_preemptions: int
+    running_lora_adapters: dict[str, int] = field(default_factory=dict)
+    """Adapter name -> running sequences under it."""
+    waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
+    """Adapter name -> waiting or swapped sequences under it."""
 
 
 class Scheduler:
@@ -134,6 +144,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         """Admission order: the last one is the first preemption victim."""
         self.swapped: deque[Sequence] = deque()
+        self.max_loras = config.max_loras if config.enable_lora else 0
+        """Distinct adapters allowed among running sequences (0: LoRA disabled)."""
         self.num_preemptions = 0
         self._seqs: dict[int, Sequence] = {}
         self._requests: dict[str, list[Sequence]] = {}
@@ -230,6 +242,8 @@ class Scheduler:
             prefix_cache_queries=kv.prefix_cache_queries,
             prefix_cache_hits=kv.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
+            running_lora_adapters=_count_adapters(self.running),
+            waiting_lora_adapters=_count_adapters([*self.waiting, *self.swapped]),
         )
 
     # --- one step --------------------------------------------------------------------------------
@@ -238,9 +252,10 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:
-            budget = self._resume_swapped(out, budget)
+            loras = {seq.lora_int_id for seq in self.running} - {0}
+            budget = self._resume_swapped(out, budget, loras)
             if not self.swapped:
-                budget = self._admit_waiting(out, budget)
+                budget = self._admit_waiting(out, budget, loras)
         out.blocks_to_copy = self.kv_cache_manager.take_copies()
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
         return out
@@ -360,28 +375,44 @@ class Scheduler:
             seq.status = SequenceStatus.WAITING
             self.waiting.appendleft(seq)
 
-    def _resume_swapped(self, out: SchedulerOutput, budget: int) -> int:
+    def _lora_fits(self, seq: Sequence, loras: set[int]) -> bool:
+        """Whether `seq` may run beside the running adapters `loras` (added to it when so)."""
+        lora_id = seq.lora_int_id
+        if lora_id == 0 or lora_id in loras:
+            return True
+        if len(loras) >= self.max_loras:
+            return False
+        loras.add(lora_id)
+        return True
+
+    def _resume_swapped(self, out: SchedulerOutput, budget: int, loras: set[int]) -> int:
         while self.swapped and self._room_for_another(out, budget):
             seq = self.swapped[0]
+            if not self._lora_fits(seq, set(loras)):
+                break
             num_new = self._chunk_size(seq.num_uncomputed_tokens, budget)
             if num_new == 0:
                 break
             pairs = self.kv_cache_manager.swap_in(seq, num_new)
             if pairs is None:
                 break
+            self._lora_fits(seq, loras)
             self.swapped.popleft()
             out.blocks_to_swap_in.extend(pairs)
             budget = self._start_running(seq, num_new, out, budget)
         return budget
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> int:
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, loras: set[int]) -> int:
         kv = self.kv_cache_manager
         while self.waiting and self._room_for_another(out, budget):
             seq = self.waiting[0]
+            if not self._lora_fits(seq, set(loras)):
+                break
             prefix = kv.find_cached_prefix(seq)
             num_new = self._chunk_size(seq.num_tokens - prefix.num_tokens, budget)
             if num_new == 0 or not kv.admit(seq, prefix, num_new):
                 break
+            self._lora_fits(seq, loras)
             self.waiting.popleft()
             if seq.num_preemptions == 0:
                 seq.num_cached_prompt_tokens = prefix.num_tokens
@@ -419,3 +450,13 @@ class Scheduler:
         if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
             return "length"
         return None
+
+
+def _count_adapters(seqs: Iterable[Sequence]) -> dict[str, int]:
+    """Adapter name -> how many of `seqs` run under it."""
+    counts: dict[str, int] = {}
+    for seq in seqs:
+        if seq.lora_request is not None:
+            name = seq.lora_request.lora_name
+            counts[name] = counts.get(name, 0) + 1
+    return counts

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from backend_lib.llm.core.sampling_params import SamplingParams
+from backend_lib.llm.lora.request import LoRARequest
 
 if TYPE_CHECKING:  # for an annotation only: a Sequence is plain data
     import torch
@@ -51,6 +52,13 @@ class Sequence:
     generator: torch.Generator | None = None
     """Random stream of a seeded request: the runner seeds a parent's, the engine a forked child's
     (None: unseeded, or not sampled yet)."""
+    lora_request: LoRARequest | None = None
+    """The adapter it runs under (None: the base model); kept through preemption and forks."""
+
+    @property
+    def lora_int_id(self) -> int:
+        """Its adapter's id, 0 for the base model."""
+        return 0 if self.lora_request is None else self.lora_request.lora_int_id
 
     @property
     def num_tokens(self) -> int:

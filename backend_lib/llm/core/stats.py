@@ -31,6 +31,8 @@ class EngineCounters:
     prefix_cache_hits: int = 0
     """Of those, tokens found there."""
     requests_finished: int = 0
+    structured_output_requests: int = 0
+    """Requests admitted with a structured_outputs constraint."""
 
     def __sub__(self, other: EngineCounters) -> EngineCounters:
         """Increments since `other` (an earlier snapshot)."""
@@ -78,6 +80,17 @@ class EngineStats:
     """Seconds between consecutive tokens of a sequence, since the previous snapshot."""
     finished: list[FinishedRequest] = field(default_factory=list)
     """Requests finished since the previous snapshot."""
+    grammar_compile_seconds: list[float] = field(default_factory=list)
+    """Seconds, one per structured-output grammar compiled (cache misses) since the previous
+    snapshot."""
+    bitmask_fill_seconds: list[float] = field(default_factory=list)
+    """Seconds, one per step with constrained rows: the worker's bitmask fill time."""
+    running_lora_adapters: dict[str, int] = field(default_factory=dict)
+    """Adapter name -> running sequences under it."""
+    waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
+    """Adapter name -> waiting (or swapped) sequences under it."""
+    lora_requests: list[str] = field(default_factory=list)
+    """The adapter name of each request admitted with one since the previous snapshot."""
 
 
 class StatsCollector:
@@ -87,9 +100,13 @@ class StatsCollector:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.requests_finished = 0
+        self.constrained_requests = 0
+        self._grammar_compile: deque[float] = deque(maxlen=max_pending)
+        self._bitmask_fill: deque[float] = deque(maxlen=max_pending)
         self._ttft: deque[float] = deque(maxlen=max_pending)
         self._itl: deque[float] = deque(maxlen=max_pending)
         self._finished: deque[FinishedRequest] = deque(maxlen=max_pending)
+        self._lora_requests: deque[str] = deque(maxlen=max_pending)
 
     def first_token(self, time_to_first_token: float, num_prompt_tokens: int) -> None:
         self._ttft.append(time_to_first_token)
@@ -98,6 +115,17 @@ class StatsCollector:
     def tokens(self, num_tokens: int, inter_token_latencies: list[float]) -> None:
         self.generation_tokens += num_tokens
         self._itl.extend(inter_token_latencies)
+
+    def grammar_compiled(self, seconds: float) -> None:
+        """May be called from submitting threads (deque appends are atomic)."""
+        self._grammar_compile.append(seconds)
+
+    def bitmask_filled(self, seconds: float) -> None:
+        self._bitmask_fill.append(seconds)
+
+    def lora_request(self, lora_name: str) -> None:
+        """A request under adapter `lora_name` was admitted."""
+        self._lora_requests.append(lora_name)
 
     def finished(self, record: FinishedRequest) -> None:
         self.requests_finished += 1
@@ -111,6 +139,7 @@ class StatsCollector:
             prefix_cache_queries=sched.prefix_cache_queries,
             prefix_cache_hits=sched.prefix_cache_hits,
             requests_finished=self.requests_finished,
+            structured_output_requests=self.constrained_requests,
         )
         stats = EngineStats(
             sched.num_running,
@@ -121,8 +150,18 @@ class StatsCollector:
             list(self._ttft),
             list(self._itl),
             list(self._finished),
+            _drain(self._grammar_compile),
+            _drain(self._bitmask_fill),
+            dict(sched.running_lora_adapters),
+            dict(sched.waiting_lora_adapters),
+            _drain(self._lora_requests),
         )
         self._ttft.clear()
         self._itl.clear()
         self._finished.clear()
         return stats
+
+
+def _drain(values: deque) -> list:
+    """Pop everything present now (appends from other threads meanwhile are kept for later)."""
+    return [values.popleft() for _ in range(len(values))]

@@ -24,6 +24,7 @@ from backend_lib.config import ConfigError
 from backend_lib.linear import pack_linear_layers
 from backend_lib.llm.execution.models import MODEL_REGISTRY, supported_architectures
 from backend_lib.llm.execution.models.llama import DEFAULT_MAX_POSITION_EMBEDDINGS
+from backend_lib.quantization import quantize_linear_layers
 from kernels import KernelOps
 
 
@@ -114,6 +115,11 @@ def iter_safetensors(
                 yield name, f.get_tensor(name)
 
 
+QUANTIZE_LM_HEAD = True
+"""Whether `quantization` covers the lm_head too (see README "Quantization" for the measurement
+behind the choice)."""
+
+
 def load_model(
     checkpoint: CheckpointInfo | str | Path,
     device: torch.device,
@@ -121,6 +127,8 @@ def load_model(
     ops: KernelOps,
     max_position: int | None = None,
     pack_linear_weights: bool = True,
+    quantization: str = "none",
+    quantize_lm_head: bool = QUANTIZE_LM_HEAD,
 ) -> torch.nn.Module:
     """Build the checkpoint's model on `device` in `dtype` and load its weights.
 
@@ -128,6 +136,10 @@ def load_model(
     rotary table (default: the checkpoint's max_position_embeddings). On CPU the projections'
     weights are then pre-packed for oneDNN (`backend_lib.linear`) unless `pack_linear_weights`
     is False.
+
+    `quantization` int8 or fp8 replaces the projections (q/k/v, o, gate/up, down; the lm_head
+    too when `quantize_lm_head`) by `backend_lib.quantization.QuantizedLinear` layers, quantized
+    from the loaded float weights, which are then freed; embeddings and norms stay in `dtype`.
     """
     info = as_checkpoint_info(checkpoint)
     model_cls = info.model_class
@@ -141,6 +153,7 @@ def load_model(
     model = model.to(dtype).to_empty(device=device)
     model.tie_weights()  # to_empty gives tied parameters separate storage
     model.load_weights(iter_safetensors(info.weight_files, device))
+    quantize_linear_layers(model, quantization, skip=() if quantize_lm_head else ("lm_head",))
     if pack_linear_weights:
         pack_linear_layers(model)
     return model.eval()

@@ -8,6 +8,15 @@ logits, sample. Batch metadata is built on the host with numpy and moved with tw
 Parallel sampling (n > 1): `execute(out, num_samples={seq_id: k})` samples k tokens from that
 sequence's logits row (the row is repeated k times; a seeded request draws them in turn from
 its one generator), returned as `sampled[seq_id]` of length k. The engine then forks children.
+
+Structured outputs: given `constraints`, the step's constrained rows get their next-token bitmask
+filled on a worker thread while the forward runs, applied to those logits rows before sampling
+(`KernelOps.apply_token_bitmask`); a step without constrained rows does none of this.
+
+LoRA (`enable_lora`): the step's adapters (at most max_loras, the scheduler's promise) are made
+resident in device slots (lora/slots.py: free slot, else the least recently used one), the rows
+are laid out adapter by adapter, and the model gets a `LoRABatch` mapping row runs to slots: one
+batched LoRA call per projection covers every adapter of the step, base rows untouched.
 """
 
 from __future__ import annotations
@@ -35,6 +44,12 @@ from backend_lib.llm.execution.kv_pool import (
 )
 from backend_lib.llm.execution.loader import CheckpointInfo, as_checkpoint_info, load_model
 from backend_lib.llm.execution.sampler import Sampler, SamplingRow, TokenLogprobs
+from backend_lib.llm.lora.adapter import LoRAModelSpec
+from backend_lib.llm.lora.batch import LoRABatch
+from backend_lib.llm.lora.slots import LoRASlots
+from backend_lib.llm.structured.manager import BitmaskBatch, StructuredOutputManager
+from backend_lib.quantization import check_quantization
+from kernels import lora_segments
 
 
 @dataclass
@@ -48,6 +63,8 @@ class ModelInput:
     """[R] int64: the flattened row whose logits each sample uses (repeated for k > 1)."""
     sample_rows: list[SamplingRow]
     sample_seq_ids: list[int]
+    lora: LoRABatch | None = None
+    """Row runs -> adapter slots (None: every row on the base model)."""
 
 
 @dataclass
@@ -56,6 +73,8 @@ class ModelOutput:
     """seq_id -> sampled tokens (one, or k when num_samples asked for k), for sampling seqs only."""
     logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
     """seq_id -> logprobs of each sampled token, for seqs whose params.logprobs is not None."""
+    bitmask: BitmaskBatch | None = None
+    """The structured-output bitmask applied this step (None: no constrained row)."""
 
 
 def resolve_max_model_len(setting: int, max_position_embeddings: int) -> int:
@@ -71,13 +90,22 @@ def resolve_max_model_len(setting: int, max_position_embeddings: int) -> int:
     return setting
 
 
-def row_layout(scheduled: list[ScheduledSequence]) -> list[ScheduledSequence]:
+def row_layout(
+    scheduled: list[ScheduledSequence], lora_slots: Mapping[int, int] | None = None
+) -> list[ScheduledSequence]:
     """The order of a step's sequences in the flattened batch: decodes first, longest context
     first, then longer chunks. The CPU attention then takes each group of similar-length decodes
-    as a slice of consecutive rows (no gather of q, no scatter of the output)."""
+    as a slice of consecutive rows (no gather of q, no scatter of the output). With adapters
+    (`lora_slots`: lora_int_id -> slot), decodes and chunks are each grouped by slot first (base
+    model first), so each adapter's rows form few runs for the batched LoRA kernel."""
+    slot_of = lora_slots or {}
     return sorted(
         scheduled,
-        key=lambda s: (s.num_new_tokens > 1, -(s.seq.num_computed_tokens + s.num_new_tokens)),
+        key=lambda s: (
+            s.num_new_tokens > 1,
+            slot_of.get(s.seq.lora_int_id, -1),
+            -(s.seq.num_computed_tokens + s.num_new_tokens),
+        ),
     )
 
 
@@ -99,12 +127,35 @@ class ModelRunner:
             config.max_model_len, self.checkpoint.max_position_embeddings
         )
         self.ops = select_kernel_ops(config.kernel_backend, device)
-        self.model = load_model(self.checkpoint, device, self.dtype, self.ops, self.max_model_len)
+        check_quantization(config.quantization, device)
+        self.model = load_model(
+            self.checkpoint,
+            device,
+            self.dtype,
+            self.ops,
+            self.max_model_len,
+            quantization=config.quantization,
+        )
         self.sampler = Sampler(self.checkpoint.eos_token_ids, device, config.seed)
         args = self.model.args
         self.kv_spec = KVCacheSpec(
             args.num_layers, args.num_kv_heads, args.head_dim, config.block_size, self.dtype
         )
+        self.lora_spec = LoRAModelSpec.for_llama(
+            self.checkpoint.hf_config["architectures"][0],
+            args.num_layers,
+            args.hidden_size,
+            args.intermediate_size,
+            args.num_heads * args.head_dim,
+            args.num_kv_heads * args.head_dim,
+        )
+        """What an adapter must match to run on this model."""
+        self.lora_slots = (
+            LoRASlots(self.lora_spec, config.max_loras, config.max_lora_rank, device, self.dtype)
+            if config.enable_lora
+            else None
+        )
+        # After the adapter slots, so that GPU sizing counts their memory.
         self.kv_pool = self._allocate_kv_pool()
 
     @property
@@ -118,20 +169,32 @@ class ModelRunner:
     # --- one step ----------------------------------------------------------------------------
 
     def execute(
-        self, sched_out: SchedulerOutput, num_samples: Mapping[int, int] | None = None
+        self,
+        sched_out: SchedulerOutput,
+        num_samples: Mapping[int, int] | None = None,
+        constraints: StructuredOutputManager | None = None,
     ) -> ModelOutput:
         """Run one SchedulerOutput: block moves, forward, sampling. `num_samples` maps seq_id to
-        how many tokens to sample from that sequence's row (default 1)."""
+        how many tokens to sample from that sequence's row (default 1); `constraints` holds the
+        grammar state of constrained sequences (see the module docstring)."""
         self.apply_block_moves(sched_out)
         if not sched_out.scheduled:
             return ModelOutput()
         batch = self.prepare_input(sched_out.scheduled, num_samples)
+        job = None
+        if constraints is not None and batch.sample_rows:
+            job = constraints.begin(batch.sample_seq_ids)  # fills while the forward runs
         logits = self.compute_logits(batch)
         if not batch.sample_rows:  # only non-final prefill chunks this step
             return ModelOutput()
-        with torch.inference_mode():
-            result = self.sampler(logits, batch.sample_rows)
         output = ModelOutput()
+        with torch.inference_mode():
+            if job is not None:
+                output.bitmask = mask = job.result()
+                self.ops.apply_token_bitmask(
+                    logits, mask.bitmask.to(self.device), mask.rows.to(self.device)
+                )
+            result = self.sampler(logits, batch.sample_rows)
         for seq_id, token, logprob in zip(
             batch.sample_seq_ids, result.token_ids, result.logprobs, strict=True
         ):
@@ -150,7 +213,7 @@ class ModelRunner:
         """Forward the flattened batch; float32 logits of the sampling rows only [R, vocab]."""
         with torch.inference_mode():
             hidden = self.model(
-                batch.input_ids, batch.positions, batch.meta, self.kv_pool.layer_caches
+                batch.input_ids, batch.positions, batch.meta, self.kv_pool.layer_caches, batch.lora
             )
             return self.model.compute_logits(hidden[batch.sample_indices])
 
@@ -159,8 +222,9 @@ class ModelRunner:
     ) -> ModelInput:
         """Flatten ScheduledSequences (seq, num_new_tokens) into one device batch."""
         num_samples = num_samples or {}
+        slot_of = self._activate_loras(scheduled)
         # Sampling rows (and so the logits rows) keep the scheduled order; token rows do not.
-        layout = row_layout(scheduled)
+        layout = row_layout(scheduled, slot_of)
         starts = np.array([s.seq.num_computed_tokens for s in layout], dtype=np.int64)
         q_lens = np.array([s.num_new_tokens for s in layout], dtype=np.int64)
         tokens: list[int] = []
@@ -187,6 +251,12 @@ class ModelRunner:
             rows,
             seq_ids,
         )
+        if slot_of:
+            segments = lora_segments(
+                [slot_of.get(s.seq.lora_int_id, -1) for s in layout], self.device, q_lens.tolist()
+            )
+            if segments is not None:
+                batch.lora = LoRABatch(self.lora_slots, segments, self.ops)
         if self.ops.plan_attention is not None:
             meta = batch.meta
             meta.plan = self.ops.plan_attention(
@@ -196,6 +266,15 @@ class ModelRunner:
                 self.kv_pool.layer_caches[0][0],
             )
         return batch
+
+    def _activate_loras(self, scheduled: list[ScheduledSequence]) -> dict[int, int]:
+        """Load the step's adapters into slots; lora_int_id -> slot (empty: no adapter)."""
+        requests = [s.seq.lora_request for s in scheduled if s.seq.lora_request is not None]
+        if not requests:
+            return {}
+        if self.lora_slots is None:
+            raise ValueError("a sequence has a LoRA adapter but enable_lora is off")
+        return self.lora_slots.activate(requests)
 
     def _device_input(
         self,

@@ -89,14 +89,16 @@ class EngineLoop:
         params: SamplingParams,
         prompt_token_ids: Seq[int] | None = None,
         arrival_time: float | None = None,
+        lora_name: str | None = None,
     ) -> OutputStream:
-        """Queue a request; its outputs arrive on the returned stream.
+        """Queue a request (under LoRA adapter `lora_name`, None: the base model); its outputs
+        arrive on the returned stream.
 
-        Raises InputError (bad input, duplicate id) or QueueFullError in the caller's thread,
-        before anything is queued.
+        Raises InputError (bad input, duplicate id, an adapter that cannot be served) or
+        QueueFullError in the caller's thread, before anything is queued.
         """
         prepared = self.engine.prepare_request(
-            request_id, prompt, params, prompt_token_ids, arrival_time
+            request_id, prompt, params, prompt_token_ids, arrival_time, lora_name
         )
         with self._cond:
             if self._stopping:

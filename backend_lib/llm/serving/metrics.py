@@ -5,9 +5,27 @@ the gauges follow the Gateway API Inference Extension's model-server protocol (T
 `vllm:num_requests_waiting`, TotalRunningRequests: `vllm:num_requests_running`, KVCacheUtilization:
 `vllm:kv_cache_usage_perc` in 0..1; `vllm:cache_config_info` carries `block_size` and `num_gpu_blocks`).
 Every series exists from load with value 0, so `rate()`, dashboards and alerts see 0, not no data.
+
+Structured outputs have no vLLM series; ours are `llm_structured_output_requests_total` (requests
+admitted with a constraint), `llm_grammar_compile_seconds` (one per grammar compiled, cache hits
+excluded) and `llm_structured_output_bitmask_seconds` (per step with constrained rows: the time the
+worker thread spent filling the next-token bitmask, overlapped with the forward).
+
+With LoRA enabled: vLLM's `vllm:lora_requests_info` gauge (labels `max_lora`,
+`running_lora_adapters`, `waiting_lora_adapters`: comma-separated adapter names; the value is the
+time of the latest step with that state, as vLLM's `set_to_current_time`, so the series with the
+largest value is the current one; the Gateway API Inference Extension reads it for LoRA-aware
+routing), from load as the empty state at 0, and `llm_lora_requests_total{lora_name}` (requests
+admitted per adapter, every listed adapter from load at 0).
+
+`llm_request_failures_total{reason}`: requests answered with an error (invalid_input: refused at
+parsing; queue_full; internal: the generation failed). It shows the model alive while it refuses bad
+input, which Triton's own failure counter cannot tell from a dead Python-backend stub.
 """
 
 from __future__ import annotations
+
+import time
 
 from backend_lib.llm.core.stats import EngineCounters, EngineStats
 from backend_lib.metrics import MetricsSink
@@ -81,6 +99,35 @@ E2E_BUCKETS = (
     7680.0,
 )
 
+GRAMMAR_COMPILE_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+BITMASK_FILL_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+)
+
 
 def buckets_1_2_5(limit: int) -> list[int]:
     """1, 2, 5, 10, 20, 50, ... up to `limit` (vLLM's token-count buckets)."""
@@ -97,9 +144,15 @@ def buckets_1_2_5(limit: int) -> list[int]:
 FINISHED_REASONS = ("stop", "length", "abort", "error")
 """Every `finished_reason` of `vllm:request_success_total`, each exported from load."""
 
+FAILURE_REASONS = ("invalid_input", "queue_full", "internal")
+"""Every `reason` of `llm_request_failures_total`, each exported from load."""
+
 EXTRA_LABELS = {
     "vllm:request_success_total": ("finished_reason",),
     "vllm:cache_config_info": ("block_size", "num_gpu_blocks"),
+    "vllm:lora_requests_info": ("max_lora", "running_lora_adapters", "waiting_lora_adapters"),
+    "llm_lora_requests_total": ("lora_name",),
+    "llm_request_failures_total": ("reason",),
 }
 """Per-series label names beyond the sink's constant ones (for `PrometheusMetrics(extra_labels=)`)."""
 
@@ -111,7 +164,16 @@ class LLMMetrics:
     exported once as `vllm:cache_config_info`, a gauge of value 1.
     """
 
-    def __init__(self, sink: MetricsSink, max_model_len: int, block_size: int, num_blocks: int):
+    def __init__(
+        self,
+        sink: MetricsSink,
+        max_model_len: int,
+        block_size: int,
+        num_blocks: int,
+        lora_names: list[str] | None = None,
+        max_loras: int = 0,
+    ):
+        """`lora_names`: the servable adapters when LoRA is enabled (None: no LoRA series)."""
         # Kept on self: a pb_utils metric family leaves the metrics port when garbage-collected.
         self.cache_info = sink.gauge(
             "vllm:cache_config_info", "Information of the KV-cache config."
@@ -129,6 +191,12 @@ class LLMMetrics:
             "vllm:prefix_cache_hits_total", "Prefix-cache hits, in tokens."
         )
         self.preemptions = sink.counter("vllm:num_preemptions_total", "Preemptions.")
+        # Moves whenever the model answers a request with an error: with it, an alert can tell a
+        # model refusing bad input (alive) from a dead stub (Triton counts failures, nothing else moves).
+        self.request_failures = sink.counter(
+            "llm_request_failures_total",
+            "Requests the model refused or failed, by reason (invalid_input, queue_full, internal).",
+        )
         self.prompt_tokens = sink.counter("vllm:prompt_tokens_total", "Prefill tokens processed.")
         self.generation_tokens = sink.counter(
             "vllm:generation_tokens_total", "Generation tokens processed."
@@ -152,6 +220,30 @@ class LLMMetrics:
         self.request_generation_tokens = sink.histogram(
             "vllm:request_generation_tokens", "Generated tokens per request.", token_buckets
         )
+        self.structured_requests = sink.counter(
+            "llm_structured_output_requests_total",
+            "Requests admitted with a structured-output constraint.",
+        )
+        self.grammar_compile = sink.histogram(
+            "llm_grammar_compile_seconds",
+            "Structured-output grammar compile time (cache misses), seconds.",
+            GRAMMAR_COMPILE_BUCKETS,
+        )
+        self.bitmask_fill = sink.histogram(
+            "llm_structured_output_bitmask_seconds",
+            "Next-token bitmask fill time per step with constrained rows, seconds.",
+            BITMASK_FILL_BUCKETS,
+        )
+        self.lora_info = self.lora_requests = None
+        self.max_lora = str(max_loras)
+        self.lora_names = list(lora_names or [])
+        if lora_names is not None:
+            self.lora_info = sink.gauge(
+                "vllm:lora_requests_info", "Running stats on LoRA requests."
+            )
+            self.lora_requests = sink.counter(
+                "llm_lora_requests_total", "Requests admitted per LoRA adapter."
+            )
         self._previous = EngineCounters()
         self._export_zeros()
 
@@ -169,10 +261,29 @@ class LLMMetrics:
             self.e2e,
             self.request_prompt_tokens,
             self.request_generation_tokens,
+            self.structured_requests,
+            self.grammar_compile,
+            self.bitmask_fill,
         ):
             series.touch()
         for reason in FINISHED_REASONS:
             self.request_success.touch(finished_reason=reason)
+        for reason in FAILURE_REASONS:
+            self.request_failures.touch(reason=reason)
+        if self.lora_info is not None:
+            self.lora_info.set(0, **self._lora_labels({}, {}))
+            for name in self.lora_names:
+                self.lora_requests.touch(lora_name=name)
+
+    def _lora_labels(self, running: dict[str, int], waiting: dict[str, int]) -> dict[str, str]:
+        return {
+            "max_lora": self.max_lora,
+            "running_lora_adapters": ",".join(sorted(running)),
+            "waiting_lora_adapters": ",".join(sorted(waiting)),
+        }
+
+    def record_failure(self, reason: str) -> None:
+        self.request_failures.inc(reason=reason)
 
     def update(self, stats: EngineStats) -> None:
         """Apply one engine snapshot (called on the engine loop thread after each step)."""
@@ -187,6 +298,7 @@ class LLMMetrics:
             (self.preemptions, delta.num_preemptions),
             (self.prompt_tokens, delta.prompt_tokens),
             (self.generation_tokens, delta.generation_tokens),
+            (self.structured_requests, delta.structured_output_requests),
         ):
             if amount:
                 counter.inc(amount)
@@ -194,8 +306,17 @@ class LLMMetrics:
             self.ttft.observe(value)
         for value in stats.inter_token_latency:
             self.itl.observe(value)
+        for value in stats.grammar_compile_seconds:
+            self.grammar_compile.observe(value)
+        for value in stats.bitmask_fill_seconds:
+            self.bitmask_fill.observe(value)
         for record in stats.finished:
             self.request_success.inc(finished_reason=record.finish_reason)
             self.e2e.observe(record.e2e_latency)
             self.request_prompt_tokens.observe(record.num_prompt_tokens)
             self.request_generation_tokens.observe(record.num_generation_tokens)
+        if self.lora_info is not None:
+            labels = self._lora_labels(stats.running_lora_adapters, stats.waiting_lora_adapters)
+            self.lora_info.set(time.time(), **labels)
+            for name in stats.lora_requests:
+                self.lora_requests.inc(lora_name=name)

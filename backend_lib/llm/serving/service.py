@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from backend_lib.config import from_parameters
-from backend_lib.errors import InputError
+from backend_lib.errors import InputError, QueueFullError
 from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.engine import LLMEngine
 from backend_lib.llm.core.outputs import CompletionOutput, RequestOutput
+from backend_lib.llm.lora.registry import read_multi_lora
 from backend_lib.llm.serving.engine_loop import EngineLoop, OutputStream
 from backend_lib.llm.serving.metrics import LLMMetrics
 from backend_lib.llm.serving.triton_request import GenerateRequest, parse_generate_request
@@ -80,16 +81,23 @@ class LLMService:
         self.fault_marker = fault_marker or None
         if self.fault_marker:
             engine.fault_injector = _inject_fault
+        self.metrics = metrics
         self.loop = EngineLoop(engine, on_step=metrics.update if metrics else None)
         self.loop.start()
         self.responder = Responder(self)
 
     @classmethod
     def from_context(cls, context: ModelContext, sink: MetricsSink | None) -> LLMService:
-        """Load from the model's config.pbtxt parameters (ConfigError names a bad key).
+        """Load from the model's config.pbtxt parameters (ConfigError names a bad key) and, with
+        enable_lora, the adapters listed in `<version>/multi_lora.json` (as the vLLM backend).
         The environment variable BACKEND_LIB_FAULT_INJECTION sets the test-only `fault_marker`."""
         config = from_parameters(LLMConfig, context.parameters)
-        engine = LLMEngine.from_config(config, context.model_dir, context.device)
+        lora_modules = (
+            read_multi_lora(context.model_dir / context.version, context.model_dir)
+            if config.enable_lora
+            else None
+        )
+        engine = LLMEngine.from_config(config, context.model_dir, context.device, lora_modules)
         metrics = None
         if sink:
             # vLLM's `model_name` label beside model/version: vLLM dashboards and routers key on it.
@@ -98,6 +106,8 @@ class LLMService:
                 engine.max_model_len,
                 block_size=config.block_size,
                 num_blocks=engine.runner.num_blocks,
+                lora_names=engine.lora_registry.names if engine.lora_registry else None,
+                max_loras=config.max_loras,
             )
         return cls(engine, metrics, fault_marker=os.environ.get(FAULT_INJECTION_ENV))
 
@@ -120,7 +130,7 @@ class LLMService:
         request_id = uuid.uuid4().hex
         if self.fault_marker and self.fault_marker in request.prompt:
             request_id = _FAULT_ID_PREFIX + request_id  # the test-only hook fails it in a step
-        stream = self.loop.submit(request_id, request.prompt, params)
+        stream = self.loop.submit(request_id, request.prompt, params, lora_name=request.lora_name)
         return Job(request_id, request, stream)
 
     def start(
@@ -128,9 +138,23 @@ class LLMService:
     ) -> Job:
         """Submit one request whose responses the responder thread passes to `send(tensors or
         error, final)`; `is_cancelled` is polled. InputError / QueueFullError at once here."""
-        job = self.submit(inputs)
+        try:
+            job = self.submit(inputs)
+        except Exception as exc:
+            self._record_failure(exc)
+            raise
         self.responder.add(job, send, is_cancelled)
         return job
+
+    def _record_failure(self, error: Exception) -> None:
+        if self.metrics is None:
+            return
+        if isinstance(error, InputError):
+            self.metrics.record_failure("invalid_input")
+        elif isinstance(error, QueueFullError):
+            self.metrics.record_failure("queue_full")
+        elif not isinstance(error, RequestCancelled):
+            self.metrics.record_failure("internal")
 
     def responses(
         self, job: Job, is_cancelled: Callable[[], bool] = lambda: False
@@ -175,7 +199,9 @@ class LLMService:
         if output.finished and job.cancelled:
             return RequestCancelled(f"request {job.request_id} was cancelled"), True
         if output.error is not None:
-            return RuntimeError(f"generation failed: {output.error}"), True
+            error = RuntimeError(f"generation failed: {output.error}")
+            self._record_failure(error)
+            return error, True
         if output.finished or job.request.stream:
             return self.response_tensors(job, output), output.finished
         return None

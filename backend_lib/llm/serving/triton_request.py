@@ -1,5 +1,12 @@
 """Triton `llm` request tensors -> a generate request, with the vLLM backend's tensor names and
-semantics (plus TensorRT-LLM-style scalar inputs, so `/generate` JSON like {"max_tokens": 20} works)."""
+semantics (plus TensorRT-LLM-style scalar inputs, so `/generate` JSON like {"max_tokens": 20} works).
+
+Structured outputs come as `structured_outputs` inside `sampling_parameters` (vLLM's name, a JSON
+object or its text) or as TensorRT-LLM's `guided_decoding_guide_type` / `guided_decoding_guide`
+inputs (GUIDE_TYPES maps them to the same thing); sending both is an error.
+
+`lora_name` inside `sampling_parameters` picks a LoRA adapter, as in the vLLM backend (the
+engine checks it; see backend_lib/llm/lora/registry.py)."""
 
 from __future__ import annotations
 
@@ -35,6 +42,14 @@ SCALAR_INPUTS: dict[str, type] = {
     "frequency_penalty": float,
 }
 
+# TensorRT-LLM's guided_decoding_guide_type -> the structured_outputs key its guide fills.
+GUIDE_TYPES = {
+    "json": "json_object",
+    "json_schema": "json",
+    "regex": "regex",
+    "ebnf_grammar": "grammar",
+}
+
 
 @dataclass
 class GenerateRequest:
@@ -44,6 +59,8 @@ class GenerateRequest:
     prepend_input: bool
     """Non-streaming responses start with the prompt unless `exclude_input_in_output` is true."""
     return_flags: dict[str, bool]
+    lora_name: str | None = None
+    """The adapter named in sampling_parameters (None: the base model)."""
 
 
 def parse_generate_request(
@@ -65,9 +82,12 @@ def parse_generate_request(
             "streamed responses carry only new text"
         )
     fields = _sampling_fields(inputs)
+    lora_name = fields.pop("lora_name", None)
+    if lora_name is not None and (not isinstance(lora_name, str) or not lora_name):
+        raise InputError(f"lora_name must be a non-empty string, got {lora_name!r}")
     params = SamplingParams.from_dict(fields, max_logprobs=max_logprobs, max_n=max_n)
     flags = {name: bool(read_scalar(inputs, name, bool)) for name in RETURN_FLAGS}
-    return GenerateRequest(prompt, params, stream, prepend_input, flags)
+    return GenerateRequest(prompt, params, stream, prepend_input, flags, lora_name)
 
 
 def _single(values: list[str], name: str) -> list[str]:
@@ -98,4 +118,33 @@ def _sampling_fields(inputs: Inputs) -> dict[str, Any]:
     if "stop_words" in inputs:
         words = np.asarray(inputs["stop_words"]).reshape(-1, 1)
         fields["stop"] = read_strings({"stop_words": words}, "stop_words")
+    guided = _guided_decoding(inputs)
+    if guided is not None:
+        if fields.get("structured_outputs") is not None:
+            raise InputError(
+                "send structured_outputs in sampling_parameters or the guided_decoding_* inputs, "
+                "not both"
+            )
+        fields["structured_outputs"] = guided
     return fields
+
+
+def _guided_decoding(inputs: Inputs) -> dict[str, Any] | None:
+    """`guided_decoding_guide_type` (+ `guided_decoding_guide`) as a structured_outputs dict."""
+    guide_type = read_scalar(inputs, "guided_decoding_guide_type", str)
+    guide = read_scalar(inputs, "guided_decoding_guide", str)
+    if guide_type is None:
+        if guide is not None:
+            raise InputError("input 'guided_decoding_guide' needs 'guided_decoding_guide_type'")
+        return None
+    if guide_type not in GUIDE_TYPES:
+        raise InputError(
+            f"input 'guided_decoding_guide_type' must be one of {', '.join(GUIDE_TYPES)}, "
+            f"got {guide_type!r}"
+        )
+    key = GUIDE_TYPES[guide_type]
+    if key == "json_object":
+        return {"json_object": True}
+    if not guide:
+        raise InputError(f"input 'guided_decoding_guide' is required for guide type {guide_type!r}")
+    return {key: guide}

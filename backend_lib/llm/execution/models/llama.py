@@ -3,7 +3,9 @@
 One implementation; the architectures differ only in `LlamaArgs` flags: Qwen2 has q/k/v biases,
 Qwen3 normalises q and k per head, Mistral (and Qwen2/3 when enabled) use a sliding window.
 q/k/v and gate/up projections are fused into one matmul each; `load_weights` merges the
-checkpoint's separate tensors into them.
+checkpoint's separate tensors into them. With a `LoRABatch` (backend_lib/llm/lora/batch.py),
+each fused projection's output gets every row's own adapter delta (one batched call per
+projection for all adapters of the step).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from torch import nn
 
 from backend_lib.llm.execution.attention import AttentionMetadata, KVCache, PagedAttention
+from backend_lib.llm.lora.batch import LoRABatch
 from kernels import KernelOps
 from kernels.rotary import rope_cos_sin_cache
 
@@ -144,6 +147,7 @@ class LlamaAttention(nn.Module):
             ops,
         )
         self.ops = ops
+        self.layer_idx = layer_idx
 
     def forward(
         self,
@@ -152,9 +156,13 @@ class LlamaAttention(nn.Module):
         kv_cache: KVCache,
         meta: AttentionMetadata,
         rope_cache: torch.Tensor,
+        lora: LoRABatch | None = None,
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(hidden)
+        if lora is not None:
+            lora.apply(self.layer_idx, "qkv", qkv, hidden)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
@@ -163,21 +171,28 @@ class LlamaAttention(nn.Module):
             q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)
         q, k = self.ops.apply_rotary(positions, q, k, rope_cache)
-        out = self.attn(q, k, v, kv_cache, meta)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        out = self.attn(q, k, v, kv_cache, meta).reshape(num_tokens, self.q_size)
+        if lora is None:
+            return self.o_proj(out)
+        return lora.apply(self.layer_idx, "o", self.o_proj(out), out)
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, args: LlamaArgs, ops: KernelOps):
+    def __init__(self, args: LlamaArgs, ops: KernelOps, layer_idx: int = 0):
         super().__init__()
+        self.layer_idx = layer_idx
         self.gate_up_proj = nn.Linear(
             args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias
         )
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
         self.ops = ops
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor, lora: LoRABatch | None = None) -> torch.Tensor:
+        if lora is None:
+            return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+        gate_up = lora.apply(self.layer_idx, "gate_up", self.gate_up_proj(x), x)
+        act = self.ops.silu_and_mul(gate_up)
+        return lora.apply(self.layer_idx, "down", self.down_proj(act), act)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -186,7 +201,7 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, ops)
         self.self_attn = LlamaAttention(args, layer_idx, ops)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, ops)
-        self.mlp = LlamaMLP(args, ops)
+        self.mlp = LlamaMLP(args, ops, layer_idx)
 
     def forward(
         self,
@@ -196,6 +211,7 @@ class LlamaDecoderLayer(nn.Module):
         kv_cache: KVCache,
         meta: AttentionMetadata,
         rope_cache: torch.Tensor,
+        lora: LoRABatch | None = None,
     ):
         # The residual stream is carried separately so each norm fuses the residual add.
         if residual is None:
@@ -203,9 +219,9 @@ class LlamaDecoderLayer(nn.Module):
             hidden = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, kv_cache, meta, rope_cache)
+        hidden = self.self_attn(positions, hidden, kv_cache, meta, rope_cache, lora)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        return self.mlp(hidden, lora), residual
 
 
 class LlamaModel(nn.Module):
@@ -266,12 +282,16 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_caches: list[KVCache],
+        lora: LoRABatch | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions: [T] -> final-normed hidden states [T, hidden_size]."""
+        """input_ids, positions: [T] -> final-normed hidden states [T, hidden_size]; `lora`
+        maps rows to adapters (None: the base model for every row)."""
         hidden = self.model.embed_tokens(input_ids)
         residual = None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            hidden, residual = layer(positions, hidden, residual, kv_cache, meta, self.rope_cache)
+            hidden, residual = layer(
+                positions, hidden, residual, kv_cache, meta, self.rope_cache, lora
+            )
         hidden, _ = self.model.norm(hidden, residual)
         return hidden
 

@@ -1,0 +1,42 @@
+"""One sequence's position in its grammar: an xgrammar matcher advanced by every accepted token."""
+
+from __future__ import annotations
+
+import torch
+import xgrammar as xgr
+
+
+class GrammarState:
+    """Matcher of one sequence. Its state depends only on the tokens accepted, so it survives
+    preemption (recompute or swap), prefix-cache hits and chunked prefill unchanged; a child of
+    an n > 1 request starts from `fork()` of its parent taken before the parent's first token."""
+
+    def __init__(self, grammar: xgr.CompiledGrammar, matcher: xgr.GrammarMatcher | None = None):
+        self.grammar = grammar
+        self.matcher = matcher if matcher is not None else xgr.GrammarMatcher(grammar)
+        self.num_accepted = 0
+        """Output tokens accepted so far."""
+
+    def fork(self) -> GrammarState:
+        """An independent copy at the same position."""
+        child = GrammarState(self.grammar, self.matcher.fork())
+        child.num_accepted = self.num_accepted
+        return child
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by one sampled token; False if the grammar does not allow it here."""
+        if not self.matcher.accept_token(token_id):
+            return False
+        self.num_accepted += 1
+        return True
+
+    @property
+    def terminated(self) -> bool:
+        """The grammar is complete and its stop token (EOS) was accepted."""
+        return self.matcher.is_terminated()
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> bool:
+        """Write the allowed next tokens into `bitmask[row]` ([B, ceil(V/32)] int32 on the host,
+        bit t % 32 of word t // 32 set for an allowed token t); False if no token is allowed."""
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+        return bool(bitmask[row].any())

@@ -1,0 +1,109 @@
+"""Driving a peer worker (bench.peers.worker, in `.venv-peers`) from a benchmark's process.
+
+The peers cannot share the benchmark's process (their environment pins another transformers): the
+closest is a worker process given the same thread count (OMP_NUM_THREADS, and each runtime's own
+setting), fed the same token ids or texts over a pipe while the benchmark's process waits, so the
+two never run at once. The worker times each run itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+
+import numpy as np
+
+from bench.peers import env
+
+
+class PeerError(RuntimeError):
+    """A request the worker could not carry out (its message), or a worker that died."""
+
+
+class PeerWorker:
+    """One worker process running its peers with `threads` threads; a context manager."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.cpu_seconds = 0.0
+        """The CPU seconds (all the worker's threads) of the latest generate or encode."""
+        thread_vars = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+        environ = {**os.environ, **dict.fromkeys(thread_vars, str(threads))}
+        environ["PYTHONPATH"] = str(env.REPO_ROOT)
+        self.proc = subprocess.Popen(
+            [str(env.python()), "-m", "bench.peers.worker"],
+            cwd=env.REPO_ROOT,
+            env=environ,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def call(self, op: str, **request) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(json.dumps({"op": op, **request}) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError as exc:
+            raise PeerError(f"the peer worker exited ({self.proc.poll()})") from exc
+        line = self.proc.stdout.readline()
+        if not line:
+            raise PeerError(f"the peer worker exited ({self.proc.wait()})")
+        answer = json.loads(line)
+        if not answer.pop("ok"):
+            raise PeerError(answer["error"])
+        return answer
+
+    def load(self, system: str, path, dtype: str, **settings) -> dict:
+        """Load `system` from `path` in `dtype` with this worker's threads; its settings."""
+        answer = self.call(
+            "load",
+            system=system,
+            path=str(path),
+            threads=self.threads,
+            dtype=dtype,
+            settings=settings,
+        )
+        return answer["info"]
+
+    def generate(
+        self, system: str, prompts: list[list[int]], max_tokens: list[int], outputs: bool = True
+    ) -> tuple[list[list[int]] | None, float]:
+        """Greedy token ids (when `outputs`) and the seconds of the peer's generate call."""
+        answer = self.call(
+            "generate", system=system, prompts=prompts, max_tokens=max_tokens, outputs=outputs
+        )
+        self.cpu_seconds = answer["cpu_seconds"]
+        return answer["outputs"], answer["seconds"]
+
+    def encode(
+        self, system: str, texts: list[str] | None = None, outputs: bool = True
+    ) -> tuple[np.ndarray | None, float]:
+        """Embeddings (when `outputs`) of `texts` (None: the previous ones) and the seconds."""
+        answer = self.call("encode", system=system, texts=texts, outputs=outputs)
+        self.cpu_seconds = answer["cpu_seconds"]
+        if not outputs:
+            return None, answer["seconds"]
+        data = np.frombuffer(base64.b64decode(answer["embeddings"]), dtype=np.float32)
+        return data.reshape(answer["shape"]), answer["seconds"]
+
+    def close(self) -> None:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> PeerWorker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

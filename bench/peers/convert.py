@@ -1,0 +1,117 @@
+"""Converting a benchmark's checkpoint for one peer; runs in `.venv-peers` (see `cache`):
+
+    python -m bench.peers.convert TARGET SOURCE DEST
+
+- openvino-llm: `optimum-cli export openvino --task text-generation-with-past --weight-format fp32`
+  (full-precision weights: no int8 compression, which optimum applies by default only to models
+  over 1B parameters, and no fp16 weights);
+- ctranslate2-llm: `ctranslate2.converters.TransformersConverter`, float32 weights;
+- openvino-encoder: `optimum-cli export openvino --task feature-extraction --weight-format fp32`;
+- onnx-encoder: `torch.onnx.export` (torch.export-based: transformers 5's mask code does not trace
+  with the TorchScript exporter) of the transformers model's last_hidden_state, dynamic axes.
+
+Writes `conversion.json` (versions, the weights' element types) into DEST.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+COMPRESSED = {"f16", "bf16", "i8", "u8", "i4", "u4", "nf4"}
+
+
+def optimum_export(source: Path, dest: Path, task: str) -> dict:
+    cli = Path(sys.executable).with_name("optimum-cli")
+    command = [str(cli), "export", "openvino", "--model", str(source), "--task", task]
+    subprocess.run([*command, "--weight-format", "fp32", str(dest)], check=True)
+    return {"command": " ".join(command[1:]) + " --weight-format fp32", **ir_weights(dest)}
+
+
+def ir_weights(dest: Path) -> dict:
+    """Element types of the IR's large constants; fails on compressed weights."""
+    import openvino as ov
+
+    model = ov.Core().read_model(dest / "openvino_model.xml")
+    types = Counter(
+        str(op.get_element_type().get_type_name())
+        for op in model.get_ops()
+        if op.get_type_name() == "Constant" and op.get_output_size() and _size(op) >= 4096
+    )
+    if COMPRESSED & set(types):
+        raise SystemExit(f"the export compressed the weights: {dict(types)}")
+    return {"weight_element_types": dict(types), "openvino": ov.__version__}
+
+
+def _size(op) -> int:
+    size = 1
+    for dim in op.get_output_shape(0):
+        size *= int(dim)
+    return size
+
+
+def ctranslate2_llm(source: Path, dest: Path) -> dict:
+    import ctranslate2
+    from ctranslate2.converters import TransformersConverter
+
+    TransformersConverter(str(source)).convert(str(dest), quantization="float32", force=True)
+    return {"quantization": "float32", "ctranslate2": ctranslate2.__version__}
+
+
+def onnx_encoder(source: Path, dest: Path) -> dict:
+    import torch
+    import transformers
+
+    class LastHiddenState(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = transformers.AutoModel.from_pretrained(
+                source, dtype=torch.float32, attn_implementation="eager"
+            )
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.model(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
+
+    example = torch.ones((2, 8), dtype=torch.long)
+    mask = example.clone()
+    mask[1, 5:] = 0  # padding: an all-ones mask would be traced as "no mask"
+    dest.mkdir(parents=True, exist_ok=True)
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    with torch.no_grad():
+        torch.onnx.export(
+            LastHiddenState().eval(),
+            (example, mask, torch.zeros_like(example)),
+            str(dest / "model.onnx"),
+            input_names=names,
+            output_names=["last_hidden_state"],
+            dynamic_axes={n: {0: "batch", 1: "sequence"} for n in [*names, "last_hidden_state"]},
+            opset_version=17,
+            dynamo=True,
+        )
+    return {"exporter": "torch.onnx.export (dynamo)", "opset": 17, "torch": torch.__version__}
+
+
+def main(target: str, source: Path, dest: Path) -> None:
+    if target == "openvino-llm":
+        info = optimum_export(source, dest, "text-generation-with-past")
+    elif target == "ctranslate2-llm":
+        info = ctranslate2_llm(source, dest)
+    elif target == "openvino-encoder":
+        info = optimum_export(source, dest, "feature-extraction")
+    elif target == "onnx-encoder":
+        info = onnx_encoder(source, dest)
+    else:
+        raise SystemExit(f"unknown target {target}")
+    if (source / "tokenizer.json").exists():
+        shutil.copy(source / "tokenizer.json", dest / "tokenizer.json")
+    (dest / "conversion.json").write_text(json.dumps({"target": target, **info}, indent=2))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]))

@@ -1,0 +1,284 @@
+"""The peers' side: a process in `.venv-peers` that loads the peer systems and runs them on request,
+timing each run itself (the pipe's transfers are not counted, as the engine's construction is not).
+
+Each run's answer also holds the process's CPU seconds (every thread), to show how many cores it
+really kept busy. One JSON request a line on stdin, one answer a line on the original stdout; fd 1 is pointed at
+stderr first, so nothing a library prints can corrupt the answers. Requests:
+
+    {"op": "load", "system": S, "path": P, "threads": N, "dtype": "float32" | "bfloat16", ...}
+    {"op": "generate", "system": S, "prompts": [[ids]], "max_tokens": [n], "outputs": bool}
+    {"op": "encode", "system": S, "texts": [...] (optional: the previous ones), "outputs": bool}
+    {"op": "quit"}
+
+Answers: {"ok": true, ...} or {"ok": false, "error": "..."}. Token ids in and out, never text, so
+tokenization cannot differ. Runs with the standard library, numpy and the peers' packages only.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+LLM_SYSTEMS = ("openvino_genai", "ctranslate2")
+ENCODER_SYSTEMS = ("openvino", "onnxruntime")
+OV_PRECISION = {"float32": "f32", "bfloat16": "bf16"}
+
+
+# --- LLMs ----------------------------------------------------------------------------------------
+
+
+class OpenVINOGenAI:
+    """`openvino_genai.ContinuousBatchingPipeline` on CPU: every request added at once with its own
+    max_new_tokens, greedy, EOS ignored; prefix caching off (the engine starts each run empty)."""
+
+    def __init__(self, path: str, threads: int, dtype: str, settings: dict):
+        import openvino as ov
+        import openvino_genai as genai
+
+        self.ov, self.genai = ov, genai
+        scheduler = genai.SchedulerConfig()
+        scheduler.max_num_batched_tokens = settings["max_num_batched_tokens"]
+        scheduler.max_num_seqs = settings["max_num_seqs"]
+        scheduler.cache_size = settings["kv_cache_gb"]
+        scheduler.enable_prefix_caching = False
+        scheduler.dynamic_split_fuse = True
+        self.properties = {
+            "INFERENCE_NUM_THREADS": threads,
+            "INFERENCE_PRECISION_HINT": OV_PRECISION[dtype],
+            "KV_CACHE_PRECISION": OV_PRECISION[dtype],
+        }
+        self.pipe = genai.ContinuousBatchingPipeline(path, scheduler, "CPU", self.properties)
+        self.info = {
+            "scheduler": {k: getattr(scheduler, k) for k in _SCHEDULER_FIELDS},
+            "properties": self.properties,
+            "openvino": ov.__version__,
+            "openvino_genai": genai.__version__,
+        }
+
+    def generate(self, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
+        configs = []
+        for n in max_tokens:
+            config = self.genai.GenerationConfig()
+            config.max_new_tokens = n
+            config.ignore_eos = True
+            config.do_sample = False
+            configs.append(config)
+        inputs = [self.ov.Tensor(np.asarray([p], dtype=np.int64)) for p in prompts]
+        results = self.pipe.generate(inputs, configs)
+        return [list(r.m_generation_ids[0]) for r in results]
+
+
+_SCHEDULER_FIELDS = (
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "cache_size",
+    "enable_prefix_caching",
+    "dynamic_split_fuse",
+)
+
+
+class CTranslate2:
+    """`ctranslate2.Generator.generate_batch` (static batching: CTranslate2 has no continuous
+    batching) over batches of `static_batch` requests in arrival order, each run to its longest
+    output, as transformers' static `generate` in the engine benchmark; greedy, no end token."""
+
+    def __init__(self, path: str, threads: int, dtype: str, settings: dict):
+        import ctranslate2
+
+        self.generator = ctranslate2.Generator(
+            path, device="cpu", compute_type=dtype, intra_threads=threads, inter_threads=1
+        )
+        with open(os.path.join(path, "vocabulary.json"), encoding="utf-8") as f:
+            self.vocabulary = json.load(f)
+        self.static_batch = settings["static_batch"]
+        self.info = {
+            "compute_type": self.generator.compute_type,
+            "intra_threads": threads,
+            "static_batch": self.static_batch,
+            "ctranslate2": ctranslate2.__version__,
+        }
+
+    def generate(self, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
+        outputs = []
+        for start in range(0, len(prompts), self.static_batch):
+            batch = prompts[start : start + self.static_batch]
+            lens = max_tokens[start : start + self.static_batch]
+            results = self.generator.generate_batch(
+                [[self.vocabulary[i] for i in p] for p in batch],
+                max_length=max(lens),
+                sampling_topk=1,
+                end_token=[],
+                include_prompt_in_result=False,
+            )
+            outputs += [r.sequences_ids[0][:n] for r, n in zip(results, lens, strict=True)]
+        return outputs
+
+
+# --- encoders ------------------------------------------------------------------------------------
+
+
+class Encoder:
+    """Sentence embeddings the sentence-transformers way (texts sorted by length, batches of
+    `batch_size` padded to their longest, mean pooling, L2 normalization) on a runtime's model of
+    the encoder; tokenized with the checkpoint's tokenizer.json (`tokenizers`)."""
+
+    def __init__(self, path: str, settings: dict):
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(settings["max_seq_length"])
+        self.batch_size = settings["batch_size"]
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        out = None
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start : start + self.batch_size]
+            encodings = self.tokenizer.encode_batch([texts[i] for i in rows])
+            width = max(len(e.ids) for e in encodings)
+            ids = np.zeros((len(rows), width), dtype=np.int64)
+            types = np.zeros_like(ids)
+            mask = np.zeros_like(ids)
+            for row, e in enumerate(encodings):
+                ids[row, : len(e.ids)] = e.ids
+                types[row, : len(e.ids)] = e.type_ids
+                mask[row, : len(e.ids)] = 1
+            hidden = self.forward(ids, mask, types)
+            weights = mask[:, :, None].astype(hidden.dtype)
+            pooled = (hidden * weights).sum(1) / np.maximum(weights.sum(1), 1e-9)
+            pooled /= np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+            if out is None:
+                out = np.empty((len(texts), pooled.shape[1]), dtype=np.float32)
+            out[rows] = pooled
+        return out
+
+    def forward(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+class OpenVINOEncoder(Encoder):
+    """The optimum-intel export compiled by OpenVINO's CPU plugin (dynamic shapes, one stream)."""
+
+    def __init__(self, path: str, threads: int, dtype: str, settings: dict):
+        import openvino as ov
+
+        super().__init__(path, settings)
+        self.properties = {
+            "INFERENCE_NUM_THREADS": threads,
+            "INFERENCE_PRECISION_HINT": OV_PRECISION[dtype],
+            "NUM_STREAMS": 1,
+            "PERFORMANCE_HINT": "LATENCY",
+        }
+        core = ov.Core()
+        model = core.read_model(os.path.join(path, "openvino_model.xml"))
+        self.inputs = {i.get_any_name() for i in model.inputs}
+        self.request = core.compile_model(model, "CPU", self.properties).create_infer_request()
+        self.info = {"properties": self.properties, "openvino": ov.__version__}
+
+    def forward(self, ids, mask, types):
+        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        self.request.infer({k: v for k, v in feeds.items() if k in self.inputs})
+        return self.request.get_output_tensor(0).data.astype(np.float32, copy=False)
+
+
+class OnnxRuntimeEncoder(Encoder):
+    """The ONNX export in an ONNX Runtime CPU session (all graph optimizations, sequential)."""
+
+    def __init__(self, path: str, threads: int, dtype: str, settings: dict):
+        import onnxruntime as ort
+
+        if dtype != "float32":
+            raise ValueError("ONNX Runtime runs the encoder in float32 only here")
+        super().__init__(path, settings)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(
+            os.path.join(path, "model.onnx"), options, providers=["CPUExecutionProvider"]
+        )
+        self.inputs = {i.name for i in self.session.get_inputs()}
+        self.info = {"intra_op_num_threads": threads, "onnxruntime": ort.__version__}
+
+    def forward(self, ids, mask, types):
+        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        return self.session.run(None, {k: v for k, v in feeds.items() if k in self.inputs})[0]
+
+
+SYSTEMS = {
+    "openvino_genai": OpenVINOGenAI,
+    "ctranslate2": CTranslate2,
+    "openvino": OpenVINOEncoder,
+    "onnxruntime": OnnxRuntimeEncoder,
+}
+
+
+# --- the loop ------------------------------------------------------------------------------------
+
+
+class Worker:
+    def __init__(self):
+        self.systems: dict[str, object] = {}
+        self.texts: list[str] = []
+
+    def load(self, system: str, path: str, threads: int, dtype: str, settings: dict) -> dict:
+        self.systems.pop(system, None)  # free the previous model first
+        loaded = SYSTEMS[system](path, threads, dtype, settings)
+        self.systems[system] = loaded
+        return {"info": loaded.info}
+
+    def generate(self, system: str, prompts, max_tokens, outputs: bool = True) -> dict:
+        started, cpu = time.perf_counter(), time.process_time()
+        result = self.systems[system].generate(prompts, max_tokens)
+        seconds = time.perf_counter() - started
+        cpu_seconds = time.process_time() - cpu
+        return {
+            "seconds": seconds,
+            "cpu_seconds": cpu_seconds,
+            "outputs": result if outputs else None,
+        }
+
+    def encode(self, system: str, texts=None, outputs: bool = True) -> dict:
+        if texts is not None:
+            self.texts = texts
+        started, cpu = time.perf_counter(), time.process_time()
+        embeddings = self.systems[system].encode(self.texts)
+        seconds = time.perf_counter() - started
+        answer: dict = {"seconds": seconds, "cpu_seconds": time.process_time() - cpu}
+        if outputs:
+            answer["shape"] = list(embeddings.shape)
+            answer["embeddings"] = base64.b64encode(
+                embeddings.astype(np.float32).tobytes()
+            ).decode()
+        return answer
+
+
+def main() -> None:
+    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # library output goes to stderr
+    sys.stdout = sys.stderr
+    worker = Worker()
+    for line in sys.stdin:
+        request = json.loads(line)
+        op = request.pop("op")
+        if op == "quit":
+            break
+        try:
+            answer = {"ok": True, **getattr(worker, op)(**request)}
+        except Exception as exc:  # the benchmark reports it; the worker stays up
+            traceback.print_exc()
+            answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        answers.write(json.dumps(answer) + "\n")
+        answers.flush()
+
+
+if __name__ == "__main__":
+    main()

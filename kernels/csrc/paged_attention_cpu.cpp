@@ -1,0 +1,436 @@
+// Paged attention on CPU that reads the KV cache in place: the C++ twin of
+// kernels/paged_attention.py (the contract is its module docstring). Built by kernels/cpu_extension.py
+// (`make setup`), loaded with torch.ops.load_library; registers torch.ops.llm_cpu.paged_attention.
+//
+// One work item = one query tile (up to block_q consecutive new tokens) of one sequence x one kv
+// head. Its rows are the tile's tokens x the G query heads sharing that kv head (token-major), so
+// each key and value row is loaded once per GQA group. The item walks the keys visible to the tile
+// kChunk at a time, finding each row through the block table, straight from the cache (any
+// block_size): scores for every row (register tiles of rows x keys), an online softmax in float32
+// (rescaling the accumulator once per chunk), then p @ V into a float32 accumulator; the result is
+// written in q's dtype. Items run under at::parallel_for (so torch.set_num_threads holds; built
+// with -fopenmp), longest first, handed out dynamically (their costs differ with the context).
+
+// at::vec picks its implementation from these macros (libtorch defines them per build of each
+// kernel); derive them from the ISA this file is compiled for (-march, chosen by cpu_extension.py).
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+#define CPU_CAPABILITY_AVX512
+#elif defined(__AVX2__) && defined(__FMA__)
+#define CPU_CAPABILITY_AVX2
+#endif
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kLanes = Vec::size();
+// Rows of a tile: enough to amortise each key/value load, few enough that the float32 working set
+// (rows x head_dim accumulator + queries) stays in L1.
+constexpr int64_t kTileRows = 16;
+constexpr int64_t kRowGroup = 4;  // rows whose accumulators live in registers at once
+
+inline Vec load_float(const float* p) { return Vec::loadu(p); }
+inline Vec load_float(const c10::BFloat16* p) {
+  Vec out;
+  at::vec::load_to_float(p, out);
+  return out;
+}
+inline Vec load_float(const c10::Half* p) {
+  Vec out;
+  at::vec::load_to_float(p, out);
+  return out;
+}
+
+inline float hsum(const Vec& x) {
+  return at::vec::vec_reduce_all<float>([](const Vec& a, const Vec& b) { return a + b; }, x);
+}
+
+inline void prefetch(const void* row, int64_t bytes) {
+  const char* p = static_cast<const char*>(row);
+  for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(p + offset);
+}
+
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+// out[i] = sum of the 8 lanes of a[i]: a transposing add tree, ~1.5 instructions per sum instead of
+// ~5 for one reduction at a time.
+inline void reduce8_256(const __m256* a, float* out) {
+  const __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
+  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20),
+                                      _mm256_permute2f128_ps(h0123, h4567, 0x31)));
+}
+#endif
+
+// out[i] = sum of the lanes of acc[i], i < 8.
+inline void reduce8(const Vec* acc, float* out) {
+#if defined(CPU_CAPABILITY_AVX512)
+  __m256 halves[8];
+  for (int i = 0; i < 8; ++i) {
+    const __m512 x = acc[i];
+    halves[i] = _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1));
+  }
+  reduce8_256(halves, out);
+#elif defined(CPU_CAPABILITY_AVX2)
+  __m256 lanes[8];
+  for (int i = 0; i < 8; ++i) lanes[i] = acc[i];
+  reduce8_256(lanes, out);
+#else
+  for (int i = 0; i < 8; ++i) out[i] = hsum(acc[i]);
+#endif
+}
+
+struct Item {
+  int32_t seq;
+  int32_t tile;
+  int32_t kv_head;
+  int64_t cost;
+};
+
+// Keys per softmax step: the accumulator is rescaled once per chunk. Chunks ignore block
+// boundaries (each key row is found through its own pointer), so small blocks cost nothing extra.
+constexpr int64_t kChunk = 32;
+
+template <typename scalar_t>
+struct PagedAttention {
+  const scalar_t* q;
+  int64_t q_stride_t, q_stride_h;
+  const scalar_t* k;
+  int64_t k_stride_block, k_stride_token, k_stride_head;
+  const scalar_t* v;
+  int64_t v_stride_block, v_stride_token, v_stride_head;
+  scalar_t* out;
+  int64_t out_stride_t, out_stride_h;
+  const int32_t* query_start_loc;
+  const int32_t* seq_lens;
+  const int32_t* tables;
+  int64_t table_stride;
+  int64_t groups, head_dim, block_size, block_q, window;
+  float scale;
+
+  // Scratch of one thread, sized for the largest tile.
+  struct Scratch {
+    std::vector<float> q, acc, scores, max, sum;
+    const scalar_t* keys[2][kChunk];  // this chunk's and the next one's key / value rows
+    const scalar_t* values[2][kChunk];
+    explicit Scratch(const PagedAttention& a) {
+      const int64_t rows = a.block_q * a.groups;
+      q.resize(rows * a.head_dim);
+      acc.resize(rows * a.head_dim);
+      scores.resize(rows * kChunk);
+      max.resize(rows);
+      sum.resize(rows);
+    }
+  };
+
+  // scores[r * kChunk + j] = q_r . key_j for NR rows of qf (float, row stride head_dim) and NK keys:
+  // NR x NK vector accumulators, so each key load serves NR rows and each query load NK keys.
+  template <int NR, int NK>
+  inline void qk_tile(const float* qf, const scalar_t* const* keys, float* scores) const {
+    Vec acc[NR * NK];
+    for (int i = 0; i < NR * NK; ++i) acc[i] = Vec(0.f);
+    int64_t d = 0;
+    for (; d + kLanes <= head_dim; d += kLanes) {
+      Vec kv[NK];
+      for (int j = 0; j < NK; ++j) kv[j] = load_float(keys[j] + d);
+      for (int r = 0; r < NR; ++r) {
+        const Vec qv = Vec::loadu(qf + r * head_dim + d);
+        for (int j = 0; j < NK; ++j) acc[r * NK + j] = at::vec::fmadd(qv, kv[j], acc[r * NK + j]);
+      }
+    }
+    float sums[NR * NK];
+    if constexpr (NR * NK == 8) {
+      reduce8(acc, sums);
+    } else {
+      for (int i = 0; i < NR * NK; ++i) sums[i] = hsum(acc[i]);
+    }
+    for (int r = 0; r < NR; ++r) {
+      for (int j = 0; j < NK; ++j) {
+        float s = sums[r * NK + j];
+        for (int64_t e = d; e < head_dim; ++e) s += qf[r * head_dim + e] * static_cast<float>(keys[j][e]);
+        scores[r * kChunk + j] = s;
+      }
+    }
+  }
+
+  // Rows [r, r + NR) against n keys: NK at a time, then one by one. Meanwhile the rows in
+  // `prefetch_rows` (next_n pairs of key and value rows, the next chunk's) are fetched.
+  template <int NR, int NK>
+  inline void qk_rows(const float* qf, const scalar_t* const* keys, int64_t n, float* scores,
+                      const scalar_t* const* const* prefetch_rows, int64_t next_n) const {
+    const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(scalar_t));
+    int64_t j = 0;
+    for (; j + NK <= n; j += NK) {
+      // Spread over the tiles: a burst of prefetches would stall on the memory system at once.
+      for (int64_t i = j; i < std::min(j + NK, next_n); ++i) {
+        prefetch(prefetch_rows[0][i], row_bytes);
+        prefetch(prefetch_rows[1][i], row_bytes);
+      }
+      qk_tile<NR, NK>(qf, keys + j, scores + j);
+    }
+    for (; j < n; ++j) qk_tile<NR, 1>(qf, keys + j, scores + j);
+  }
+
+  // acc[r] += sum_j p[r][j] * value_j over n values, for NR rows and NC vectors of dims from d0.
+  template <int NR, int NC>
+  inline void pv_tile(const float* p, const scalar_t* const* values, int64_t n, float* acc, int64_t d0) const {
+    Vec sums[NR * NC];
+    for (int r = 0; r < NR; ++r)
+      for (int c = 0; c < NC; ++c) sums[r * NC + c] = Vec::loadu(acc + r * head_dim + d0 + c * kLanes);
+    for (int64_t j = 0; j < n; ++j) {
+      Vec vv[NC];
+      for (int c = 0; c < NC; ++c) vv[c] = load_float(values[j] + d0 + c * kLanes);
+      for (int r = 0; r < NR; ++r) {
+        const Vec pr(p[r * kChunk + j]);
+        for (int c = 0; c < NC; ++c) sums[r * NC + c] = at::vec::fmadd(pr, vv[c], sums[r * NC + c]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int c = 0; c < NC; ++c) sums[r * NC + c].store(acc + r * head_dim + d0 + c * kLanes);
+  }
+
+  // Rows [r, r + NR) over all dims: NC vectors at a time, then one, then scalar.
+  template <int NR, int NC>
+  inline void pv_rows(const float* p, const scalar_t* const* values, int64_t n, float* acc) const {
+    int64_t d = 0;
+    for (; d + NC * kLanes <= head_dim; d += NC * kLanes) pv_tile<NR, NC>(p, values, n, acc, d);
+    for (; d + kLanes <= head_dim; d += kLanes) pv_tile<NR, 1>(p, values, n, acc, d);
+    for (; d < head_dim; ++d) {
+      for (int r = 0; r < NR; ++r) {
+        float a = acc[r * head_dim + d];
+        for (int64_t j = 0; j < n; ++j) a += p[r * kChunk + j] * static_cast<float>(values[j][d]);
+        acc[r * head_dim + d] = a;
+      }
+    }
+  }
+
+  // Key / value rows of keys [c0, c0 + n) of the sequence whose block table row is `table`.
+  inline void locate(const int32_t* table, int64_t kv_head, int64_t c0, int64_t n, const scalar_t** keys,
+                     const scalar_t** values) const {
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t pos = c0 + j, block = table[pos / block_size], offset = pos % block_size;
+      keys[j] = k + block * k_stride_block + offset * k_stride_token + kv_head * k_stride_head;
+      values[j] = v + block * v_stride_block + offset * v_stride_token + kv_head * v_stride_head;
+    }
+  }
+
+  void run(const Item& item, Scratch& s) const {
+    const int64_t seq = item.seq, kv_head = item.kv_head;
+    const int64_t q_start = query_start_loc[seq];
+    const int64_t q_len = query_start_loc[seq + 1] - q_start;
+    const int64_t first_pos = seq_lens[seq] - q_len;  // position of the first new token
+    const int64_t t0 = item.tile * block_q;
+    const int64_t tokens = std::min(block_q, q_len - t0);
+    const int64_t rows = tokens * groups;
+    const int64_t D = head_dim;
+
+    // Keys visible to any row of the tile.
+    const int64_t kv_end = first_pos + t0 + tokens;
+    const int64_t kv_begin = window > 0 ? std::max<int64_t>(first_pos + t0 - window + 1, 0) : 0;
+    const int32_t* table = tables + seq * table_stride;
+    locate(table, kv_head, kv_begin, std::min(kChunk, kv_end - kv_begin), s.keys[0], s.values[0]);
+
+    // Queries as float32, pre-scaled; row r = token r / G, head kv_head * G + r % G.
+    for (int64_t r = 0; r < rows; ++r) {
+      const scalar_t* src = q + (q_start + t0 + r / groups) * q_stride_t + (kv_head * groups + r % groups) * q_stride_h;
+      for (int64_t d = 0; d < D; ++d) s.q[r * D + d] = static_cast<float>(src[d]) * scale;
+    }
+    std::fill_n(s.acc.begin(), rows * D, 0.f);
+    std::fill_n(s.max.begin(), rows, -std::numeric_limits<float>::infinity());
+    std::fill_n(s.sum.begin(), rows, 0.f);
+    float* scores = s.scores.data();
+
+    for (int64_t c0 = kv_begin, chunk = 0; c0 < kv_end; c0 += kChunk, chunk ^= 1) {
+      const int64_t n = std::min(kChunk, kv_end - c0);
+      const scalar_t* const* keys = s.keys[chunk];
+      const scalar_t* const* values = s.values[chunk];
+      // A context's blocks lie anywhere in the pool, so the hardware prefetcher restarts at each
+      // one and loads stall on memory: fetch the next chunk's rows while this one computes.
+      // (The first row group's QK loop issues the prefetches.)
+      int64_t next_n = std::max<int64_t>(0, std::min(kChunk, kv_end - c0 - n));
+      if (next_n > 0) locate(table, kv_head, c0 + n, next_n, s.keys[chunk ^ 1], s.values[chunk ^ 1]);
+      const scalar_t* const* next_rows[2] = {s.keys[chunk ^ 1], s.values[chunk ^ 1]};
+
+      // scores[r * kChunk + j]: row r against key c0 + j; 8 accumulators per tile.
+      int64_t r = 0;
+      for (; r + 4 <= rows; r += 4, next_n = 0) qk_rows<4, 2>(&s.q[r * D], keys, n, scores + r * kChunk, next_rows, next_n);
+      for (; r + 2 <= rows; r += 2, next_n = 0) qk_rows<2, 4>(&s.q[r * D], keys, n, scores + r * kChunk, next_rows, next_n);
+      for (; r < rows; ++r, next_n = 0) qk_rows<1, 8>(&s.q[r * D], keys, n, scores + r * kChunk, next_rows, next_n);
+
+      // Online softmax, per row over the keys it sees in this chunk: a contiguous range [lo, hi)
+      // (causal and window bounds), so masked keys never enter exp and get p = 0.
+      for (r = 0; r < rows; ++r) {
+        float* p = scores + r * kChunk;
+        const int64_t pos = first_pos + t0 + r / groups;
+        const int64_t lo = (window > 0 ? std::max(c0, pos - window + 1) : c0) - c0;
+        const int64_t hi = std::min(c0 + n, pos + 1) - c0;
+        if (lo >= hi) {
+          std::fill_n(p, n, 0.f);
+          continue;
+        }
+        float chunk_max = p[lo];
+        for (int64_t j = lo + 1; j < hi; ++j) chunk_max = std::max(chunk_max, p[j]);
+        const float m_new = std::max(s.max[r], chunk_max);
+        const float alpha = std::exp(s.max[r] - m_new);  // 0 on the row's first keys (max = -inf)
+        const Vec m_vec(m_new);
+        Vec total(0.f);
+        int64_t j = lo;
+        for (; j + kLanes <= hi; j += kLanes) {
+          const Vec e = (Vec::loadu(p + j) - m_vec).exp_u20();
+          e.store(p + j);
+          total = total + e;
+        }
+        float sum = hsum(total);
+        for (; j < hi; ++j) sum += (p[j] = std::exp(p[j] - m_new));
+        std::fill(p, p + lo, 0.f);
+        std::fill(p + hi, p + n, 0.f);
+        s.sum[r] = s.sum[r] * alpha + sum;
+        s.max[r] = m_new;
+        if (alpha != 1.f) {
+          float* acc = &s.acc[r * D];
+          for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
+        }
+      }
+
+      // acc += p @ V; 8 accumulators per tile.
+      for (r = 0; r + 4 <= rows; r += 4) pv_rows<4, 2>(scores + r * kChunk, values, n, &s.acc[r * D]);
+      for (; r + 2 <= rows; r += 2) pv_rows<2, 4>(scores + r * kChunk, values, n, &s.acc[r * D]);
+      for (; r < rows; ++r) pv_rows<1, 8>(scores + r * kChunk, values, n, &s.acc[r * D]);
+    }
+
+    for (int64_t r = 0; r < rows; ++r) {
+      scalar_t* dst = out + (q_start + t0 + r / groups) * out_stride_t + (kv_head * groups + r % groups) * out_stride_h;
+      // Every row sees at least its own key, so sum > 0; the guard only keeps a bad input finite.
+      const float inv = s.sum[r] > 0.f ? 1.f / s.sum[r] : 0.f;
+      for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(s.acc[r * D + d] * inv);
+    }
+  }
+};
+
+// Checks the inputs against the contract, builds the work items (tiles of the sequences `seqs`)
+// and runs them.
+template <typename scalar_t>
+void run_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                         const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+                         const at::Tensor& block_tables, double scale, int64_t sliding_window,
+                         const at::Tensor& seqs, at::Tensor& out) {
+  const int64_t num_seqs = seq_lens.size(0);
+  const int64_t num_heads = q.size(1), head_dim = q.size(2);
+  const int64_t num_blocks = k_cache.size(0), block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
+  const int64_t groups = num_heads / num_kv_heads;
+  const int64_t block_q = std::max<int64_t>(1, kTileRows / groups);
+  const int32_t* starts = query_start_loc.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int64_t table_width = block_tables.size(1);
+
+  std::vector<Item> items;
+  const int32_t* selected = seqs.data_ptr<int32_t>();
+  for (int64_t i = 0; i < seqs.size(0); ++i) {
+    const int64_t b = selected[i];
+    TORCH_CHECK(b >= 0 && b < num_seqs, "seqs[", i, "] = ", b, " out of range");
+    const int64_t q_len = starts[b + 1] - starts[b];
+    const int64_t context = lens[b];
+    TORCH_CHECK(q_len >= 0 && starts[b] >= 0 && starts[b + 1] <= q.size(0),
+                "query_start_loc is not a valid row split of q");
+    if (q_len == 0) continue;
+    TORCH_CHECK(context >= q_len, "seq_lens[", b, "] = ", context, " < its ", q_len, " new tokens");
+    const int64_t first = sliding_window > 0 ? std::max<int64_t>(context - q_len - sliding_window + 1, 0) : 0;
+    const int64_t last = (context + block_size - 1) / block_size;  // blocks [first / bs, last) are read
+    TORCH_CHECK(last <= table_width, "block_tables too narrow for seq_lens[", b, "] = ", context);
+    for (int64_t j = first / block_size; j < last; ++j) {
+      const int32_t id = tables[b * table_width + j];
+      TORCH_CHECK(id >= 0 && id < num_blocks, "block_tables[", b, ", ", j, "] = ", id, " out of range");
+    }
+    for (int64_t tile = 0; tile * block_q < q_len; ++tile) {
+      const int64_t tokens = std::min(block_q, q_len - tile * block_q);
+      const int64_t keys = context - q_len + tile * block_q + tokens;  // before the window
+      const int64_t visible = sliding_window > 0 ? std::min(keys, sliding_window + tokens) : keys;
+      for (int64_t h = 0; h < num_kv_heads; ++h)
+        items.push_back({static_cast<int32_t>(b), static_cast<int32_t>(tile), static_cast<int32_t>(h),
+                         tokens * visible});
+    }
+  }
+  // Longest first, then handed out one by one: a thread that drew short items takes more.
+  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
+
+  const PagedAttention<scalar_t> attention{
+      q.data_ptr<scalar_t>(), q.stride(0), q.stride(1),
+      k_cache.data_ptr<scalar_t>(), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+      v_cache.data_ptr<scalar_t>(), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+      out.data_ptr<scalar_t>(), out.stride(0), out.stride(1),
+      starts, lens, tables, table_width,
+      groups, head_dim, block_size, block_q, sliding_window, static_cast<float>(scale)};
+
+  std::atomic<int64_t> next{0};
+  const int64_t num_items = static_cast<int64_t>(items.size());
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), num_items);
+  at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
+    typename PagedAttention<scalar_t>::Scratch scratch(attention);
+    for (int64_t worker = begin; worker < end; ++worker) {
+      for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1)) attention.run(items[i], scratch);
+    }
+  });
+}
+
+void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+                     const at::Tensor& block_tables, double scale, int64_t sliding_window,
+                     const at::Tensor& seqs, at::Tensor out) {
+  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu() &&
+                  out.device().is_cpu() && query_start_loc.device().is_cpu() &&
+                  seq_lens.device().is_cpu() && block_tables.device().is_cpu() && seqs.device().is_cpu(),
+              "llm_cpu::paged_attention: CPU tensors only");
+  TORCH_CHECK(q.dim() == 3 && out.sizes() == q.sizes(), "q and out must be [T, Hq, D] alike");
+  TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "k/v cache must be [blocks, block_size, Hkv, D] alike");
+  TORCH_CHECK(k_cache.size(3) == q.size(2) && q.size(1) % k_cache.size(2) == 0, "head_dim or GQA group mismatch");
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type() &&
+                  out.scalar_type() == q.scalar_type(),
+              "q, caches and out must share a dtype");
+  TORCH_CHECK(q.stride(2) == 1 && out.stride(2) == 1 && k_cache.stride(3) == 1 && v_cache.stride(3) == 1,
+              "head_dim must have unit stride");
+  TORCH_CHECK(query_start_loc.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt &&
+                  block_tables.scalar_type() == at::kInt && seqs.scalar_type() == at::kInt,
+              "metadata must be int32");
+  TORCH_CHECK(query_start_loc.is_contiguous() && seq_lens.is_contiguous() && block_tables.is_contiguous() &&
+                  seqs.is_contiguous() && seqs.dim() == 1 && block_tables.dim() == 2 &&
+                  query_start_loc.size(0) == seq_lens.size(0) + 1 && block_tables.size(0) == seq_lens.size(0),
+              "metadata must be contiguous [B+1], [B], [B, max_blocks]");
+  switch (q.scalar_type()) {
+    case at::kFloat:
+      return run_paged_attention<float>(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
+                                        sliding_window, seqs, out);
+    case at::kBFloat16:
+      return run_paged_attention<c10::BFloat16>(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables,
+                                                scale, sliding_window, seqs, out);
+    case at::kHalf:
+      return run_paged_attention<c10::Half>(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
+                                            sliding_window, seqs, out);
+    default:
+      TORCH_CHECK(false, "llm_cpu::paged_attention: unsupported dtype ", q.scalar_type());
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(llm_cpu, m) {
+  // sliding_window <= 0: none. Only the sequences listed in `seqs` (int32 indices) are attended;
+  // the other rows of `out` are left untouched (the caller runs them through SDPA).
+  m.def(
+      "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor query_start_loc, Tensor seq_lens, "
+      "Tensor block_tables, float scale, int sliding_window, Tensor seqs, Tensor(a!) out) -> ()");
+  m.impl("paged_attention", c10::DispatchKey::CPU, TORCH_FN(paged_attention));
+}
