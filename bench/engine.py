@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -81,10 +82,14 @@ class EngineRunner:
 
     def run(self, workload: Workload) -> tuple[list[list[int]], float]:
         """Greedy outputs and the seconds of `generate` (the engine's construction not counted)."""
+        outputs, seconds = timed(self.prepare(workload))()
+        return [out.outputs[0].token_ids for out in outputs], seconds
+
+    def prepare(self, workload: Workload) -> Callable[[], list]:
+        """A fresh engine's `generate` of the workload, constructed and ready to call."""
         engine = self._new_engine()
         params = [greedy(n) for n in workload.output_lens]
-        outputs, seconds = timed(lambda: engine.generate(workload.prompts, params))()
-        return [out.outputs[0].token_ids for out in outputs], seconds
+        return lambda: engine.generate(workload.prompts, params)
 
     def _new_engine(self):
         engine = new_engine(self.model_dir, self.device, self.dtype, **self.settings)

@@ -19,7 +19,10 @@ system runs the workload once untimed and its greedy tokens are compared with th
 an exact tie of our top two logits, checked with transformers: the one place two exact float32
 implementations may choose differently; bfloat16: agreement reported); then all
 run interleaved `--repeats` times. A summary figure (engine speed / peer speed, medians) is the
-worst thread count. In --quick mode the peers are skipped (the report says why) unless --peers.
+worst thread count. In float32, where OpenVINO GenAI was timed, the report then says where the
+time goes side by side (bench.peers.time_split: the engine's run split by kind under
+torch.profiler, OpenVINO's MatMul rate against ours on the model's shapes). In --quick mode the
+peers are skipped (the report says why) unless --peers.
 
     python -m bench.engine_peers [--quick] [--peers] [--thread-counts 1,2] [--dtype auto]
                                  [--repeats 1] [--out bench/results/engine_peers.json]
@@ -28,6 +31,7 @@ worst thread count. In --quick mode the peers are skipped (the report says why) 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -36,9 +40,9 @@ from pathlib import Path
 
 from bench import cli
 from bench.engine import EngineRunner
-from bench.llm import Workload, agreement, greedy, make_workload, workload_record
+from bench.llm import Workload, agreement, make_workload, workload_record
 from bench.output import machine_info, progress
-from bench.peers import plan
+from bench.peers import plan, time_split
 from bench.peers.client import PeerError, PeerWorker
 from bench.timing import spread, time_interleaved
 from tooling.checkpoints import FULL, QUICK, build_random_llama
@@ -73,10 +77,9 @@ class MeteredEngine(EngineRunner):
     cpu_seconds = 0.0
 
     def run(self, workload: Workload) -> tuple[list[list[int]], float]:
-        engine = self._new_engine()
-        params = [greedy(n) for n in workload.output_lens]
+        generate = self.prepare(workload)
         cpu, started = time.process_time(), time.perf_counter()
-        outputs = engine.generate(workload.prompts, params)
+        outputs = generate()
         seconds = time.perf_counter() - started
         self.cpu_seconds = time.process_time() - cpu
         return [out.outputs[0].token_ids for out in outputs], seconds
@@ -146,6 +149,7 @@ def measure(args, model_dir, workload: Workload, sizes, threads, dtype, worker, 
         systems[name] = plan.cpu_metered(_peer(worker, name, workload), cpu[name], worker)
     seconds, _ = time_interleaved(systems, args.repeats)
     tokens = workload.num_output_tokens
+    split = where_time_goes(engine, workload, sizes, worker, seconds, dtype)
     return {
         "threads": threads,
         "dtype": dtype,
@@ -159,7 +163,24 @@ def measure(args, model_dir, workload: Workload, sizes, threads, dtype, worker, 
         "agreement_with_engine": agreements,
         "excluded": excluded,
         "peer_settings": settings,
+        **({"time_split_vs_openvino_genai": split} if split else {}),
     }
+
+
+def where_time_goes(engine, workload: Workload, sizes, worker, seconds, dtype: str) -> dict | None:
+    """The engine's time by kind next to OpenVINO GenAI's (float32, when it was timed)."""
+    if dtype != "float32" or "openvino_genai" not in seconds:
+        return None
+    progress("where the time goes: a profiled engine run, then GEMM rates side by side")
+    ours = statistics.median(seconds["engine"])
+    split = time_split.engine_split(engine.prepare(workload), ours)
+    try:
+        rates = time_split.gemm_rates(worker, time_split.weight_shapes(sizes))
+    except PeerError as exc:
+        return {"failed": f"OpenVINO MatMul: {exc}", "engine_seconds": split}
+    peer_seconds = statistics.median(seconds["openvino_genai"])
+    mix = time_split.token_mix(sum(map(len, workload.prompts)), workload.num_output_tokens)
+    return {**time_split.side_by_side(split, rates, mix, peer_seconds), "gemm_rates": rates}
 
 
 def parting_points(model_dir: Path, workload: Workload, ours, theirs) -> list[dict]:
@@ -215,7 +236,12 @@ def report(result: dict) -> list[str]:
     lines += plan.system_rows(
         result, "output_tokens_per_second", "agreement_with_engine", _agreement
     )
-    return [*lines, "", *plan.summary_lines(result)]
+    lines.append("")
+    for run in result["runs"]:
+        split = run.get("time_split_vs_openvino_genai")
+        if split and "failed" not in split:
+            lines += time_split.report_lines(split, run["threads"])
+    return [*lines, *plan.summary_lines(result)]
 
 
 def _agreement(score: dict) -> str:

@@ -8,6 +8,7 @@ stderr first, so nothing a library prints can corrupt the answers. Requests:
     {"op": "load", "system": S, "path": P, "threads": N, "dtype": "float32" | "bfloat16", ...}
     {"op": "generate", "system": S, "prompts": [[ids]], "max_tokens": [n], "outputs": bool}
     {"op": "encode", "system": S, "texts": [...] (optional: the previous ones), "outputs": bool}
+    {"op": "matmul", "threads": N, "in_features": K, "out_features": N, "rows": M, "seconds": T}
     {"op": "quit"}
 
 Answers: {"ok": true, ...} or {"ok": false, "error": "..."}. Token ids in and out, never text, so
@@ -246,6 +247,11 @@ class Worker:
             "outputs": result if outputs else None,
         }
 
+    def matmul(
+        self, threads: int, in_features: int, out_features: int, rows: int, seconds: float
+    ) -> dict:
+        return {"gflops": _matmul_rate(threads, in_features, out_features, rows, seconds)}
+
     def encode(self, system: str, texts=None, outputs: bool = True) -> dict:
         if texts is not None:
             self.texts = texts
@@ -259,6 +265,29 @@ class Worker:
                 embeddings.astype(np.float32).tobytes()
             ).decode()
         return answer
+
+
+def _matmul_rate(threads: int, in_features: int, out_features: int, rows: int, seconds: float):
+    """GFLOP/s of OpenVINO's MatMul [rows, K] x [N, K]^T (float32, `threads`), timed for ~seconds."""
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    rng = np.random.default_rng(0)
+    x = ops.parameter([rows, in_features], np.float32)
+    weight = (rng.standard_normal((out_features, in_features)) * 0.05).astype(np.float32)
+    model = ov.Model([ops.matmul(x, ops.constant(weight), False, True)], [x])
+    properties = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"}
+    request = ov.Core().compile_model(model, "CPU", properties).create_infer_request()
+    data = rng.standard_normal((rows, in_features)).astype(np.float32)
+    for _ in range(3):
+        request.infer([data])
+    calls, started = 0, time.perf_counter()
+    while True:
+        request.infer([data])
+        calls += 1
+        elapsed = time.perf_counter() - started
+        if elapsed >= seconds and calls >= 5:
+            return 2 * rows * in_features * out_features * calls / elapsed / 1e9
 
 
 def main() -> None:
