@@ -111,8 +111,8 @@ TARGETS = (
         "MatMul runs the model's shapes at 1.0-1.1x our packed oneDNN linears, so its GEMMs "
         "take about the time ours do (1 thread: ~17 s vs 18.5 s). The gap is everything "
         "else: ours 13.7 s (paged attention 5.1 s, small eager ops for RMSNorm, rotary, SiLU, "
-        "residual adds and copies 3.2 s (~27k muls, ~12k adds, ~9k copies in one run), Python scheduling, input preparation and "
-        "sampling 5.5 s incl. the profiler's ~1.7 s) against ~6.4 s for all of OpenVINO's "
+        "residual adds and copies 3.2 s (~27k muls, ~12k adds, ~9k copies in one run), Python around the ops (op dispatch, "
+        "scheduling, input preparation, sampling) 5.5 s incl. the profiler's own ~1.7 s) against ~6.4 s for all of OpenVINO's "
         "non-GEMM work in one compiled graph. At 2 threads the gap shrinks (0.92x).",
     ),
     Target(

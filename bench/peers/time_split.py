@@ -177,7 +177,7 @@ def report_lines(result: dict, threads: int) -> list[str]:
         f"{result['gemm_speed_openvino_vs_ours']:.2f}x ours) |",
         f"| attention | {ours['attention']:.1f} s | |",
         f"| other ops (norms, rotary, SiLU, copies, sampling) | {ours['other_ops']:.1f} s | |",
-        f"| outside ops (Python, scheduling) | {ours['outside_ops']:.1f} s | |",
+        f"| outside ops (Python around them: dispatch, scheduling) | {ours['outside_ops']:.1f} s | |",
         f"| everything but GEMMs | {rest:.1f} s | ~{peer['everything_else']:.1f} s |",
         f"| total | {wall:.1f} s | {peer['total']:.1f} s |",
         "",
