@@ -17,8 +17,9 @@ PROMPTS = ["karo mite lusa ven", "tor al is qu bre"]
 MAX_TOKENS = 8
 
 
-def service_from_context(model_dir, sink: MetricsSink | None = None) -> LLMService:
-    parameters = {
+def service_parameters(model_dir) -> dict[str, str]:
+    """config.pbtxt parameters of a small CPU service over `model_dir`."""
+    return {
         "model": str(model_dir),
         "dtype": "float32",
         "kernel_backend": "torch",
@@ -26,6 +27,10 @@ def service_from_context(model_dir, sink: MetricsSink | None = None) -> LLMServi
         "num_blocks": "64",
         "max_model_len": "128",
     }
+
+
+def service_from_context(model_dir, sink: MetricsSink | None = None) -> LLMService:
+    parameters = service_parameters(model_dir)
     context = ModelContext("llm", "1", model_dir, torch.device("cpu"), parameters, {})
     return LLMService.from_context(context, sink)
 

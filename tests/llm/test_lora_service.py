@@ -21,6 +21,7 @@ from backend_lib.metrics import PrometheusMetrics, parse_prometheus_text
 from backend_lib.model_context import ModelContext
 from tests.llm.engine_helpers import greedy
 from tests.llm.lora_helpers import lora_checkpoint, make_lora_engine
+from tests.llm.service_helpers import service_parameters
 from tests.metric_names import LLM_LORA_ZERO_FROM_LOAD
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -58,12 +59,7 @@ def _service(tmp_path: Path, enable_lora: bool) -> LLMService:
     listing["missing"] = "does/not/exist"
     (version / "multi_lora.json").write_text(json.dumps(listing))
     parameters = {
-        "model": str(model_dir),
-        "dtype": "float32",
-        "kernel_backend": "torch",
-        "block_size": "8",
-        "num_blocks": "64",
-        "max_model_len": "128",
+        **service_parameters(model_dir),
         "enable_lora": str(enable_lora).lower(),
         "max_loras": "2",
         "max_lora_rank": "16",
