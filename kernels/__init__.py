@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kernels.activation import silu_and_mul_torch, silu_and_mul_triton
+from kernels.activation import silu_and_mul_cpu, silu_and_mul_triton
 from kernels.kv_cache import write_kv_cache_torch, write_kv_cache_triton
 from kernels.lora import LoRASegments, add_lora_torch, add_lora_triton, lora_segments
 from kernels.paged_attention import (
@@ -18,8 +18,8 @@ from kernels.paged_attention import (
     paged_attention_triton,
     plan_paged_attention_cpu,
 )
-from kernels.rmsnorm import rms_norm_torch, rms_norm_triton
-from kernels.rotary import apply_rotary_torch, apply_rotary_triton, rope_cos_sin_cache
+from kernels.rmsnorm import rms_norm_cpu, rms_norm_triton
+from kernels.rotary import apply_rotary_cpu, apply_rotary_triton, rope_cos_sin_cache
 from kernels.token_bitmask import apply_token_bitmask_torch, apply_token_bitmask_triton
 
 __all__ = ["KernelOps", "LoRASegments", "kernel_ops", "lora_segments", "rope_cos_sin_cache"]
@@ -42,14 +42,14 @@ class KernelOps:
 
 
 _BACKENDS = {
-    # Attention: the C++ op on CPU tensors when it is built (kernels/cpu_extension.py), else the
-    # PyTorch twins (paged_attention_torch).
+    # The C++ ops (attention, RMSNorm, rotary, SiLU-and-mul) on CPU tensors when the library is
+    # built (kernels/cpu_extension.py), else (and on CUDA) the PyTorch twins.
     "torch": KernelOps(
         paged_attention=paged_attention_cpu,
         write_kv_cache=write_kv_cache_torch,
-        rms_norm=rms_norm_torch,
-        apply_rotary=apply_rotary_torch,
-        silu_and_mul=silu_and_mul_torch,
+        rms_norm=rms_norm_cpu,
+        apply_rotary=apply_rotary_cpu,
+        silu_and_mul=silu_and_mul_cpu,
         apply_token_bitmask=apply_token_bitmask_torch,
         add_lora=add_lora_torch,
         plan_attention=plan_paged_attention_cpu,

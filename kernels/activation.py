@@ -7,11 +7,31 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels import cpu_extension
+
 
 def silu_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
     """x: [..., 2*I] -> silu(x[..., :I]) * x[..., I:], computed in float32, returned in x's dtype."""
     gate, up = x.chunk(2, dim=-1)
     return (F.silu(gate.float()) * up.float()).to(x.dtype)
+
+
+def silu_and_mul_cpu(x: torch.Tensor) -> torch.Tensor:
+    """`silu_and_mul_torch`'s contract, the "torch" backend's entry: the C++ op (one pass per row,
+    kernels/csrc/elementwise_cpu.cpp) on tensors it takes, else the twin. The twin's bits when I is
+    a multiple of the vector width (8 or 16 floats)."""
+    if not cpu_extension.takes(x):
+        return silu_and_mul_torch(x)
+    x2d = _rows(x)
+    out = torch.empty((x2d.shape[0], x2d.shape[1] // 2), dtype=x.dtype)
+    torch.ops.llm_cpu.silu_and_mul(x2d, out)
+    return out.view(*x.shape[:-1], out.shape[1])
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """2-D view [rows, 2*I] with unit stride along the last dim (copies only when it must)."""
+    x2d = x.reshape(-1, x.shape[-1])
+    return x2d if x2d.stride(-1) == 1 else x2d.contiguous()
 
 
 @triton.jit
@@ -28,9 +48,7 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, inter_size, BLOCK
 def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     """Triton version of `silu_and_mul_torch` (same contract)."""
     inter_size = x.shape[-1] // 2
-    x2d = x.reshape(-1, x.shape[-1])
-    if x2d.stride(-1) != 1:
-        x2d = x2d.contiguous()
+    x2d = _rows(x)
     out = torch.empty((x2d.shape[0], inter_size), dtype=x.dtype, device=x.device)
     if out.numel() == 0:
         return out.view(*x.shape[:-1], inter_size)

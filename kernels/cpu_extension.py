@@ -31,7 +31,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = (Path(__file__).parent / "csrc" / "paged_attention_cpu.cpp",)
+SOURCES = tuple(sorted((Path(__file__).parent / "csrc").glob("*.cpp")))
+"""Every C++ source of kernels/csrc/ (the Makefile's rule depends on the same wildcard)."""
 BUILD_DIR = Path(__file__).resolve().parents[1] / ".cache" / "kernels"
 LIBRARY = "llm_cpu.so"
 MANIFEST = "llm_cpu.json"
@@ -155,6 +156,15 @@ def load_from(build_dir: Path) -> str | None:
         except (OSError, RuntimeError) as error:
             reason = f"failed to load {build_dir / LIBRARY}: {error}"
     return reason
+
+
+NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""The dtypes the library's ops compute in (float32 inside)."""
+
+
+def takes(tensor: torch.Tensor) -> bool:
+    """Whether the library's ops take `tensor`: loaded, a CPU tensor, a dtype of NATIVE_DTYPES."""
+    return tensor.device.type == "cpu" and tensor.dtype in NATIVE_DTYPES and load()
 
 
 @functools.cache

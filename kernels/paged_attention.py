@@ -298,16 +298,8 @@ def _native_takes(query_len: int, context_len: int) -> bool:
     return query_len <= NATIVE_MAX_FRESH_LEN and 4 * (context_len - query_len) <= query_len
 
 
-_NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
 def _native_usable(k_cache: torch.Tensor) -> bool:
-    return (
-        k_cache.device.type == "cpu"
-        and k_cache.dtype in _NATIVE_DTYPES
-        and k_cache.stride(-1) == 1
-        and cpu_extension.load()
-    )
+    return k_cache.stride(-1) == 1 and cpu_extension.takes(k_cache)
 
 
 def plan_paged_attention_cpu(

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import cpu_extension
+
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     """Llama 3.1 frequency rescaling: long wavelengths slowed by `factor`, short ones kept,
@@ -76,6 +78,27 @@ def apply_rotary_torch(
     Math in float32, results in q's / k's dtype."""
     cos, sin = cos_sin_cache[positions].float().unsqueeze(1).chunk(2, dim=-1)
     return _rotate_torch(q, cos, sin), _rotate_torch(k, cos, sin)
+
+
+def apply_rotary_cpu(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`apply_rotary_torch`'s contract, the "torch" backend's entry: the C++ op (q and k of a token
+    in one pass, kernels/csrc/elementwise_cpu.cpp) on tensors it takes, else the twin (same bits)."""
+    native = (
+        cpu_extension.takes(q)
+        and k.dtype == q.dtype
+        and cos_sin_cache.dtype == torch.float32
+        and q.stride(-1) == 1
+        and k.stride(-1) == 1
+    )
+    if not native:
+        return apply_rotary_torch(positions, q, k, cos_sin_cache)
+    q_out, k_out = torch.empty(q.shape, dtype=q.dtype), torch.empty(k.shape, dtype=k.dtype)
+    torch.ops.llm_cpu.rotary(
+        positions.long().contiguous(), q, k, cos_sin_cache.contiguous(), q_out, k_out
+    )
+    return q_out, k_out
 
 
 @triton.jit

@@ -2,13 +2,15 @@
 // kernels/paged_attention.py (the contract is its module docstring). Built by kernels/cpu_extension.py
 // (`make setup`), loaded with torch.ops.load_library; registers torch.ops.llm_cpu.paged_attention.
 //
-// One work item = one query tile (up to block_q consecutive new tokens) of one sequence x one kv
-// head. Its rows are the tile's tokens x the G query heads sharing that kv head (token-major), so
-// each key and value row is loaded once per GQA group. The item walks the keys visible to the tile
-// kChunk at a time, finding each row through the block table, straight from the cache (any
-// block_size): scores for every row (register tiles of rows x keys), an online softmax in float32
-// (rescaling the accumulator once per chunk), then p @ V into a float32 accumulator; the result is
-// written in q's dtype. Items run under at::parallel_for (so torch.set_num_threads holds; built
+// One work item = one query tile (up to block_q consecutive new tokens) of one sequence x a group of
+// kv heads (all of them unless the accumulators would outgrow L1, kItemAccFloats). Per kv head, its
+// rows are the tile's tokens x the G query heads sharing that kv head (token-major), so each key and
+// value row is loaded once per GQA group. The item walks the keys visible to the tile kChunk at a
+// time, finding each row through the block table, straight from the cache (any block_size), and
+// takes its kv heads in turn on each chunk, so the memory of a chunk's tokens is read in order:
+// scores for every row (register tiles of rows x keys), an online softmax in float32 (rescaling the
+// accumulator once per chunk), then p @ V into a float32 accumulator; the result is written in q's
+// dtype. Items run under at::parallel_for (so torch.set_num_threads holds; built
 // with -fopenmp), longest first, handed out dynamically (their costs differ with the context).
 
 // at::vec picks its implementation from these macros (libtorch defines them per build of each
@@ -96,9 +98,16 @@ inline void reduce8(const Vec* acc, float* out) {
 struct Item {
   int32_t seq;
   int32_t tile;
-  int32_t kv_head;
+  int32_t kv_head;  // the first of the item's kv heads
+  int32_t kv_heads;
   int64_t cost;
 };
+
+// Float32 accumulator elements per item (rows x head_dim x kv heads): the kv heads of one token lie
+// side by side in the cache, so an item walking all of them streams each block's memory in order
+// (one kv head alone reads every other 256-byte stretch of it, ~1.5x slower at decode); capped so
+// that the accumulators stay within L1.
+constexpr int64_t kItemAccFloats = 4096;
 
 // Keys per softmax step: the accumulator is rescaled once per chunk. Chunks ignore block
 // boundaries (each key row is found through its own pointer), so small blocks cost nothing extra.
@@ -118,21 +127,25 @@ struct PagedAttention {
   const int32_t* seq_lens;
   const int32_t* tables;
   int64_t table_stride;
-  int64_t groups, head_dim, block_size, block_q, window;
+  int64_t groups, head_dim, block_size, block_q, window, heads_per_item;
   float scale;
 
-  // Scratch of one thread, sized for the largest tile.
+  // Scratch of one thread, sized for the largest item. Per-head arrays are head-major.
   struct Scratch {
     std::vector<float> q, acc, scores, max, sum;
-    const scalar_t* keys[2][kChunk];  // this chunk's and the next one's key / value rows
-    const scalar_t* values[2][kChunk];
+    // This chunk's and the next one's key / value rows: [kv head][kChunk] each.
+    std::vector<const scalar_t*> keys[2], values[2];
     explicit Scratch(const PagedAttention& a) {
-      const int64_t rows = a.block_q * a.groups;
+      const int64_t rows = a.block_q * a.groups * a.heads_per_item;
       q.resize(rows * a.head_dim);
       acc.resize(rows * a.head_dim);
-      scores.resize(rows * kChunk);
+      scores.resize(a.block_q * a.groups * kChunk);
       max.resize(rows);
       sum.resize(rows);
+      for (int c = 0; c < 2; ++c) {
+        keys[c].resize(a.heads_per_item * kChunk);
+        values[c].resize(a.heads_per_item * kChunk);
+      }
     }
   };
 
@@ -217,106 +230,138 @@ struct PagedAttention {
     }
   }
 
-  // Key / value rows of keys [c0, c0 + n) of the sequence whose block table row is `table`.
-  inline void locate(const int32_t* table, int64_t kv_head, int64_t c0, int64_t n, const scalar_t** keys,
-                     const scalar_t** values) const {
+  // Key / value rows of keys [c0, c0 + n) of kv heads [kv_head, kv_head + heads) of the sequence
+  // whose block table row is `table`: keys[h * kChunk + j] for head kv_head + h.
+  inline void locate(const int32_t* table, int64_t kv_head, int64_t heads, int64_t c0, int64_t n,
+                     const scalar_t** keys, const scalar_t** values) const {
     for (int64_t j = 0; j < n; ++j) {
       const int64_t pos = c0 + j, block = table[pos / block_size], offset = pos % block_size;
-      keys[j] = k + block * k_stride_block + offset * k_stride_token + kv_head * k_stride_head;
-      values[j] = v + block * v_stride_block + offset * v_stride_token + kv_head * v_stride_head;
+      const scalar_t* key = k + block * k_stride_block + offset * k_stride_token + kv_head * k_stride_head;
+      const scalar_t* value = v + block * v_stride_block + offset * v_stride_token + kv_head * v_stride_head;
+      for (int64_t h = 0; h < heads; ++h) {
+        keys[h * kChunk + j] = key + h * k_stride_head;
+        values[h * kChunk + j] = value + h * v_stride_head;
+      }
     }
   }
 
   void run(const Item& item, Scratch& s) const {
-    const int64_t seq = item.seq, kv_head = item.kv_head;
+    const int64_t seq = item.seq, kv_head0 = item.kv_head, heads = item.kv_heads;
     const int64_t q_start = query_start_loc[seq];
     const int64_t q_len = query_start_loc[seq + 1] - q_start;
     const int64_t first_pos = seq_lens[seq] - q_len;  // position of the first new token
     const int64_t t0 = item.tile * block_q;
     const int64_t tokens = std::min(block_q, q_len - t0);
-    const int64_t rows = tokens * groups;
+    const int64_t rows = tokens * groups;  // per kv head
     const int64_t D = head_dim;
 
     // Keys visible to any row of the tile.
     const int64_t kv_end = first_pos + t0 + tokens;
     const int64_t kv_begin = window > 0 ? std::max<int64_t>(first_pos + t0 - window + 1, 0) : 0;
     const int32_t* table = tables + seq * table_stride;
-    locate(table, kv_head, kv_begin, std::min(kChunk, kv_end - kv_begin), s.keys[0], s.values[0]);
+    locate(table, kv_head0, heads, kv_begin, std::min(kChunk, kv_end - kv_begin), s.keys[0].data(),
+           s.values[0].data());
 
-    // Queries as float32, pre-scaled; row r = token r / G, head kv_head * G + r % G.
-    for (int64_t r = 0; r < rows; ++r) {
-      const scalar_t* src = q + (q_start + t0 + r / groups) * q_stride_t + (kv_head * groups + r % groups) * q_stride_h;
-      for (int64_t d = 0; d < D; ++d) s.q[r * D + d] = static_cast<float>(src[d]) * scale;
+    // Queries as float32, pre-scaled; row h * rows + r = token r / G, head (kv_head0 + h) * G + r % G.
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const scalar_t* src = q + (q_start + t0 + r / groups) * q_stride_t +
+                              ((kv_head0 + h) * groups + r % groups) * q_stride_h;
+        float* dst = &s.q[(h * rows + r) * D];
+        for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<float>(src[d]) * scale;
+      }
     }
-    std::fill_n(s.acc.begin(), rows * D, 0.f);
-    std::fill_n(s.max.begin(), rows, -std::numeric_limits<float>::infinity());
-    std::fill_n(s.sum.begin(), rows, 0.f);
-    float* scores = s.scores.data();
+    std::fill_n(s.acc.begin(), heads * rows * D, 0.f);
+    std::fill_n(s.max.begin(), heads * rows, -std::numeric_limits<float>::infinity());
+    std::fill_n(s.sum.begin(), heads * rows, 0.f);
 
     for (int64_t c0 = kv_begin, chunk = 0; c0 < kv_end; c0 += kChunk, chunk ^= 1) {
       const int64_t n = std::min(kChunk, kv_end - c0);
-      const scalar_t* const* keys = s.keys[chunk];
-      const scalar_t* const* values = s.values[chunk];
       // A context's blocks lie anywhere in the pool, so the hardware prefetcher restarts at each
       // one and loads stall on memory: fetch the next chunk's rows while this one computes.
-      // (The first row group's QK loop issues the prefetches.)
-      int64_t next_n = std::max<int64_t>(0, std::min(kChunk, kv_end - c0 - n));
-      if (next_n > 0) locate(table, kv_head, c0 + n, next_n, s.keys[chunk ^ 1], s.values[chunk ^ 1]);
-      const scalar_t* const* next_rows[2] = {s.keys[chunk ^ 1], s.values[chunk ^ 1]};
-
-      // scores[r * kChunk + j]: row r against key c0 + j; 8 accumulators per tile.
-      int64_t r = 0;
-      for (; r + 4 <= rows; r += 4, next_n = 0) qk_rows<4, 2>(&s.q[r * D], keys, n, scores + r * kChunk, next_rows, next_n);
-      for (; r + 2 <= rows; r += 2, next_n = 0) qk_rows<2, 4>(&s.q[r * D], keys, n, scores + r * kChunk, next_rows, next_n);
-      for (; r < rows; ++r, next_n = 0) qk_rows<1, 8>(&s.q[r * D], keys, n, scores + r * kChunk, next_rows, next_n);
-
-      // Online softmax, per row over the keys it sees in this chunk: a contiguous range [lo, hi)
-      // (causal and window bounds), so masked keys never enter exp and get p = 0.
-      for (r = 0; r < rows; ++r) {
-        float* p = scores + r * kChunk;
-        const int64_t pos = first_pos + t0 + r / groups;
-        const int64_t lo = (window > 0 ? std::max(c0, pos - window + 1) : c0) - c0;
-        const int64_t hi = std::min(c0 + n, pos + 1) - c0;
-        if (lo >= hi) {
-          std::fill_n(p, n, 0.f);
-          continue;
-        }
-        float chunk_max = p[lo];
-        for (int64_t j = lo + 1; j < hi; ++j) chunk_max = std::max(chunk_max, p[j]);
-        const float m_new = std::max(s.max[r], chunk_max);
-        const float alpha = std::exp(s.max[r] - m_new);  // 0 on the row's first keys (max = -inf)
-        const Vec m_vec(m_new);
-        Vec total(0.f);
-        int64_t j = lo;
-        for (; j + kLanes <= hi; j += kLanes) {
-          const Vec e = (Vec::loadu(p + j) - m_vec).exp_u20();
-          e.store(p + j);
-          total = total + e;
-        }
-        float sum = hsum(total);
-        for (; j < hi; ++j) sum += (p[j] = std::exp(p[j] - m_new));
-        std::fill(p, p + lo, 0.f);
-        std::fill(p + hi, p + n, 0.f);
-        s.sum[r] = s.sum[r] * alpha + sum;
-        s.max[r] = m_new;
-        if (alpha != 1.f) {
-          float* acc = &s.acc[r * D];
-          for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
-        }
+      // (The first row group's QK loop of each head issues that head's prefetches.)
+      const int64_t next_n = std::max<int64_t>(0, std::min(kChunk, kv_end - c0 - n));
+      if (next_n > 0)
+        locate(table, kv_head0, heads, c0 + n, next_n, s.keys[chunk ^ 1].data(), s.values[chunk ^ 1].data());
+      for (int64_t h = 0; h < heads; ++h) {
+        const scalar_t* const* next_rows[2] = {&s.keys[chunk ^ 1][h * kChunk], &s.values[chunk ^ 1][h * kChunk]};
+        attend_chunk(&s.keys[chunk][h * kChunk], &s.values[chunk][h * kChunk], n, c0, next_rows, next_n,
+                     first_pos + t0, rows, &s.q[h * rows * D], &s.acc[h * rows * D], &s.max[h * rows],
+                     &s.sum[h * rows], s.scores.data());
       }
-
-      // acc += p @ V; 8 accumulators per tile.
-      for (r = 0; r + 4 <= rows; r += 4) pv_rows<4, 2>(scores + r * kChunk, values, n, &s.acc[r * D]);
-      for (; r + 2 <= rows; r += 2) pv_rows<2, 4>(scores + r * kChunk, values, n, &s.acc[r * D]);
-      for (; r < rows; ++r) pv_rows<1, 8>(scores + r * kChunk, values, n, &s.acc[r * D]);
     }
 
-    for (int64_t r = 0; r < rows; ++r) {
-      scalar_t* dst = out + (q_start + t0 + r / groups) * out_stride_t + (kv_head * groups + r % groups) * out_stride_h;
-      // Every row sees at least its own key, so sum > 0; the guard only keeps a bad input finite.
-      const float inv = s.sum[r] > 0.f ? 1.f / s.sum[r] : 0.f;
-      for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(s.acc[r * D + d] * inv);
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t r = 0; r < rows; ++r) {
+        scalar_t* dst = out + (q_start + t0 + r / groups) * out_stride_t +
+                        ((kv_head0 + h) * groups + r % groups) * out_stride_h;
+        // Every row sees at least its own key, so sum > 0; the guard only keeps a bad input finite.
+        const float sum = s.sum[h * rows + r], inv = sum > 0.f ? 1.f / sum : 0.f;
+        const float* acc = &s.acc[(h * rows + r) * D];
+        for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(acc[d] * inv);
+      }
     }
+  }
+
+  // One kv head's rows (row r: the token at position row_pos0 + r / G) against keys [c0, c0 + n):
+  // scores, the online-softmax update of max / sum / acc, then acc += p @ V.
+  void attend_chunk(const scalar_t* const* keys, const scalar_t* const* values, int64_t n, int64_t c0,
+                    const scalar_t* const* const* next_rows, int64_t next_n, int64_t row_pos0, int64_t rows,
+                    const float* qf, float* acc, float* row_max, float* row_sum, float* scores) const {
+    const int64_t D = head_dim;
+    // scores[r * kChunk + j]: row r against key c0 + j; 8 accumulators per tile.
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4, next_n = 0) qk_rows<4, 2>(qf + r * D, keys, n, scores + r * kChunk, next_rows, next_n);
+    for (; r + 2 <= rows; r += 2, next_n = 0) qk_rows<2, 4>(qf + r * D, keys, n, scores + r * kChunk, next_rows, next_n);
+    for (; r < rows; ++r, next_n = 0) qk_rows<1, 8>(qf + r * D, keys, n, scores + r * kChunk, next_rows, next_n);
+
+    // Online softmax, per row over the keys it sees in this chunk: a contiguous range [lo, hi)
+    // (causal and window bounds), so masked keys never enter exp and get p = 0.
+    for (r = 0; r < rows; ++r) {
+      float* p = scores + r * kChunk;
+      const int64_t pos = row_pos0 + r / groups;
+      const int64_t lo = (window > 0 ? std::max(c0, pos - window + 1) : c0) - c0;
+      const int64_t hi = std::min(c0 + n, pos + 1) - c0;
+      if (lo >= hi) {
+        std::fill_n(p, n, 0.f);
+        continue;
+      }
+      float chunk_max = p[lo];
+      {  // vector max: a scalar max chain costs its latency per key
+        int64_t j = lo;
+        if (hi - lo >= kLanes) {
+          Vec m = Vec::loadu(p + lo);
+          for (j = lo + kLanes; j + kLanes <= hi; j += kLanes) m = at::vec::maximum(m, Vec::loadu(p + j));
+          chunk_max = at::vec::vec_reduce_all<float>([](const Vec& a, const Vec& b) { return at::vec::maximum(a, b); }, m);
+        }
+        for (; j < hi; ++j) chunk_max = std::max(chunk_max, p[j]);
+      }
+      const float m_new = std::max(row_max[r], chunk_max);
+      const float alpha = std::exp(row_max[r] - m_new);  // 0 on the row's first keys (max = -inf)
+      const Vec m_vec(m_new);
+      Vec total(0.f);
+      int64_t j = lo;
+      for (; j + kLanes <= hi; j += kLanes) {
+        const Vec e = (Vec::loadu(p + j) - m_vec).exp_u20();
+        e.store(p + j);
+        total = total + e;
+      }
+      float sum = hsum(total);
+      for (; j < hi; ++j) sum += (p[j] = std::exp(p[j] - m_new));
+      std::fill(p, p + lo, 0.f);
+      std::fill(p + hi, p + n, 0.f);
+      row_sum[r] = row_sum[r] * alpha + sum;
+      row_max[r] = m_new;
+      if (alpha != 1.f) {
+        float* a = acc + r * D;
+        for (int64_t d = 0; d < D; ++d) a[d] *= alpha;
+      }
+    }
+
+    // acc += p @ V; 8 accumulators per tile.
+    for (r = 0; r + 4 <= rows; r += 4) pv_rows<4, 2>(scores + r * kChunk, values, n, acc + r * D);
+    for (; r + 2 <= rows; r += 2) pv_rows<2, 4>(scores + r * kChunk, values, n, acc + r * D);
+    for (; r < rows; ++r) pv_rows<1, 8>(scores + r * kChunk, values, n, acc + r * D);
   }
 };
 
@@ -332,6 +377,8 @@ void run_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const a
   const int64_t num_blocks = k_cache.size(0), block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
   const int64_t groups = num_heads / num_kv_heads;
   const int64_t block_q = std::max<int64_t>(1, kTileRows / groups);
+  const int64_t heads_per_item =
+      std::clamp<int64_t>(kItemAccFloats / (block_q * groups * head_dim), 1, num_kv_heads);
   const int32_t* starts = query_start_loc.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
@@ -359,9 +406,11 @@ void run_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const a
       const int64_t tokens = std::min(block_q, q_len - tile * block_q);
       const int64_t keys = context - q_len + tile * block_q + tokens;  // before the window
       const int64_t visible = sliding_window > 0 ? std::min(keys, sliding_window + tokens) : keys;
-      for (int64_t h = 0; h < num_kv_heads; ++h)
+      for (int64_t h = 0; h < num_kv_heads; h += heads_per_item) {
+        const int64_t heads = std::min(heads_per_item, num_kv_heads - h);
         items.push_back({static_cast<int32_t>(b), static_cast<int32_t>(tile), static_cast<int32_t>(h),
-                         tokens * visible});
+                         static_cast<int32_t>(heads), tokens * visible * heads});
+      }
     }
   }
   // Longest first, then handed out one by one: a thread that drew short items takes more.
@@ -373,7 +422,7 @@ void run_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const a
       v_cache.data_ptr<scalar_t>(), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
       out.data_ptr<scalar_t>(), out.stride(0), out.stride(1),
       starts, lens, tables, table_width,
-      groups, head_dim, block_size, block_q, sliding_window, static_cast<float>(scale)};
+      groups, head_dim, block_size, block_q, sliding_window, heads_per_item, static_cast<float>(scale)};
 
   std::atomic<int64_t> next{0};
   const int64_t num_items = static_cast<int64_t>(items.size());

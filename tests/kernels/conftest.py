@@ -149,3 +149,17 @@ def run_poisoned() -> Callable:
             return fn(*args, **kwargs)
 
     return run
+
+
+@pytest.fixture(scope="package")
+def cpu_kernels():
+    """torch.ops.llm_cpu, the C++ CPU kernels. Where a C++ compiler exists `make setup` must have
+    built them, so failing to load them fails (never skips) a test; without a compiler it skips."""
+    from kernels import cpu_extension
+
+    if not cpu_extension.load():
+        reason = cpu_extension.check_build() or "it failed to load (see the log)"
+        if cpu_extension._compiler() is None:
+            pytest.skip(f"no C++ compiler on this machine: {reason}")
+        pytest.fail(f"C++ CPU kernels not usable although a compiler exists: {reason}")
+    return torch.ops.llm_cpu

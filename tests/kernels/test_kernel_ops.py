@@ -10,14 +10,19 @@ from kernels.paged_attention import (
     paged_attention_triton,
     plan_paged_attention_cpu,
 )
-from kernels.rmsnorm import rms_norm_torch, rms_norm_triton
+from kernels.activation import silu_and_mul_cpu
+from kernels.rmsnorm import rms_norm_cpu, rms_norm_triton
+from kernels.rotary import apply_rotary_cpu
 
 
 def test_kernel_ops_returns_the_backends_functions():
-    # The C++ op where built, else paged_attention_torch (tests/kernels/test_paged_attention_cpu.py).
+    # The C++ ops where built, else the PyTorch twins (tests/kernels/test_paged_attention_cpu.py,
+    # test_elementwise_cpu.py).
     assert kernel_ops("torch").paged_attention is paged_attention_cpu
     assert kernel_ops("torch").plan_attention is plan_paged_attention_cpu
-    assert kernel_ops("torch").rms_norm is rms_norm_torch
+    assert kernel_ops("torch").rms_norm is rms_norm_cpu
+    assert kernel_ops("torch").apply_rotary is apply_rotary_cpu
+    assert kernel_ops("torch").silu_and_mul is silu_and_mul_cpu
     assert kernel_ops("triton").paged_attention is paged_attention_triton
     assert kernel_ops("triton").rms_norm is rms_norm_triton
 

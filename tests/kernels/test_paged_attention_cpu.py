@@ -50,19 +50,17 @@ OP_CASES = {
     "window-wider-than-context": Case((3, 1), (10, 12), 4, 2, 32, 8, sliding_window=50),
     "window-1": Case((4, 1), (9, 33), 4, 2, 32, 8, sliding_window=1),
     "long-contexts": Case((1, 1, 40), (700, 333, 400), 8, 2, 64, 16),
+    # 8 kv heads of head_dim 128: more than one item's accumulators hold, so items take kv heads
+    # in groups (kItemAccFloats).
+    "mha-8-kv-heads-in-groups-d128": Case((1, 5, 1, 20), (40, 5, 70, 30), 8, 8, 128, 16),
 }
 
 
 @pytest.fixture(scope="module")
-def op():
-    """torch.ops.llm_cpu.paged_attention. Where a C++ compiler exists `make setup` must have built
-    it, so failing to load it fails (never skips) these tests; without a compiler they skip."""
-    if not cpu_extension.load():
-        reason = cpu_extension.check_build() or "it failed to load (see the log)"
-        if cpu_extension._compiler() is None:
-            pytest.skip(f"no C++ compiler on this machine: {reason}")
-        pytest.fail(f"C++ CPU kernels not usable although a compiler exists: {reason}")
-    return torch.ops.llm_cpu.paged_attention
+def op(cpu_kernels):
+    """torch.ops.llm_cpu.paged_attention (conftest's cpu_kernels: fails when unbuilt though a
+    compiler exists)."""
+    return cpu_kernels.paged_attention
 
 
 def _all_seqs(inputs: Inputs) -> torch.Tensor:
