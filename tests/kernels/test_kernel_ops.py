@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from kernels import kernel_ops
+from kernels.activation import silu_and_mul_cpu
 from kernels.paged_attention import (
     paged_attention_cpu,
     paged_attention_triton,
     plan_paged_attention_cpu,
 )
-from kernels.activation import silu_and_mul_cpu
 from kernels.rmsnorm import rms_norm_cpu, rms_norm_triton
 from kernels.rotary import apply_rotary_cpu
 
