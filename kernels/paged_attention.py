@@ -20,7 +20,8 @@ metadata: the engine builds it once per step and every layer reuses it.
 
 C++ path (CPU production, `paged_attention_cpu`: the "torch" backend on CPU when
 kernels/csrc/paged_attention_cpu.cpp is built, see kernels/cpu_extension.py): work items like the
-Triton kernel's below, one query tile (up to 16 rows: tokens x the G heads of one kv head) per item,
+Triton kernel's below, one query tile (up to 16 rows per kv head: tokens x the G heads sharing it)
+per item, taking the tile's kv heads together chunk by chunk so each block's memory is read in order,
 reading each key and value row straight from the cache through the block table (no gathered copy),
 with an online softmax and accumulation in float32, in q's dtype out (float32, bfloat16, float16);
 items spread over torch's intra-op threads. The plan routes each sequence: decodes and short chunks

@@ -13,7 +13,7 @@ from backend_lib.checkpoint import resolve_model_path
 from backend_lib.config import require
 from backend_lib.device import resolve_dtype
 from backend_lib.encoder.batching import MicroBatch, run_micro_batches
-from backend_lib.encoder.config import EncoderSettings
+from backend_lib.encoder.config import EncoderSettings, auto_max_batch_tokens
 from backend_lib.encoder.packed_bert import EncoderArchitecture, PackedBertEncoder
 from backend_lib.encoder.packed_tokens import pack
 from backend_lib.encoder.pooling import pool
@@ -47,14 +47,24 @@ def settle_max_length(
     else:
         default = checkpoint_value or min(tokenizer.model_max_length, arch.max_position_embeddings)
         length = min(default, arch.max_tokens)
-    require(
-        length <= settings.max_batch_tokens,
-        "max_batch_tokens",
-        settings.max_batch_tokens,
-        f"must hold one item of max_seq_length={length} tokens",
-    )
     tokenizer.max_length = length
     return length
+
+
+def settle_batch_tokens(
+    settings: EncoderSettings, max_seq_length: int, device: torch.device
+) -> int:
+    """Set and return the micro-batch budget: the configured `max_batch_tokens`, which must hold
+    one item of `max_seq_length` tokens, or the device's auto value (`auto_max_batch_tokens`)."""
+    if settings.max_batch_tokens == 0:
+        settings.max_batch_tokens = auto_max_batch_tokens(torch.device(device).type, max_seq_length)
+    require(
+        max_seq_length <= settings.max_batch_tokens,
+        "max_batch_tokens",
+        settings.max_batch_tokens,
+        f"must hold one item of max_seq_length={max_seq_length} tokens",
+    )
+    return settings.max_batch_tokens
 
 
 def load_encoder(
@@ -102,7 +112,8 @@ class Embedder:
         model_dir, arch, _, encoder = load_encoder(config, device, base_dir)
         layout = read_embedding_layout(model_dir, config.model)
         tokenizer = TextTokenizer(model_dir, config.max_text_bytes, layout.do_lower_case)
-        settle_max_length(config, tokenizer, arch, layout.max_seq_length)
+        length = settle_max_length(config, tokenizer, arch, layout.max_seq_length)
+        settle_batch_tokens(config, length, device)
         normalize = getattr(config, "normalize", None)
         return cls(
             encoder,

@@ -17,7 +17,12 @@ from backend_lib.checkpoint import resolve_model_path
 from backend_lib.config import ConfigError
 from backend_lib.encoder.batching import MicroBatch, run_micro_batches
 from backend_lib.encoder.config import RerankConfig
-from backend_lib.encoder.embedder import Embedder, load_encoder, settle_max_length
+from backend_lib.encoder.embedder import (
+    Embedder,
+    load_encoder,
+    settle_batch_tokens,
+    settle_max_length,
+)
 from backend_lib.encoder.packed_bert import ClassifierHead, EncoderArchitecture, PackedBertEncoder
 from backend_lib.encoder.packed_tokens import pack
 from backend_lib.encoder.st_config import read_cross_encoder_activation, read_max_seq_length
@@ -71,7 +76,10 @@ class CrossEncoderReranker:
                 f"a reranker needs one label, the checkpoint has {arch.num_labels}",
             )
         tokenizer = TextTokenizer(model_dir, config.max_text_bytes)
-        settle_max_length(config, tokenizer, arch, read_max_seq_length(model_dir, config.model))
+        length = settle_max_length(
+            config, tokenizer, arch, read_max_seq_length(model_dir, config.model)
+        )
+        settle_batch_tokens(config, length, device)
         activation = read_cross_encoder_activation(model_dir, config.model, arch.num_labels)
         activation = _choose_activation(activation, config.apply_sigmoid)
         return cls(encoder, ClassifierHead(weights, arch), tokenizer, activation, config)

@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from backend_lib.config import ConfigError, from_parameters
-from backend_lib.encoder.config import EmbeddingConfig, RerankConfig
+from backend_lib.encoder.config import EmbeddingConfig, RerankConfig, auto_max_batch_tokens
 from backend_lib.encoder.embedder import Embedder
+from backend_lib.encoder.reranker import load_reranker
 from backend_lib.encoder.st_config import read_cross_encoder_activation
 from backend_lib.linear import Linear
 
@@ -49,7 +50,7 @@ def test_parameters_fill_the_dataclasses():
 @pytest.mark.parametrize(
     "cls,params,key",
     [
-        (EmbeddingConfig, {"max_batch_tokens": "0"}, "max_batch_tokens"),
+        (EmbeddingConfig, {"max_batch_tokens": "-1"}, "max_batch_tokens"),
         (EmbeddingConfig, {"max_batch_size": "-1"}, "max_batch_size"),
         (EmbeddingConfig, {"max_seq_length": "-5"}, "max_seq_length"),
         (EmbeddingConfig, {"max_seq_length": "512", "max_batch_tokens": "256"}, "max_seq_length"),
@@ -77,6 +78,21 @@ def test_limits_checked_against_the_checkpoint(enc):
         Embedder.from_config(EmbeddingConfig(max_seq_length=32), CPU, Path(".")).max_seq_length
         == 32
     )
+
+
+def test_auto_batch_tokens_by_device_and_item_length(enc):
+    # 0 (the default) settles at load: CPU 4096, GPUs 16384, never under one item's length.
+    assert EmbeddingConfig().max_batch_tokens == 0
+    config = EmbeddingConfig()
+    assert Embedder.from_config(config, CPU, Path(".")).max_batch_tokens == 4096
+    assert config.max_batch_tokens == 4096
+    assert auto_max_batch_tokens("cuda", 512) == 16384
+    assert auto_max_batch_tokens("cpu", 8192) == 8192
+    rerank = RerankConfig()
+    assert load_reranker(rerank, CPU, Path(".")) is not None
+    assert rerank.max_batch_tokens == 4096
+    explicit = EmbeddingConfig(max_batch_tokens=300)
+    assert Embedder.from_config(explicit, CPU, Path(".")).max_batch_tokens == 300
 
 
 def test_unsupported_sentence_transformers_module_is_refused(tiny_bert_dir, tmp_path, enc):
