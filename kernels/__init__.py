@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kernels.activation import silu_and_mul_cpu, silu_and_mul_triton
-from kernels.kv_cache import write_kv_cache_torch, write_kv_cache_triton
+from kernels.kv_cache import write_kv_cache_cpu, write_kv_cache_triton
 from kernels.lora import LoRASegments, add_lora_torch, add_lora_triton, lora_segments
 from kernels.paged_attention import (
     paged_attention_cpu,
@@ -42,11 +42,11 @@ class KernelOps:
 
 
 _BACKENDS = {
-    # The C++ ops (attention, RMSNorm, rotary, SiLU-and-mul) on CPU tensors when the library is
+    # The C++ ops (attention, KV writes, RMSNorm, rotary, SiLU-and-mul) on CPU tensors when the library is
     # built (kernels/cpu_extension.py), else (and on CUDA) the PyTorch twins.
     "torch": KernelOps(
         paged_attention=paged_attention_cpu,
-        write_kv_cache=write_kv_cache_torch,
+        write_kv_cache=write_kv_cache_cpu,
         rms_norm=rms_norm_cpu,
         apply_rotary=apply_rotary_cpu,
         silu_and_mul=silu_and_mul_cpu,

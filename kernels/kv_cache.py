@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import cpu_extension
+
 
 def write_kv_cache_torch(
     key: torch.Tensor,
@@ -25,6 +27,29 @@ def write_kv_cache_torch(
     # view (not reshape): a copy would silently drop the writes.
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+
+
+def write_kv_cache_cpu(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """`write_kv_cache_torch`'s contract, the "torch" backend's entry: the C++ op (one call, -1
+    skipped without a host check, kernels/csrc/kv_cache_cpu.cpp) when it takes the tensors (same
+    dtype throughout, contiguous caches, unit-stride head_dim), else the twin."""
+    native = (
+        cpu_extension.takes(k_cache)
+        and key.dtype == value.dtype == v_cache.dtype == k_cache.dtype
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+        and key.stride(-1) == 1
+        and value.stride(-1) == 1
+    )
+    if not native:
+        return write_kv_cache_torch(key, value, k_cache, v_cache, slot_mapping)
+    torch.ops.llm_cpu.write_kv_cache(key, value, k_cache, v_cache, slot_mapping.long().contiguous())
 
 
 @triton.jit

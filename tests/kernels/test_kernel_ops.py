@@ -6,6 +6,7 @@ import pytest
 
 from kernels import kernel_ops
 from kernels.activation import silu_and_mul_cpu
+from kernels.kv_cache import write_kv_cache_cpu
 from kernels.paged_attention import (
     paged_attention_cpu,
     paged_attention_triton,
@@ -23,6 +24,7 @@ def test_kernel_ops_returns_the_backends_functions():
     assert kernel_ops("torch").rms_norm is rms_norm_cpu
     assert kernel_ops("torch").apply_rotary is apply_rotary_cpu
     assert kernel_ops("torch").silu_and_mul is silu_and_mul_cpu
+    assert kernel_ops("torch").write_kv_cache is write_kv_cache_cpu
     assert kernel_ops("triton").paged_attention is paged_attention_triton
     assert kernel_ops("triton").rms_norm is rms_norm_triton
 
