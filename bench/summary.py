@@ -109,14 +109,14 @@ TARGETS = (
         "and 2 threads)",
         "Not the GEMMs: side by side (engine_peers' 'where the time goes' tables) OpenVINO's "
         "MatMul runs the model's shapes at 0.9-1.1x our packed oneDNN linears, so its GEMMs "
-        "take about the time ours do (1 thread: ~18.6 s vs 19.7 s). The gap is everything "
-        "else: ours 10.5 s (paged attention 5.2 s, the other ops 1.6 s now that RMSNorm with "
-        "the residual add, rotary and SiLU-and-mul are one C++ pass each (3.2 s as eager ops), "
-        "Python around the ops (op dispatch, scheduling, input preparation, sampling) 3.6 s "
-        "incl. the profiler's own ~1 s) against ~5.4 s for all of OpenVINO's non-GEMM work in "
-        "one compiled graph. The decode attention reads each step's whole KV cache (~26 MB per "
-        "layer at 64 sequences of ~400 tokens, float32) at ~10 GB/s, near this core's memory "
-        "bandwidth; at 2 threads the Python part does not shrink (3.8 s of 17.4 s).",
+        "take about the time ours do (1 thread: ~20.7 s vs 21.9 s). The gap is everything "
+        "else: ours 11.6 s (paged attention 5.9 s, the other ops 1.7 s now that RMSNorm with "
+        "the residual add, rotary, SiLU-and-mul and the KV writes are one C++ call each (3.2 s "
+        "as eager ops), Python around the ops (op dispatch, scheduling, input preparation, "
+        "sampling) 4.0 s incl. the profiler's own ~1 s) against ~6.3 s for all of OpenVINO's "
+        "non-GEMM work in one compiled graph. The decode attention reads each step's whole KV "
+        "cache (~26 MB per layer at 64 sequences of ~400 tokens, float32) at ~10 GB/s, near "
+        "this core's ~14-17 GB/s; at 2 threads the Python part does not shrink (3.8 s of 21.4 s).",
     ),
     Target(
         "engine_bf16_vs_openvino_genai_bf16",
