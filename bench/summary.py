@@ -42,12 +42,10 @@ TARGETS = (
         "engine_int8_vs_float32",
         1.3,
         "engine output tokens/s with int8 weights (quantization: int8) vs float32, same workload",
-        "On CPU the int8 layers run fbgemm's W8A8-dynamic GEMM: in a torch-profiled engine run "
-        "(8 requests of the full workload, 1 thread) the projections took 1.46 s against 2.57 s "
-        "in float32 (1.76x), plus ~0.2 s of per-token activation scaling (abs, amax, div, mul). "
-        "The rest is unchanged: paged attention ~12%, the KV gather's fill_ ~9%, index_select "
-        "~5% of the int8 run, which caps the engine at ~1.3x; measured 1.21x (16 requests of "
-        "the full workload, 1 thread, median of 3 interleaved runs, 1.06-1.63x apart).",
+        "On CPU the int8 layers run fbgemm's W8A8-dynamic GEMM (AVX-512 VNNI on the Zen 4 "
+        "machine: 1.92x the float32 engine; on the AVX2-only machine of an earlier session, "
+        "1.21x, where the attention and the activation scaling (abs, amax, div, mul per token) "
+        "stayed as they were and capped it near 1.3x).",
     ),
     Target(
         "prefix_cache_ttft_reduction",
@@ -108,20 +106,25 @@ TARGETS = (
         "engine output tokens/s vs OpenVINO GenAI continuous batching, float32, CPU (worst of 1 "
         "and 2 threads)",
         "Not the GEMMs: side by side (engine_peers' 'where the time goes' tables) OpenVINO's "
-        "MatMul runs the model's shapes at 0.9-1.1x our packed oneDNN linears, so its GEMMs "
-        "take about the time ours do (1 thread: ~20.7 s vs 21.9 s). The gap is everything "
-        "else: ours 11.6 s (paged attention 5.9 s, the other ops 1.7 s now that RMSNorm with "
-        "the residual add, rotary, SiLU-and-mul and the KV writes are one C++ call each (3.2 s "
-        "as eager ops), Python around the ops (op dispatch, scheduling, input preparation, "
-        "sampling) 4.0 s incl. the profiler's own ~1 s) against ~6.3 s for all of OpenVINO's "
-        "non-GEMM work in one compiled graph. The decode attention reads each step's whole KV "
-        "cache (~26 MB per layer at 64 sequences of ~400 tokens, float32) at ~10 GB/s, near "
-        "this core's ~14-17 GB/s; at 2 threads the Python part does not shrink (3.8 s of 21.4 s).",
+        "MatMul runs the model's shapes at 0.87-0.94x our packed oneDNN linears (1 thread: its "
+        "~12.4 s against our 11.7 s). The rest, on the AVX-512 (Zen 4) machine: ours 4.6 s at "
+        "1 thread (paged attention 2.4 s, other ops 0.7 s, Python around the ops 1.5 s incl. "
+        "the profiler's own share) against ~4.6 s for all of OpenVINO's non-GEMM work in one "
+        "compiled graph, so 1.04x at 1 thread; at 2 threads the ops halve but the Python does "
+        "not (1.3 s of 9.3 s against OpenVINO's ~2.2 s of non-GEMM work): 0.99x. The decode "
+        "attention now runs at ~18 GB/s of KV cache (64 sequences x 400 keys, in place), "
+        "compute-bound (the same from L2), down from ~10 GB/s.",
     ),
     Target(
         "engine_bf16_vs_openvino_genai_bf16",
         1.0,
         "the same in bfloat16 (run only where the CPU has native bf16)",
+        "1.01x at 1 thread, 0.96x at 2 (one repeat each; on the same machine before this "
+        "session's attention work 0.93x / 0.88x). As in float32 the gap at 2 threads is the "
+        "Python around the ops, which does not shrink with threads; bf16 GEMMs halve the "
+        "GEMM time, so that fixed part weighs twice as much. The attention op converts bf16 "
+        "keys and values to float32 and computes in float32 (AVX512-BF16's dot product, "
+        "vdpbf16ps, is not used yet).",
     ),
     Target(
         "engine_vs_ctranslate2",
