@@ -54,9 +54,7 @@ class Benchmark:
 # 2-core machine two OpenMP threads stall whenever anything else takes a core, which made repeated
 # runs differ several-fold; one thread gives steady ratios, and both sides of each ratio get it.
 BENCHMARKS = (
-    # float32 on every CPU: `engine_int8_vs_float32` compares the int8 engine with this one, and the
-    # transformers ratios stay comparable across machines (auto would pick bfloat16 on AVX512-BF16).
-    Benchmark("engine", "LLM engine vs transformers", ("--repeats", "1", "--dtype", "float32")),
+    Benchmark("engine", "LLM engine vs transformers", ("--repeats", "1")),
     Benchmark("engine_peers", "LLM engine vs OpenVINO GenAI and CTranslate2 (CPU)"),
     Benchmark("batching_spread", "Continuous vs static batching"),
     Benchmark("prefix_cache", "Prefix caching"),

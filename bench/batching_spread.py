@@ -303,7 +303,7 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(dtype="auto", threads=1, repeats=1)
+    parser.set_defaults(dtype=cli.DEFAULT_DTYPE, threads=1, repeats=1)
 
 
 def main(argv: list[str] | None = None) -> dict:

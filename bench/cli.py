@@ -43,6 +43,13 @@ class ByMode:
         return f"{self.cpu} (quick {self.quick}{cuda})"
 
 
+DEFAULT_DTYPE = ByMode(quick="float32", cpu="float32", cuda="bfloat16")
+"""The --dtype default of the benchmarks that compare with a float32 reference (transformers,
+sentence-transformers) and check outputs equal first: float32 on every CPU, also where `auto`
+would pick bfloat16 (AVX512-BF16/AMX), so a figure means the same on every machine; bfloat16 on
+CUDA. `--dtype auto` or `bfloat16` asks for the other."""
+
+
 def add_cli_args(parser: argparse.ArgumentParser, name: str) -> None:
     """The flags every benchmark takes. dtype, threads and repeats have no default here."""
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for tests")

@@ -364,7 +364,7 @@ def _concurrency_plot(result: dict, out_dir: Path) -> Path:
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(dtype="auto", threads=1, repeats=1)
+    parser.set_defaults(dtype=cli.DEFAULT_DTYPE, threads=1, repeats=1)
 
 
 def main(argv: list[str] | None = None) -> dict:

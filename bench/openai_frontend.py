@@ -549,7 +549,7 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(dtype="auto", threads=0, repeats=cli.ByMode(quick=2, cpu=3))
+    parser.set_defaults(dtype=cli.DEFAULT_DTYPE, threads=0, repeats=cli.ByMode(quick=2, cpu=3))
 
 
 def main(argv: list[str] | None = None) -> dict:

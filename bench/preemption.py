@@ -251,7 +251,7 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(dtype="auto", threads=1, repeats=2)
+    parser.set_defaults(dtype=cli.DEFAULT_DTYPE, threads=1, repeats=2)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -163,7 +163,7 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(
-        dtype="auto",
+        dtype=cli.DEFAULT_DTYPE,
         threads=0,
         repeats=cli.ByMode(quick=1, cpu=3),
         texts=cli.ByMode(quick=24, cpu=96, cuda=4096),

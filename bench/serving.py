@@ -458,7 +458,7 @@ def _latency_plot(result: dict, out_dir: Path) -> Path:
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(dtype="auto", threads=0, repeats=3)
+    parser.set_defaults(dtype=cli.DEFAULT_DTYPE, threads=0, repeats=3)
     parser.add_argument(
         "--model", default=None, help="serve this checkpoint directory instead of a random one"
     )

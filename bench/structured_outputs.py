@@ -370,7 +370,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--profile", type=Path, help="write a pyinstrument profile here")
     parser.set_defaults(
-        dtype="auto",
+        dtype=cli.DEFAULT_DTYPE,
         threads=1,
         repeats=cli.ByMode(quick=1, cpu=5),
         requests=cli.ByMode(quick=8, cpu=64, cuda=256),

@@ -220,7 +220,8 @@ def test_cross_encoder_scores_match_sentence_transformers(tmp_path: Path, make_s
     BertForSequenceClassification(tiny_bert_config(num_labels=1)).save_pretrained(checkpoint)
     copy_minilm_tokenizer(checkpoint)
     repo = tmp_path / "repo"
-    write_model(ModelSpec("rerank", "rerank", {"model": str(checkpoint)}), repo)
+    # float32 like the reference (dtype auto picks bfloat16 on CPUs with native bf16).
+    write_model(ModelSpec("rerank", "rerank", {"model": str(checkpoint), "dtype": "float32"}), repo)
     srv = make_server(repo)
     queries = ["how do cats sleep?", "what is paging?", "héllo wörld"]
     documents = ["Cats sleep a lot.", TEXTS[2], "Bonjour le monde"]
