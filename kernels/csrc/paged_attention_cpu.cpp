@@ -42,10 +42,9 @@ constexpr int64_t kLanes = Vec::size();
 // Rows of a tile: enough to amortise each key/value load, few enough that the float32 working set
 // (rows x head_dim accumulator + queries) stays in L1.
 constexpr int64_t kTileRows = 16;
-constexpr int64_t kRowGroup = 4;  // rows whose accumulators live in registers at once
 #if defined(CPU_CAPABILITY_AVX512)
-// Keys per QK tile and value vectors per PV tile for 4 rows: with 32 vector registers the 4 x 4
-// accumulators fit (QK then reduces them with one shuffle tree, reduce16).
+// Keys per QK tile and value vectors per PV tile for a group of 4 rows (attend_chunk): with 32
+// vector registers the 4 x 4 accumulators fit (QK then reduces them with one shuffle tree, reduce16).
 constexpr int kQkKeys = 4;
 constexpr int kPvCols = 4;
 #else
