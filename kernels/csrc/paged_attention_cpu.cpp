@@ -10,7 +10,8 @@
 // takes its kv heads in turn on each chunk, so the memory of a chunk's tokens is read in order:
 // scores for every row (register tiles of rows x keys; bfloat16 pairs through AVX512-BF16's dot
 // product where the CPU has it, qk_bf16), an online softmax in float32 (rescaling the
-// accumulator once per chunk), then p @ V into a float32 accumulator; the result is written in q's
+// accumulator once per chunk), then p @ V into a float32 accumulator (with AVX512-BF16, p rounded to
+// bfloat16 pairs, pv_bf16); the result is written in q's
 // dtype. Items run under at::parallel_for (so torch.set_num_threads holds; built
 // with -fopenmp), longest first, handed out dynamically (their costs differ with the context).
 
@@ -207,6 +208,96 @@ __attribute__((target("avx512bf16"))) void qk_bf16(const c10::BFloat16* q, int64
     r += group;
   }
 }
+
+// acc += p @ V with AVX512-BF16 for NR rows and NB blocks of 32 dims from d0, p as bfloat16 pairs
+// (pairs[r * kChunk + i]: the probabilities of keys 2i and 2i + 1, a 32-bit word). vdpbf16ps wants
+// both products of a lane from one pair, so the two keys' value rows are interleaved
+// (unpacklo/hi_epi16: lane m of `lo` holds dim 8 (m / 4) + m % 4 of both, of `hi` the 4 dims after);
+// the accumulators are permuted into that order on load and back on store (PairLayout).
+struct PairLayout {
+  int32_t lo[16], hi[16], first[16], second[16];
+};
+constexpr PairLayout make_pair_layout() {
+  PairLayout l{};
+  for (int m = 0; m < 16; ++m) {
+    l.lo[m] = 8 * (m / 4) + m % 4;  // index into dims [0, 32) = A || B
+    l.hi[m] = l.lo[m] + 4;
+  }
+  for (int t = 0; t < 32; ++t) {  // dim t from lo || hi
+    const int w = t % 8, index = w < 4 ? 4 * (t / 8) + w : 16 + 4 * (t / 8) + w - 4;
+    (t < 16 ? l.first[t] : l.second[t - 16]) = index;
+  }
+  return l;
+}
+alignas(64) constexpr PairLayout kPairLayout = make_pair_layout();
+
+template <int NR, int NB>
+__attribute__((target("avx512bf16"), always_inline)) inline void pv_tile_bf16(
+    const uint32_t* pairs, const c10::BFloat16* const* values, int64_t n, float* acc, int64_t D, int64_t d0) {
+  const __m512i lo_idx = _mm512_load_si512(kPairLayout.lo), hi_idx = _mm512_load_si512(kPairLayout.hi);
+  __m512 lo[NR * NB], hi[NR * NB];
+  for (int r = 0; r < NR; ++r) {
+    for (int b = 0; b < NB; ++b) {
+      const float* a = acc + r * D + d0 + 32 * b;
+      const __m512 first = _mm512_loadu_ps(a), second = _mm512_loadu_ps(a + 16);
+      lo[r * NB + b] = _mm512_permutex2var_ps(first, lo_idx, second);
+      hi[r * NB + b] = _mm512_permutex2var_ps(first, hi_idx, second);
+    }
+  }
+  for (int64_t j = 0; j < n; j += 2) {
+    const c10::BFloat16* v0 = values[j];
+    const c10::BFloat16* v1 = j + 1 < n ? values[j + 1] : v0;  // its p is 0
+    __m512i vlo[NB], vhi[NB];
+    for (int b = 0; b < NB; ++b) {
+      const __m512i x0 = _mm512_loadu_si512(v0 + d0 + 32 * b), x1 = _mm512_loadu_si512(v1 + d0 + 32 * b);
+      vlo[b] = _mm512_unpacklo_epi16(x0, x1);
+      vhi[b] = _mm512_unpackhi_epi16(x0, x1);
+    }
+    for (int r = 0; r < NR; ++r) {
+      const __m512bh pr = (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[r * kChunk + j / 2]));
+      for (int b = 0; b < NB; ++b) {
+        lo[r * NB + b] = _mm512_dpbf16_ps(lo[r * NB + b], pr, (__m512bh)vlo[b]);
+        hi[r * NB + b] = _mm512_dpbf16_ps(hi[r * NB + b], pr, (__m512bh)vhi[b]);
+      }
+    }
+  }
+  const __m512i first_idx = _mm512_load_si512(kPairLayout.first);
+  const __m512i second_idx = _mm512_load_si512(kPairLayout.second);
+  for (int r = 0; r < NR; ++r) {
+    for (int b = 0; b < NB; ++b) {
+      float* a = acc + r * D + d0 + 32 * b;
+      _mm512_storeu_ps(a, _mm512_permutex2var_ps(lo[r * NB + b], first_idx, hi[r * NB + b]));
+      _mm512_storeu_ps(a + 16, _mm512_permutex2var_ps(lo[r * NB + b], second_idx, hi[r * NB + b]));
+    }
+  }
+}
+
+template <int NR>
+__attribute__((target("avx512bf16"), always_inline)) inline void pv_rows_bf16(
+    const uint32_t* pairs, const c10::BFloat16* const* values, int64_t n, float* acc, int64_t D, int64_t dims) {
+  int64_t d = 0;
+  for (; d + 64 <= dims; d += 64) pv_tile_bf16<NR, 2>(pairs, values, n, acc, D, d);
+  if (d < dims) pv_tile_bf16<NR, 1>(pairs, values, n, acc, D, d);
+}
+
+// acc += p @ V over dims [0, dims) (a multiple of 32) of every row: p (rows x kChunk float32, the
+// chunk's probabilities, n keys) rounded to bfloat16 pairs in place first, as the GPU kernels round
+// P before their P @ V (the normaliser keeps the float32 sums). An odd n pads with a key of p = 0.
+static_assert(kChunk == 32, "pv_bf16 converts a row of kChunk probabilities in one step");
+__attribute__((target("avx512bf16"))) void pv_bf16(float* p, const c10::BFloat16* const* values, int64_t n,
+                                                   float* acc, int64_t rows, int64_t D, int64_t dims) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = p + r * kChunk;
+    if (n & 1) row[n] = 0.f;
+    const __m512bh packed = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + 16), _mm512_loadu_ps(row));
+    _mm512_storeu_si512(row, (__m512i)packed);
+  }
+  const uint32_t* pairs = reinterpret_cast<const uint32_t*>(p);
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) pv_rows_bf16<4>(pairs + r * kChunk, values, n, acc + r * D, D, dims);
+  for (; r + 2 <= rows; r += 2) pv_rows_bf16<2>(pairs + r * kChunk, values, n, acc + r * D, D, dims);
+  for (; r < rows; ++r) pv_rows_bf16<1>(pairs + r * kChunk, values, n, acc + r * D, D, dims);
+}
 #endif
 
 // out[i] = sum of the lanes of acc[i], i < 8.
@@ -363,10 +454,9 @@ struct PagedAttention {
       for (int c = 0; c < NC; ++c) sums[r * NC + c].store(acc + r * head_dim + d0 + c * kLanes);
   }
 
-  // Rows [r, r + NR) over all dims: NC vectors at a time, then one, then scalar.
+  // Rows [r, r + NR) over dims [d, head_dim): NC vectors at a time, then one, then scalar.
   template <int NR, int NC>
-  inline void pv_rows(const float* p, const scalar_t* const* values, int64_t n, float* acc) const {
-    int64_t d = 0;
+  inline void pv_rows(const float* p, const scalar_t* const* values, int64_t n, float* acc, int64_t d) const {
     for (; d + NC * kLanes <= head_dim; d += NC * kLanes) pv_tile<NR, NC>(p, values, n, acc, d);
     for (; d + kLanes <= head_dim; d += kLanes) pv_tile<NR, 1>(p, values, n, acc, d);
     for (; d < head_dim; ++d) {
@@ -530,10 +620,22 @@ struct PagedAttention {
       }
     }
 
-    // acc += p @ V; 8 accumulators per tile.
-    for (r = 0; r + 4 <= rows; r += 4) pv_rows<4, kPvCols>(scores + r * kChunk, values, n, acc + r * D);
-    for (; r + 2 <= rows; r += 2) pv_rows<2, 4>(scores + r * kChunk, values, n, acc + r * D);
-    for (; r < rows; ++r) pv_rows<1, 8>(scores + r * kChunk, values, n, acc + r * D);
+    // acc += p @ V; 8 accumulators per tile. With bf16_dot, the dims past the last block of 32 here
+    // (p still float32), then the blocks through pv_bf16.
+    int64_t dot_dims = 0;
+#if defined(CPU_CAPABILITY_AVX512)
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+      if (bf16_dot) dot_dims = D - D % 32;
+    }
+#endif
+    for (r = 0; r + 4 <= rows; r += 4) pv_rows<4, kPvCols>(scores + r * kChunk, values, n, acc + r * D, dot_dims);
+    for (; r + 2 <= rows; r += 2) pv_rows<2, 4>(scores + r * kChunk, values, n, acc + r * D, dot_dims);
+    for (; r < rows; ++r) pv_rows<1, 8>(scores + r * kChunk, values, n, acc + r * D, dot_dims);
+#if defined(CPU_CAPABILITY_AVX512)
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+      if (dot_dims > 0) pv_bf16(scores, values, n, acc, rows, D, dot_dims);
+    }
+#endif
   }
 };
 
