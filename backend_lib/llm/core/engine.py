@@ -105,6 +105,8 @@ class _Request:
     seqs: list[_SeqState] = field(default_factory=list)
     forked: bool = False
     error: str | None = None
+    final_only: bool = False
+    """Only the final output is wanted (`generate`, as vLLM's FINAL_ONLY): steps build none before."""
 
     @property
     def finished(self) -> bool:
@@ -360,6 +362,7 @@ class LLMEngine:
                 else:
                     self.add_request(request_id, None, sp, prompt_token_ids=prompt, lora_name=lora)
                 request_ids.append(request_id)
+                self._requests[request_id].final_only = True
         except Exception:  # all or nothing: a bad prompt (or a full queue) adds none
             for request_id in request_ids:
                 self.abort_request(request_id)
@@ -496,7 +499,10 @@ class LLMEngine:
                 logger.exception("request %s failed", request_id)
                 outputs.append(self._fail(request, _describe(exc)))
                 continue
-            outputs.append(self._finish(request) if request.finished else self._output(request))
+            if request.finished:
+                outputs.append(self._finish(request))
+            elif not request.final_only:
+                outputs.append(self._output(request))
         return outputs
 
     def _record_tokens(
