@@ -34,7 +34,7 @@ def rms_norm_cpu(
     if not cpu_extension.takes(x) or (residual is not None and residual.dtype != x.dtype):
         return rms_norm_torch(x, weight, eps, residual)
     x2d = _rows(x)
-    out = torch.empty(x2d.shape, dtype=x.dtype)
+    out = torch.empty_like(x2d)
     if residual is None:
         torch.ops.llm_cpu.rms_norm(x2d, weight, eps, None, out, out)
         return out.view(x.shape)

@@ -53,15 +53,14 @@ inline Vec load(const T* p, int64_t n = kLanes) {
   }
 }
 
-// The first n (<= kLanes) lanes of v, rounded to T (round to nearest even, as Tensor.to does).
+// The first n (<= kLanes) lanes of v, rounded to T (round to nearest even, as Tensor.to does) with
+// ATen's vector conversion: an element-by-element cast made the bfloat16 SiLU-and-mul ~2x slower.
 template <typename T>
 inline void store(T* p, const Vec& v, int64_t n = kLanes) {
   if constexpr (std::is_same_v<T, float>) {
     v.store(p, n);
   } else {
-    float buf[kLanes];
-    v.store(buf);
-    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(buf[i]);
+    at::vec::convert_from_float<T>(v, v).store(p, n);
   }
 }
 
