@@ -21,6 +21,7 @@ execution/                What runs on the device:
   model_runner.py         ModelRunner: block moves, one flattened batch, forward, sampling.
   loader.py               Checkpoint facts and weights -> a registered model class.
   models/llama.py         The Llama family (Llama, Mistral, Qwen2, Qwen3) on the paged cache.
+  models/llama_native.py  Its forward on CPU as straight calls of the C++ ops (no module per op).
   attention.py            AttentionMetadata and PagedAttention over the KV cache.
   kernel_backend.py       The kernel_backend setting -> "triton" or "torch" kernels.
   kv_pool.py              KVPool: the preallocated K/V tensor, its sizing, swaps and copies.

@@ -134,6 +134,9 @@ def test_one_responder_streams_every_request_correctly():
 def test_responder_aborts_cancelled_and_unreachable_clients_and_frees_their_blocks():
     model_dir, _ = engine_checkpoint("LlamaForCausalLM")
     service = service_from_context(model_dir)
+    # The responder polls cancellation every 0.1 s at most; on a fast machine the tiny model's
+    # 100-token requests end sooner than that, so each token takes 5 ms more here (~0.5 s each).
+    service.engine.fault_injector = lambda _request_id: time.sleep(0.005)
     try:
         cancelled, unreachable, normal = Client(cancel_after=1), Client(fail_on=1), Client()
         service.start(long_request(), cancelled.send, cancelled.is_cancelled)

@@ -135,7 +135,8 @@ def load_model(
     `checkpoint` is a CheckpointInfo already read, or its directory. `max_position` sizes the
     rotary table (default: the checkpoint's max_position_embeddings). On CPU the projections'
     weights are then pre-packed for oneDNN (`backend_lib.linear`) unless `pack_linear_weights`
-    is False.
+    is False, and the forward gets its C++-op fast path where every piece is native
+    (models/llama_native.py).
 
     `quantization` int8 or fp8 replaces the projections (q/k/v, o, gate/up, down; the lm_head
     too when `quantize_lm_head`) by `backend_lib.quantization.QuantizedLinear` layers, quantized
@@ -156,6 +157,7 @@ def load_model(
     quantize_linear_layers(model, quantization, skip=() if quantize_lm_head else ("lm_head",))
     if pack_linear_weights:
         pack_linear_layers(model)
+    model.build_native_forward()
     return model.eval()
 
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from backend_lib.llm.execution.attention import AttentionMetadata, KVCache, PagedAttention
+from backend_lib.llm.execution.models.llama_native import NativeForward
 from backend_lib.llm.lora.batch import LoRABatch
 from kernels import KernelOps
 from kernels.rotary import rope_cos_sin_cache
@@ -254,6 +255,8 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(args, ops)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.tie_weights()
+        self.native: NativeForward | None = None
+        """The CPU fast path of `forward` (llama_native.py), once `build_native_forward` finds it usable."""
         # Plain attribute, not a buffer: never in the state dict, and built for real on `device`
         # even while the loader creates the parameters under a meta-device context.
         # Float32 keeps the angles exact.
@@ -276,6 +279,11 @@ class LlamaForCausalLM(nn.Module):
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    def build_native_forward(self) -> None:
+        """Set up the CPU fast path when every piece of it is native (after weights are loaded and
+        the projections packed; see llama_native.py)."""
+        self.native = NativeForward.build(self)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -286,6 +294,8 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions: [T] -> final-normed hidden states [T, hidden_size]; `lora`
         maps rows to adapters (None: the base model for every row)."""
+        if self.native is not None and NativeForward.serves(meta, lora):
+            return self.native(input_ids, positions, meta, kv_caches)
         hidden = self.model.embed_tokens(input_ids)
         residual = None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):

@@ -1,0 +1,156 @@
+"""The Llama forward on CPU as straight calls of the C++ ops (kernels/csrc/), for steps that need
+nothing else.
+
+`LlamaForCausalLM.forward` goes through a module, a kernel-op wrapper and its checks for every op:
+~75 us of Python per layer, ~0.6 ms per engine step on the benchmark's 8-layer model (measured on a
+model too small for the compute to matter), which does not shrink with more threads. This path
+makes the same calls in the same order on the same tensors (bit-identical output, tested), with
+everything that is fixed per model read once at load and the per-step metadata converted once per
+forward. It serves a step when the model is on the "torch" kernels with the C++ library loaded,
+every projection is a oneDNN-packed `PackedLinear`, there is no per-head q/k norm (Qwen3), no LoRA
+row in the batch, and the attention plan leaves every sequence to the C++ op (no SDPA chunk);
+otherwise the module path runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from backend_lib.linear import Linear, PackedLinear
+from backend_lib.llm.execution.attention import AttentionMetadata, KVCache
+from kernels import cpu_extension, kernel_ops
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One decoder layer's fixed arguments."""
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: Linear
+    o: Linear
+    gate_up: Linear
+    down: Linear
+    scale: float
+    sliding_window: int
+    """0: none (the C++ op's convention)."""
+
+
+class NativeForward:
+    """`LlamaForCausalLM.forward` without the modules (see the module docstring)."""
+
+    def __init__(self, model) -> None:
+        args = model.args
+        self.model = model
+        self.eps = args.rms_norm_eps
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            args.num_heads,
+            args.num_kv_heads,
+            args.head_dim,
+        )
+        self.q_size = args.num_heads * args.head_dim
+        self.kv_size = args.num_kv_heads * args.head_dim
+        self.layers = [
+            _Layer(
+                input_norm=layer.input_layernorm.weight,
+                post_norm=layer.post_attention_layernorm.weight,
+                qkv=layer.self_attn.qkv_proj.inner,
+                o=layer.self_attn.o_proj.inner,
+                gate_up=layer.mlp.gate_up_proj.inner,
+                down=layer.mlp.down_proj.inner,
+                scale=layer.self_attn.attn.scale,
+                sliding_window=layer.self_attn.attn.sliding_window or 0,
+            )
+            for layer in model.model.layers
+        ]
+
+    @classmethod
+    def build(cls, model) -> NativeForward | None:
+        """The fast path of `model` (a LlamaForCausalLM with its weights loaded and packed), or None
+        when a piece of it is not native (the module path then serves every step)."""
+        layers = model.model.layers
+        if model.args.qk_norm or not cpu_extension.takes(model.model.norm.weight):
+            return None
+        if layers[0].self_attn.ops != kernel_ops("torch"):
+            return None
+        projections = [
+            module
+            for layer in layers
+            for module in (
+                layer.self_attn.qkv_proj,
+                layer.self_attn.o_proj,
+                layer.mlp.gate_up_proj,
+                layer.mlp.down_proj,
+            )
+        ]
+        if not all(isinstance(p, PackedLinear) and p.inner.uses_onednn for p in projections):
+            return None
+        return cls(model)
+
+    @staticmethod
+    def serves(meta: AttentionMetadata, lora) -> bool:
+        """Whether this step can take the fast path (module docstring)."""
+        plan = meta.plan
+        return (
+            lora is None
+            and plan is not None
+            and getattr(plan, "native_seqs", None) is not None
+            and not plan.decode_groups
+            and not plan.prefills
+        )
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+    ) -> torch.Tensor:
+        """`LlamaForCausalLM.forward`'s contract (without LoRA)."""
+        ops = torch.ops.llm_cpu
+        positions = positions.long().contiguous()
+        slots = meta.slot_mapping.long().contiguous()
+        starts = meta.query_start_loc.to(torch.int32).contiguous()
+        seq_lens = meta.seq_lens.to(torch.int32).contiguous()
+        tables = meta.block_tables.to(torch.int32).contiguous()
+        seqs = meta.plan.native_seqs
+        rope = self.model.rope_cache
+        hidden = self.model.model.embed_tokens(input_ids)
+        residual = None
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            normed = torch.empty_like(hidden)
+            if residual is None:
+                residual = hidden
+                ops.rms_norm(hidden, layer.input_norm, self.eps, None, normed, normed)
+            else:
+                summed = torch.empty_like(hidden)
+                ops.rms_norm(hidden, layer.input_norm, self.eps, residual, normed, summed)
+                residual = summed
+            qkv = layer.qkv(normed)
+            tokens = qkv.shape[0]
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = q.view(tokens, self.num_heads, self.head_dim)
+            k = k.view(tokens, self.num_kv_heads, self.head_dim)
+            v = v.view(tokens, self.num_kv_heads, self.head_dim)
+            q_rot = torch.empty_like(q, memory_format=torch.contiguous_format)
+            k_rot = torch.empty_like(k, memory_format=torch.contiguous_format)
+            ops.rotary(positions, q, k, rope, q_rot, k_rot)
+            ops.write_kv_cache(k_rot, v, k_cache, v_cache, slots)
+            attended = torch.empty_like(q_rot)
+            ops.paged_attention(
+                q_rot, k_cache, v_cache, starts, seq_lens, tables, layer.scale,
+                layer.sliding_window, seqs, attended,
+            )  # fmt: skip
+            projected = layer.o(attended.view(tokens, self.q_size))
+            normed, summed = torch.empty_like(projected), torch.empty_like(projected)
+            ops.rms_norm(projected, layer.post_norm, self.eps, residual, normed, summed)
+            residual = summed
+            gate_up = layer.gate_up(normed)
+            activated = gate_up.new_empty((tokens, gate_up.shape[1] // 2))
+            ops.silu_and_mul(gate_up, activated)
+            hidden = layer.down(activated)
+        out, summed = torch.empty_like(hidden), torch.empty_like(hidden)
+        ops.rms_norm(hidden, self.model.model.norm.weight, self.eps, residual, out, summed)
+        return out
