@@ -1,7 +1,7 @@
 """The CPU fast path of the Llama forward (backend_lib/llm/execution/models/llama_native.py): the
 same hidden states, bit for bit, as the module path on the steps it serves (prefill chunks, chunks
-after a cached prefix, decodes; GQA, a sliding window, q/k/v biases; float32 and bfloat16), the steps
-it leaves to the module path, and the models it is not built for."""
+after a cached prefix, decodes; GQA, a sliding window, q/k/v biases; float32, bfloat16 and int8
+weights), the steps it leaves to the module path, and the models it is not built for."""
 
 from __future__ import annotations
 
@@ -44,10 +44,14 @@ def _both_paths(session, chunks) -> tuple[bool, torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_fast_path_matches_the_module_path_bit_for_bit(checkpoint, session, arch, dtype):
+@pytest.mark.parametrize(
+    "settings",
+    [{"dtype": "float32"}, {"dtype": "bfloat16"}, {"dtype": "float32", "quantization": "int8"}],
+    ids=["float32", "bfloat16", "int8"],
+)
+def test_fast_path_matches_the_module_path_bit_for_bit(checkpoint, session, arch, settings):
     model_dir, _ = checkpoint(arch)
-    s = session(model_dir, dtype=dtype)
+    s = session(model_dir, **settings)
     assert s.runner.model.native is not None  # the C++ library is built here (make setup)
     seqs = [s.add(_prompt(n, seed)) for seed, n in enumerate((11, 23, 6))]
     steps = [
@@ -77,7 +81,6 @@ def test_not_built_where_a_piece_is_not_native(checkpoint, make_runner, monkeypa
     qwen3_dir, _ = checkpoint("Qwen3ForCausalLM")  # per-head q/k norms
     assert make_runner(qwen3_dir).model.native is None
     llama_dir, _ = checkpoint("LlamaForCausalLM")
-    assert make_runner(llama_dir, quantization="int8").model.native is None
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # Triton kernels on CPU (not a native piece)
     assert make_runner(llama_dir, kernel_backend="triton").model.native is None
     assert cpu_extension.load()

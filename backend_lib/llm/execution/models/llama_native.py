@@ -7,18 +7,20 @@ model too small for the compute to matter), which does not shrink with more thre
 makes the same calls in the same order on the same tensors (bit-identical output, tested), with
 everything that is fixed per model read once at load and the per-step metadata converted once per
 forward. It serves a step when the model is on the "torch" kernels with the C++ library loaded,
-every projection is a oneDNN-packed `PackedLinear`, there is no per-head q/k norm (Qwen3), no LoRA
-row in the batch, and the attention plan leaves every sequence to the C++ op (no SDPA chunk);
-otherwise the module path runs.
+there is no per-head q/k norm (Qwen3), no LoRA row in the batch, and the attention plan leaves every
+sequence to the C++ op (no SDPA chunk); otherwise the module path runs. The projections are called
+as the module path calls them (oneDNN-packed, int8 or plain), a `PackedLinear` through its inner
+`Linear`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from backend_lib.linear import Linear, PackedLinear
+from backend_lib.linear import PackedLinear
 from backend_lib.llm.execution.attention import AttentionMetadata, KVCache
 from kernels import cpu_extension, kernel_ops
 
@@ -29,10 +31,11 @@ class _Layer:
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
-    qkv: Linear
-    o: Linear
-    gate_up: Linear
-    down: Linear
+    qkv: Callable[[torch.Tensor], torch.Tensor]
+    """Each projection: [T, in] -> [T, out]."""
+    o: Callable[[torch.Tensor], torch.Tensor]
+    gate_up: Callable[[torch.Tensor], torch.Tensor]
+    down: Callable[[torch.Tensor], torch.Tensor]
     scale: float
     sliding_window: int
     """0: none (the C++ op's convention)."""
@@ -56,10 +59,10 @@ class NativeForward:
             _Layer(
                 input_norm=layer.input_layernorm.weight,
                 post_norm=layer.post_attention_layernorm.weight,
-                qkv=layer.self_attn.qkv_proj.inner,
-                o=layer.self_attn.o_proj.inner,
-                gate_up=layer.mlp.gate_up_proj.inner,
-                down=layer.mlp.down_proj.inner,
+                qkv=_direct(layer.self_attn.qkv_proj),
+                o=_direct(layer.self_attn.o_proj),
+                gate_up=_direct(layer.mlp.gate_up_proj),
+                down=_direct(layer.mlp.down_proj),
                 scale=layer.self_attn.attn.scale,
                 sliding_window=layer.self_attn.attn.sliding_window or 0,
             )
@@ -68,24 +71,12 @@ class NativeForward:
 
     @classmethod
     def build(cls, model) -> NativeForward | None:
-        """The fast path of `model` (a LlamaForCausalLM with its weights loaded and packed), or None
-        when a piece of it is not native (the module path then serves every step)."""
-        layers = model.model.layers
+        """The fast path of `model` (a LlamaForCausalLM with its weights loaded, packed or
+        quantized), or None when a piece of it is not native (the module path then serves every
+        step)."""
         if model.args.qk_norm or not cpu_extension.takes(model.model.norm.weight):
             return None
-        if layers[0].self_attn.ops != kernel_ops("torch"):
-            return None
-        projections = [
-            module
-            for layer in layers
-            for module in (
-                layer.self_attn.qkv_proj,
-                layer.self_attn.o_proj,
-                layer.mlp.gate_up_proj,
-                layer.mlp.down_proj,
-            )
-        ]
-        if not all(isinstance(p, PackedLinear) and p.inner.uses_onednn for p in projections):
+        if model.model.layers[0].self_attn.ops != kernel_ops("torch"):
             return None
         return cls(model)
 
@@ -154,3 +145,8 @@ class NativeForward:
         out, summed = torch.empty_like(hidden), torch.empty_like(hidden)
         ops.rms_norm(hidden, self.model.model.norm.weight, self.eps, residual, out, summed)
         return out
+
+
+def _direct(projection: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What the module path's call of `projection` on a 2-D input ends in."""
+    return projection.inner if isinstance(projection, PackedLinear) else projection
