@@ -105,26 +105,22 @@ TARGETS = (
         1.0,
         "engine output tokens/s vs OpenVINO GenAI continuous batching, float32, CPU (worst of 1 "
         "and 2 threads)",
-        "Not the GEMMs: side by side (engine_peers' 'where the time goes' tables) OpenVINO's "
-        "MatMul runs the model's shapes at 0.87-0.94x our packed oneDNN linears (1 thread: its "
-        "~12.4 s against our 11.7 s). The rest, on the AVX-512 (Zen 4) machine: ours 4.6 s at "
-        "1 thread (paged attention 2.4 s, other ops 0.7 s, Python around the ops 1.5 s incl. "
-        "the profiler's own share) against ~4.6 s for all of OpenVINO's non-GEMM work in one "
-        "compiled graph, so 1.04x at 1 thread; at 2 threads the ops halve but the Python does "
-        "not (1.3 s of 9.3 s against OpenVINO's ~2.2 s of non-GEMM work): 0.99x. The decode "
-        "attention now runs at ~18 GB/s of KV cache (64 sequences x 400 keys, in place), "
-        "compute-bound (the same from L2), down from ~10 GB/s.",
+        "Both run their GEMMs at this CPU's peak (engine_peers' 'where the time goes' tables: "
+        "OpenVINO's MatMul on the model's shapes 0.95x our packed oneDNN linears at 1 thread); "
+        "the ratio is decided by the rest. On the AVX-512 (Zen 4) machine 1.03x at 1 and 2 "
+        "threads: the paged attention reads the KV blocks in place (~18 GB/s of cache at "
+        "decode, compute-bound), and where every piece is native the forward calls the C++ ops "
+        "straight (llama_native.py), so the Python around them, which does not shrink with "
+        "threads, is ~0.8-0.9 s of a run (from 1.3-1.5 s).",
     ),
     Target(
         "engine_bf16_vs_openvino_genai_bf16",
         1.0,
         "the same in bfloat16 (run only where the CPU has native bf16)",
-        "1.01x at 1 thread, 0.96x at 2 (one repeat each; on the same machine before this "
-        "session's attention work 0.93x / 0.88x). As in float32 the gap at 2 threads is the "
-        "Python around the ops, which does not shrink with threads; bf16 GEMMs halve the "
-        "GEMM time, so that fixed part weighs twice as much. The attention op converts bf16 "
-        "keys and values to float32 and computes in float32 (AVX512-BF16's dot product, "
-        "vdpbf16ps, is not used yet).",
+        "1.07x at 1 thread, 1.05x at 2 (one repeat each; 0.93x / 0.88x before the attention "
+        "work, 0.96x at 2 threads before the fast path). bf16 GEMMs take half the float32 "
+        "time, so the fixed Python per step weighs twice as much; the attention computes its "
+        "bf16 scores and P @ V with AVX512-BF16's dot product (vdpbf16ps).",
     ),
     Target(
         "engine_vs_ctranslate2",
