@@ -46,8 +46,13 @@ def _both_paths(session, chunks) -> tuple[bool, torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize(
     "settings",
-    [{"dtype": "float32"}, {"dtype": "bfloat16"}, {"dtype": "float32", "quantization": "int8"}],
-    ids=["float32", "bfloat16", "int8"],
+    [
+        {"dtype": "float32"},
+        {"dtype": "bfloat16"},
+        {"dtype": "float32", "quantization": "int8"},
+        {"dtype": "bfloat16", "quantization": "int8"},
+    ],
+    ids=["float32", "bfloat16", "int8", "bfloat16-int8"],
 )
 def test_fast_path_matches_the_module_path_bit_for_bit(checkpoint, session, arch, settings):
     model_dir, _ = checkpoint(arch)
