@@ -19,7 +19,10 @@ EOS ignored, greedy. Figures are useful output tokens per second (the requested 
 Greedy outputs are compared before timing (a few requests against plain `generate`) and after
 (every request, between systems). The systems run interleaved, `--repeats` times, in rotating
 order, so background load hits all alike; ratios of medians are reported. The engine's time is
-split into model forward (`ModelRunner.compute_logits`) and the rest, per step phase.
+split into model forward (`ModelRunner.compute_logits`) and the rest, per step phase. With
+`--profile`, one more run of the engine and of engine_int8 each under torch.profiler splits their
+time into GEMMs, attention, other ops and the Python outside them ("time_split", printed too: where
+the time goes at each precision), besides a pyinstrument profile of the engine.
 
     python -m bench.engine [--quick] [--dtype float32] [--repeats 1]
                            [--out bench/results/engine.json] [--profile engine.txt]
@@ -48,6 +51,7 @@ from bench.llm import (
     workload_record,
 )
 from bench.output import machine_info
+from bench.peers.time_split import engine_split
 from bench.timing import spread, time_interleaved, timed
 from tooling.checkpoints import FULL, GPU, QUICK, build_random_llama
 from tooling.hf_reference import hf_greedy
@@ -243,8 +247,20 @@ def run_in(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
     engine_seconds = sum(seconds["engine"])
     phases = {name: value / engine_seconds for name, value in engine.phase_seconds.items()}
     phases["other"] = 1.0 - sum(phases.values())
+    split = None
     if args.profile:
         write_profile(engine, workload, args.profile)
+        split = {
+            dtype_name: engine_split(
+                engine.prepare(workload), statistics.median(seconds["engine"])
+            ),
+            "int8": engine_split(engine_int8.prepare(workload), statistics.median(int8["seconds"])),
+        }
+        for name, kinds in split.items():
+            print(
+                f"where the time goes, {name}: "
+                + ", ".join(f"{k} {v:.2f} s" for k, v in kinds.items())
+            )
     return {
         "benchmark": "llm_engine",
         "quick": args.quick,
@@ -255,6 +271,7 @@ def run_in(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
         "repeats": args.repeats,
         **figures(seconds, workload.num_output_tokens, phases, int8["ratio_vs_float_engine"]),
         "int8": int8,
+        **({"time_split": split} if split else {}),
         "fidelity_vs_generate": fidelity,
         "agreement_with_engine": {
             name: agreement(outputs["engine"], out)

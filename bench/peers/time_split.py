@@ -1,8 +1,9 @@
 """Where the engine's time goes next to OpenVINO GenAI's (the engine_peers report's side-by-side).
 
 Two measurements at the run's thread count, float32:
-- `engine_split`: one more engine run under torch.profiler, its wall time split into GEMMs (the
-  packed oneDNN linears and any aten matmul), attention (our paged-attention ops, SDPA), every
+- `engine_split` (also `bench.engine --profile`'s, at any precision): one more engine run under
+  torch.profiler, its wall time split into GEMMs (the packed oneDNN linears, fbgemm's int8 ones
+  and any aten matmul), attention (our paged-attention ops, SDPA), every
   other op, and the rest (Python, scheduling, sampling glue: wall minus the ops' self time);
 - `gemm_rates`: GFLOP/s of our packed `Linear` and of OpenVINO's MatMul (compiled by the peer
   worker with the same threads) on the model's weight shapes at decode- and prefill-sized row
@@ -18,7 +19,14 @@ import statistics
 import time
 from collections.abc import Callable
 
-GEMM_OPS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::bmm", "aten::matmul")
+GEMM_OPS = (
+    "mkldnn::_linear_pointwise",
+    "quantized::linear",  # int8 weights on CPU (fbgemm)
+    "aten::addmm",
+    "aten::mm",
+    "aten::bmm",
+    "aten::matmul",
+)
 ATTENTION_OPS = ("llm_cpu::paged_attention", "aten::_scaled_dot_product")
 ROWS = (16, 64, 512, 2048)
 """Rows of the measured GEMMs: decode batches (16, 64) and prefill chunks (512, 2048 = the token

@@ -4,6 +4,8 @@ belong, and the peer's estimate follows the measured rates (made-up rates, nothi
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -41,14 +43,31 @@ def _gemms():
         a = torch.mm(a, a) / 16
 
 
+@functools.cache
+def _int8_linear():
+    from backend_lib.quantization import QuantizedLinear
+
+    return QuantizedLinear.from_linear(torch.nn.Linear(512, 512), "int8")
+
+
+def _int8_gemms():
+    linear, x = _int8_linear(), torch.randn(256, 512)
+    with torch.inference_mode():
+        for _ in range(40):
+            linear(x)
+
+
 def _elementwise():
     a = torch.randn(512, 512)
     for _ in range(400):
         a = (a * 0.5).sin()
 
 
-@pytest.mark.parametrize("work, dominant", [(_gemms, "gemm"), (_elementwise, "other_ops")])
+@pytest.mark.parametrize(
+    "work, dominant", [(_gemms, "gemm"), (_int8_gemms, "gemm"), (_elementwise, "other_ops")]
+)
 def test_engine_split_adds_up_and_puts_work_where_it_belongs(work, dominant):
+    work()  # warm-up: one-time costs (oneDNN primitives, fbgemm packing) are not the split's
     split = time_split.engine_split(work)
     parts = ("gemm", "attention", "other_ops", "outside_ops")
     assert sum(split[p] for p in parts) == pytest.approx(split["wall"], rel=1e-6)
