@@ -45,16 +45,11 @@ class NativeForward:
     """`LlamaForCausalLM.forward` without the modules (see the module docstring)."""
 
     def __init__(self, model) -> None:
-        args = model.args
         self.model = model
-        self.eps = args.rms_norm_eps
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            args.num_heads,
-            args.num_kv_heads,
-            args.head_dim,
-        )
-        self.q_size = args.num_heads * args.head_dim
-        self.kv_size = args.num_kv_heads * args.head_dim
+        self.eps = model.args.rms_norm_eps
+        self.attention = model.model.layers[
+            0
+        ].self_attn  # head counts and sizes, the same in every layer
         self.layers = [
             _Layer(
                 input_norm=layer.input_layernorm.weight,
@@ -86,8 +81,8 @@ class NativeForward:
         plan = meta.plan
         return (
             lora is None
-            and plan is not None
-            and getattr(plan, "native_seqs", None) is not None
+            and plan is not None  # the "torch" kernels' plan (TorchAttentionPlan)
+            and plan.native_seqs is not None
             and not plan.decode_groups
             and not plan.prefills
         )
@@ -108,6 +103,7 @@ class NativeForward:
         tables = meta.block_tables.to(torch.int32).contiguous()
         seqs = meta.plan.native_seqs
         rope = self.model.rope_cache
+        a = self.attention
         hidden = self.model.model.embed_tokens(input_ids)
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
@@ -121,10 +117,10 @@ class NativeForward:
                 residual = summed
             qkv = layer.qkv(normed)
             tokens = qkv.shape[0]
-            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = q.view(tokens, self.num_heads, self.head_dim)
-            k = k.view(tokens, self.num_kv_heads, self.head_dim)
-            v = v.view(tokens, self.num_kv_heads, self.head_dim)
+            q, k, v = qkv.split([a.q_size, a.kv_size, a.kv_size], dim=-1)
+            q = q.view(tokens, a.num_heads, a.head_dim)
+            k = k.view(tokens, a.num_kv_heads, a.head_dim)
+            v = v.view(tokens, a.num_kv_heads, a.head_dim)
             q_rot = torch.empty_like(q, memory_format=torch.contiguous_format)
             k_rot = torch.empty_like(k, memory_format=torch.contiguous_format)
             ops.rotary(positions, q, k, rope, q_rot, k_rot)
@@ -134,7 +130,7 @@ class NativeForward:
                 q_rot, k_cache, v_cache, starts, seq_lens, tables, layer.scale,
                 layer.sliding_window, seqs, attended,
             )  # fmt: skip
-            projected = layer.o(attended.view(tokens, self.q_size))
+            projected = layer.o(attended.view(tokens, a.q_size))
             normed, summed = torch.empty_like(projected), torch.empty_like(projected)
             ops.rms_norm(projected, layer.post_norm, self.eps, residual, normed, summed)
             residual = summed
