@@ -14,6 +14,17 @@ from bench.peers import time_split
 pytestmark = pytest.mark.bench
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """The splits compare op times: with a second OpenMP thread, a loaded machine (make test runs
+    two workers beside servers) makes small ops wait for a time slice, and the shares swing
+    (seen: the elementwise ops of 10 ms of int8 GEMMs taking 1.2 s)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 def test_weight_shapes_are_the_models_linears(tmp_path):
     from transformers import AutoModelForCausalLM
 
