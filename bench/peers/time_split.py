@@ -67,13 +67,16 @@ def engine_split(run: Callable[[], object], timed_seconds: float | None = None) 
         else:
             split["other_ops"] += seconds
     split["outside_ops"] = max(0.0, profiled_wall - sum(split.values()))
-    wall = profiled_wall if timed_seconds is None else timed_seconds
-    scale = wall / sum(split.values())
-    return {
-        **{k: v * scale for k, v in split.items()},
-        "wall": wall,
-        "profiled_wall": profiled_wall,
-    }
+    measured = {**split, "profiled_wall": profiled_wall}
+    # Scaled even to its own wall: ops timed past it (outside_ops clipped at 0) still add up.
+    return scaled_to(measured, profiled_wall if timed_seconds is None else timed_seconds)
+
+
+def scaled_to(split: dict[str, float], seconds: float) -> dict[str, float]:
+    """`split` with its kinds scaled to add up to `seconds` (their shares kept), as `wall`."""
+    kinds = ("gemm", "attention", "other_ops", "outside_ops")
+    scale = seconds / sum(split[k] for k in kinds)
+    return {**split, **{k: split[k] * scale for k in kinds}, "wall": seconds}
 
 
 def our_gemm_rate(in_features: int, out_features: int, rows: int, seconds: float) -> float:

@@ -93,12 +93,16 @@ def test_int8_linears_count_as_gemms():
 
 
 def test_engine_split_scales_its_shares_to_an_unprofiled_runs_time():
+    # One profiled run, scaled: two runs' shares differ on a loaded machine (the profiler's
+    # start-up, in outside_ops, took 0.8 of one run in CI and 0.44 of the next).
     profiled = time_split.engine_split(_gemms)
-    split = time_split.engine_split(_gemms, timed_seconds=100.0)
+    split = time_split.scaled_to(profiled, 100.0)
     parts = ("gemm", "attention", "other_ops", "outside_ops")
-    assert split["wall"] == 100.0
+    assert split["wall"] == 100.0 and split["profiled_wall"] == profiled["profiled_wall"]
     assert sum(split[p] for p in parts) == pytest.approx(100.0)
-    assert split["gemm"] / 100.0 == pytest.approx(profiled["gemm"] / profiled["wall"], abs=0.15)
+    for part in parts:
+        assert split[part] / 100.0 == pytest.approx(profiled[part] / profiled["wall"])
+    assert split["gemm"] > 0
 
 
 def _rates(ours: float, openvino: float) -> dict[str, dict]:

@@ -111,27 +111,28 @@ def test_vllm_backend_client_payload_works_unchanged(server):
 def test_concurrent_streams_metrics_and_prefix_cache(server, direct_engine):
     shared = "FIRST CITIZEN:\nBefore we proceed any further, hear me speak.\n" * 4
     prompts = [shared + f"SECOND CITIZEN {i}:" for i in range(32)]
-    expected = {p: direct_text(direct_engine, p, max_tokens=16) for p in prompts[:4]}
+    # 96 tokens each: the burst must outlast several scrapes (~50 ms each) on a fast engine,
+    # else the gauges are sampled only before and after it (seen: 16 tokens, 0.4 s in all).
+    params = {**GREEDY, "max_tokens": 96, "ignore_eos": True}
+    expected = {p: direct_text(direct_engine, p, **params) for p in prompts[:4]}
     hits_before = metric(server, "vllm:prefix_cache_hits_total")
     observed = {"running": 0.0, "kv": 0.0}
 
     def watch():
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not done:
-            observed["running"] = max(
-                observed["running"], metric(server, "vllm:num_requests_running")
-            )
-            observed["kv"] = max(observed["kv"], metric(server, "vllm:kv_cache_usage_perc"))
-            time.sleep(0.05)
+            samples = parse_prometheus_text(server.metrics_text())
+            for key, name in (
+                ("running", "vllm:num_requests_running"),
+                ("kv", "vllm:kv_cache_usage_perc"),
+            ):
+                observed[key] = max(observed[key], samples.get((name, LABELS), 0.0))
+            time.sleep(0.02)
 
     done = False
     with ThreadPoolExecutor(33) as pool:
         watcher = pool.submit(watch)
-        results = list(
-            pool.map(
-                lambda p: grpc_stream(server.grpc_url, p, {**GREEDY, "max_tokens": 16}), prompts
-            )
-        )
+        results = list(pool.map(lambda p: grpc_stream(server.grpc_url, p, params), prompts))
         done = True
         watcher.result()
     for prompt, result in zip(prompts, results, strict=True):
