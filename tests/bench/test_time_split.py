@@ -79,7 +79,10 @@ def test_engine_split_adds_up_and_puts_work_where_it_belongs(work, dominant):
     split = time_split.engine_split(work)
     parts = ("gemm", "attention", "other_ops", "outside_ops")
     assert sum(split[p] for p in parts) == pytest.approx(split["wall"], rel=1e-6)
-    assert split[dominant] > 0.5 * split["wall"]
+    # Of the ops' own time: the profiler's start-up lands in outside_ops, and on a loaded
+    # machine it took over half of a 40-GEMM run.
+    ops = split["gemm"] + split["attention"] + split["other_ops"]
+    assert split[dominant] > 0.5 * ops
     assert split["attention"] == 0.0
     assert split["wall"] == split["profiled_wall"]
 
