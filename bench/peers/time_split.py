@@ -27,6 +27,8 @@ GEMM_OPS = (
     "aten::bmm",
     "aten::matmul",
 )
+KINDS = ("gemm", "attention", "other_ops", "outside_ops")
+"""What `engine_split` divides a run's time into; they add up to its `wall`."""
 ATTENTION_OPS = ("llm_cpu::paged_attention", "aten::_scaled_dot_product")
 ROWS = (16, 64, 512, 2048)
 """Rows of the measured GEMMs: decode batches (16, 64) and prefill chunks (512, 2048 = the token
@@ -74,9 +76,8 @@ def engine_split(run: Callable[[], object], timed_seconds: float | None = None) 
 
 def scaled_to(split: dict[str, float], seconds: float) -> dict[str, float]:
     """`split` with its kinds scaled to add up to `seconds` (their shares kept), as `wall`."""
-    kinds = ("gemm", "attention", "other_ops", "outside_ops")
-    scale = seconds / sum(split[k] for k in kinds)
-    return {**split, **{k: split[k] * scale for k in kinds}, "wall": seconds}
+    scale = seconds / sum(split[k] for k in KINDS)
+    return {**split, **{k: split[k] * scale for k in KINDS}, "wall": seconds}
 
 
 def our_gemm_rate(in_features: int, out_features: int, rows: int, seconds: float) -> float:

@@ -77,8 +77,7 @@ def _elementwise():
 @pytest.mark.parametrize("work, dominant", [(_gemms, "gemm"), (_elementwise, "other_ops")])
 def test_engine_split_adds_up_and_puts_work_where_it_belongs(work, dominant):
     split = time_split.engine_split(work)
-    parts = ("gemm", "attention", "other_ops", "outside_ops")
-    assert sum(split[p] for p in parts) == pytest.approx(split["wall"], rel=1e-6)
+    assert sum(split[p] for p in time_split.KINDS) == pytest.approx(split["wall"], rel=1e-6)
     # Of the ops' own time: the profiler's start-up lands in outside_ops, and on a loaded
     # machine it took over half of a 40-GEMM run.
     ops = split["gemm"] + split["attention"] + split["other_ops"]
@@ -100,10 +99,9 @@ def test_engine_split_scales_its_shares_to_an_unprofiled_runs_time():
     # start-up, in outside_ops, took 0.8 of one run in CI and 0.44 of the next).
     profiled = time_split.engine_split(_gemms)
     split = time_split.scaled_to(profiled, 100.0)
-    parts = ("gemm", "attention", "other_ops", "outside_ops")
     assert split["wall"] == 100.0 and split["profiled_wall"] == profiled["profiled_wall"]
-    assert sum(split[p] for p in parts) == pytest.approx(100.0)
-    for part in parts:
+    assert sum(split[p] for p in time_split.KINDS) == pytest.approx(100.0)
+    for part in time_split.KINDS:
         assert split[part] / 100.0 == pytest.approx(profiled[part] / profiled["wall"])
     assert split["gemm"] > 0
 

@@ -47,9 +47,8 @@ class NativeForward:
     def __init__(self, model) -> None:
         self.model = model
         self.eps = model.args.rms_norm_eps
-        self.attention = model.model.layers[
-            0
-        ].self_attn  # head counts and sizes, the same in every layer
+        # Head counts and sizes: the same in every layer.
+        self.attention = model.model.layers[0].self_attn
         self.layers = [
             _Layer(
                 input_norm=layer.input_layernorm.weight,
