@@ -36,6 +36,7 @@
 #include <cmath>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -353,7 +354,7 @@ struct PagedAttention {
 
   // Scratch of one thread, sized for the largest item. Per-head arrays are head-major.
   struct Scratch {
-    std::vector<float> q, acc, scores, max, sum;
+    std::vector<float> q, acc, scores, max, sum, new_max;
     std::vector<scalar_t> q_raw;
     // This chunk's and the next one's key / value rows: [kv head][kChunk] each.
     std::vector<const scalar_t*> keys[2], values[2];
@@ -363,6 +364,7 @@ struct PagedAttention {
       else q.resize(rows * a.head_dim);
       acc.resize(rows * a.head_dim);
       scores.resize(a.block_q * a.groups * kChunk);
+      new_max.resize(a.block_q * a.groups);
       max.resize(rows);
       sum.resize(rows);
       for (int c = 0; c < 2; ++c) {
@@ -538,9 +540,7 @@ struct PagedAttention {
       for (int64_t h = 0; h < heads; ++h) {
         const scalar_t* const* next_rows[2] = {&s.keys[chunk ^ 1][h * kChunk], &s.values[chunk ^ 1][h * kChunk]};
         attend_chunk(&s.keys[chunk][h * kChunk], &s.values[chunk][h * kChunk], n, c0, next_rows, next_n,
-                     first_pos + t0, rows, bf16_dot ? nullptr : &s.q[h * rows * D],
-                     bf16_dot ? &s.q_raw[h * rows * D] : nullptr, &s.acc[h * rows * D], &s.max[h * rows],
-                     &s.sum[h * rows], s.scores.data());
+                     first_pos + t0, rows, h, s);
       }
     }
 
@@ -556,19 +556,31 @@ struct PagedAttention {
     }
   }
 
-  // One kv head's rows (row r: the token at position row_pos0 + r / G) against keys [c0, c0 + n):
-  // scores, the online-softmax update of max / sum / acc, then acc += p @ V.
+  // The keys [c0 + lo, c0 + hi) of a chunk [c0, c0 + n) that the token at `pos` sees (causal, window);
+  // lo >= hi: none.
+  std::pair<int64_t, int64_t> visible(int64_t pos, int64_t c0, int64_t n) const {
+    const int64_t lo = (window > 0 ? std::max(c0, pos - window + 1) : c0) - c0;
+    return {lo, std::min(c0 + n, pos + 1) - c0};
+  }
+
+  // The rows of kv head h of the item (row r: the token at position row_pos0 + r / G) against keys
+  // [c0, c0 + n): scores, the online-softmax update of max / sum / acc, then acc += p @ V.
   void attend_chunk(const scalar_t* const* keys, const scalar_t* const* values, int64_t n, int64_t c0,
                     const scalar_t* const* const* next_rows, int64_t next_n, int64_t row_pos0, int64_t rows,
-                    const float* qf, const scalar_t* q_raw, float* acc, float* row_max, float* row_sum,
-                    float* scores) const {
+                    int64_t h, Scratch& s) const {
     const int64_t D = head_dim;
+    const float* qf = bf16_dot ? nullptr : &s.q[h * rows * D];
+    float* acc = &s.acc[h * rows * D];
+    float* row_max = &s.max[h * rows];
+    float* row_sum = &s.sum[h * rows];
+    float* new_max = s.new_max.data();
+    float* scores = s.scores.data();
     // scores[r * kChunk + j]: row r against key c0 + j; 8 (16 with AVX-512) accumulators per tile.
     int64_t r = 0;
 #if defined(CPU_CAPABILITY_AVX512)
     if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
       if (bf16_dot) {
-        qk_bf16(q_raw, rows, D, keys, n, scale, scores, next_rows, next_n);
+        qk_bf16(&s.q_raw[h * rows * D], rows, D, keys, n, scale, scores, next_rows, next_n);
         r = rows;
       }
     }
@@ -578,46 +590,52 @@ struct PagedAttention {
     for (; r < rows; ++r, next_n = 0) qk_rows<1, 8>(qf + r * D, keys, n, scores + r * kChunk, next_rows, next_n);
 
     // Online softmax, per row over the keys it sees in this chunk: a contiguous range [lo, hi)
-    // (causal and window bounds), so masked keys never enter exp and get p = 0.
+    // (causal and window bounds), so masked keys never enter exp and get p = 0. Two passes over the
+    // rows (the new maxima, then exponentials and sums): one row's max -> exp -> sum chain is long,
+    // and rows overlap better apart (~5% of a prefill chunk). Ragged ends (the causal diagonal, a
+    // context's last chunk) take one masked step.
+    const Vec lowest(-std::numeric_limits<float>::infinity());
+    for (r = 0; r < rows; ++r) {
+      const float* p = scores + r * kChunk;
+      const auto [lo, hi] = visible(row_pos0 + r / groups, c0, n);
+      Vec chunk_max = lowest;  // a vector max: a scalar chain costs its latency per key
+      int64_t j = lo;
+      for (; j + kLanes <= hi; j += kLanes) chunk_max = at::vec::maximum(chunk_max, Vec::loadu(p + j));
+      if (j < hi) chunk_max = at::vec::maximum(chunk_max, Vec::set(lowest, Vec::loadu(p + j, hi - j), hi - j));
+      new_max[r] = std::max(row_max[r], hmax(chunk_max));
+    }
     for (r = 0; r < rows; ++r) {
       float* p = scores + r * kChunk;
-      const int64_t pos = row_pos0 + r / groups;
-      const int64_t lo = (window > 0 ? std::max(c0, pos - window + 1) : c0) - c0;
-      const int64_t hi = std::min(c0 + n, pos + 1) - c0;
+      const auto [lo, hi] = visible(row_pos0 + r / groups, c0, n);
       if (lo >= hi) {
         std::fill_n(p, n, 0.f);
         continue;
       }
-      float chunk_max = p[lo];
-      {  // vector max: a scalar max chain costs its latency per key
-        int64_t j = lo;
-        if (hi - lo >= kLanes) {
-          Vec m = Vec::loadu(p + lo);
-          for (j = lo + kLanes; j + kLanes <= hi; j += kLanes) m = at::vec::maximum(m, Vec::loadu(p + j));
-          chunk_max = hmax(m);
-        }
-        for (; j < hi; ++j) chunk_max = std::max(chunk_max, p[j]);
-      }
-      const float m_new = std::max(row_max[r], chunk_max);
-      const float alpha = std::exp(row_max[r] - m_new);  // 0 on the row's first keys (max = -inf)
-      const Vec m_vec(m_new);
+      const Vec m(new_max[r]);
       Vec total(0.f);
       int64_t j = lo;
       for (; j + kLanes <= hi; j += kLanes) {
-        const Vec e = (Vec::loadu(p + j) - m_vec).exp_u20();
+        const Vec e = (Vec::loadu(p + j) - m).exp_u20();
         e.store(p + j);
         total = total + e;
       }
-      float sum = hsum(total);
-      for (; j < hi; ++j) sum += (p[j] = std::exp(p[j] - m_new));
+      if (j < hi) {
+        const Vec e = Vec::set(Vec(0.f), (Vec::loadu(p + j, hi - j) - m).exp_u20(), hi - j);
+        e.store(p + j, hi - j);
+        total = total + e;
+      }
       std::fill(p, p + lo, 0.f);
       std::fill(p + hi, p + n, 0.f);
-      row_sum[r] = row_sum[r] * alpha + sum;
-      row_max[r] = m_new;
-      if (alpha != 1.f) {
+      // The running max moved: rescale what was summed under the old one (0 on the row's first keys,
+      // max = -inf). Unchanged, as on most chunks past the first, there is nothing to do.
+      if (new_max[r] > row_max[r]) {
+        const float alpha = std::exp(row_max[r] - new_max[r]);
+        row_sum[r] *= alpha;
         float* a = acc + r * D;
         for (int64_t d = 0; d < D; ++d) a[d] *= alpha;
+        row_max[r] = new_max[r];
       }
+      row_sum[r] += hsum(total);
     }
 
     // acc += p @ V; 8 accumulators per tile. With bf16_dot, the dims past the last block of 32 here
