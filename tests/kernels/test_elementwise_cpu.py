@@ -151,6 +151,25 @@ def test_silu_and_mul_equals_the_twin(calls, cpu_dtype):
     assert calls == ["silu_and_mul"]
 
 
+def test_silu_and_mul_equals_the_twin_across_the_float32_range(calls):
+    # The op's own exp against ATen's: gates spread over every exponent and sign (a stride through
+    # the 2^32 bit patterns, plus the cut-offs where exp(-g) underflows to 0 or overflows to inf,
+    # infinities and NaN), up = 1 so each output is silu(g) itself.
+    bits = torch.arange(0, 2**32, 4099, dtype=torch.int64)
+    gate = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32).view(torch.float32)
+    edges = torch.tensor([-104.0, -100.0, 100.0, 104.0, 88.7, -88.7, 0.0, -0.0])
+    special = torch.tensor([float("inf"), -float("inf"), float("nan")])
+    gate = torch.cat((edges, edges.nextafter(torch.tensor(0.0)), special, gate))
+    gate = gate[: gate.numel() // 64 * 64].view(-1, 64)
+    got = silu_and_mul_cpu(torch.cat((gate, torch.ones_like(gate)), dim=1))
+    want = torch.nn.functional.silu(gate)
+    same = (got.view(torch.int32) == want.view(torch.int32)) | (got.isnan() & want.isnan())
+    assert same.all(), (
+        f"{int((~same).sum())} of {same.numel()} differ, e.g. at {gate[~same][:5].tolist()}"
+    )
+    assert calls == ["silu_and_mul"]
+
+
 @pytest.mark.parametrize("cpu_dtype", DTYPES, ids=DTYPE_IDS)
 def test_silu_and_mul_tail_and_strided_rows(calls, assert_close, cpu_dtype):
     # 100 is no multiple of the vector width (a partial last vector); a row-strided column slice.

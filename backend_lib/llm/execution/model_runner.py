@@ -213,9 +213,14 @@ class ModelRunner:
         """Forward the flattened batch; float32 logits of the sampling rows only [R, vocab]."""
         with torch.inference_mode():
             hidden = self.model(
-                batch.input_ids, batch.positions, batch.meta, self.kv_pool.layer_caches, batch.lora
+                batch.input_ids,
+                batch.positions,
+                batch.meta,
+                self.kv_pool.layer_caches,
+                batch.lora,
+                output_rows=batch.sample_indices,
             )
-            return self.model.compute_logits(hidden[batch.sample_indices])
+            return self.model.compute_logits(hidden)
 
     def prepare_input(
         self, scheduled: list[ScheduledSequence], num_samples: Mapping[int, int] | None = None

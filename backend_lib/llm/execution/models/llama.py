@@ -213,7 +213,10 @@ class LlamaDecoderLayer(nn.Module):
         meta: AttentionMetadata,
         rope_cache: torch.Tensor,
         lora: LoRABatch | None = None,
+        keep_rows: torch.Tensor | None = None,
     ):
+        """`keep_rows` (int64 [R], without LoRA): after the attention block (which writes every row's
+        K/V), only these rows go on, in this order."""
         # The residual stream is carried separately so each norm fuses the residual add.
         if residual is None:
             residual = hidden
@@ -221,6 +224,11 @@ class LlamaDecoderLayer(nn.Module):
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(positions, hidden, kv_cache, meta, rope_cache, lora)
+        if keep_rows is not None:
+            hidden, residual = (
+                hidden.index_select(0, keep_rows),
+                residual.index_select(0, keep_rows),
+            )
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden, lora), residual
 
@@ -291,18 +299,30 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
         kv_caches: list[KVCache],
         lora: LoRABatch | None = None,
+        output_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """input_ids, positions: [T] -> final-normed hidden states [T, hidden_size]; `lora`
-        maps rows to adapters (None: the base model for every row)."""
+        maps rows to adapters (None: the base model for every row).
+
+        `output_rows` (int64 [R], may repeat): return only these rows' states [R, hidden_size], in
+        this order. The last layer's MLP then runs on them alone: a prompt token's state past its
+        last layer's attention feeds nothing but its own logits, which nobody samples (its K/V, all
+        a later token needs, are written before). Same values as selecting afterwards."""
         if self.native is not None and NativeForward.serves(meta, lora):
-            return self.native(input_ids, positions, meta, kv_caches)
+            return self.native(input_ids, positions, meta, kv_caches, output_rows)
         hidden = self.model.embed_tokens(input_ids)
         residual = None
-        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+        last = len(self.model.layers) - 1
+        # With LoRA rows the MLP's adapters follow the full row layout: select at the end instead.
+        keep_rows = output_rows if lora is None else None
+        for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
             hidden, residual = layer(
-                positions, hidden, residual, kv_cache, meta, self.rope_cache, lora
-            )
+                positions, hidden, residual, kv_cache, meta, self.rope_cache, lora,
+                keep_rows if i == last else None,
+            )  # fmt: skip
         hidden, _ = self.model.norm(hidden, residual)
+        if output_rows is not None and keep_rows is None:
+            hidden = hidden.index_select(0, output_rows)
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -92,8 +92,10 @@ class NativeForward:
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_caches: list[KVCache],
+        output_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """`LlamaForCausalLM.forward`'s contract (without LoRA)."""
+        """`LlamaForCausalLM.forward`'s contract (without LoRA), `output_rows` selected where the
+        module path selects them (after the last layer's attention block)."""
         ops = torch.ops.llm_cpu
         positions = positions.long().contiguous()
         slots = meta.slot_mapping.long().contiguous()
@@ -105,6 +107,7 @@ class NativeForward:
         a = self.attention
         hidden = self.model.model.embed_tokens(input_ids)
         residual = None
+        last = self.layers[-1]
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             normed = torch.empty_like(hidden)
             if residual is None:
@@ -130,6 +133,10 @@ class NativeForward:
                 layer.sliding_window, seqs, attended,
             )  # fmt: skip
             projected = layer.o(attended.view(tokens, a.q_size))
+            if layer is last and output_rows is not None:
+                projected = projected.index_select(0, output_rows)
+                residual = residual.index_select(0, output_rows)
+                tokens = output_rows.shape[0]
             normed, summed = torch.empty_like(projected), torch.empty_like(projected)
             ops.rms_norm(projected, layer.post_norm, self.eps, residual, normed, summed)
             residual = summed
