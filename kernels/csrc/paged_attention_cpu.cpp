@@ -9,10 +9,9 @@
 // time, finding each row through the block table, straight from the cache (any block_size), and
 // takes its kv heads in turn on each chunk, so the memory of a chunk's tokens is read in order:
 // scores for every row (register tiles of rows x keys; bfloat16 pairs through AVX512-BF16's dot
-// product where the CPU has it, qk_bf16), an online softmax in float32 (rescaling the
-// accumulator once per chunk), then p @ V into a float32 accumulator (with AVX512-BF16, p rounded to
-// bfloat16 pairs, pv_bf16); the result is written in q's
-// dtype. Items run under at::parallel_for (so torch.set_num_threads holds; built
+// product where the CPU has it, qk_bf16), an online softmax in float32 (a row's accumulator
+// rescaled on the chunks where its running max moves), then p @ V into a float32 accumulator (with
+// AVX512-BF16, p rounded to bfloat16 pairs, pv_bf16); the result is written in q's dtype. Items run under at::parallel_for (so torch.set_num_threads holds; built
 // with -fopenmp), longest first, handed out dynamically (their costs differ with the context).
 
 // at::vec picks its implementation from these macros (libtorch defines them per build of each
@@ -46,7 +45,7 @@ constexpr int64_t kLanes = Vec::size();
 // Rows of a tile: enough to amortise each key/value load, few enough that the float32 working set
 // (rows x head_dim accumulator + queries) stays in L1.
 constexpr int64_t kTileRows = 16;
-// Keys per softmax step: the accumulator is rescaled once per chunk. Chunks ignore block
+// Keys per softmax step: the accumulator is rescaled at most once per chunk. Chunks ignore block
 // boundaries (each key row is found through its own pointer), so small blocks cost nothing extra.
 constexpr int64_t kChunk = 32;
 #if defined(CPU_CAPABILITY_AVX512)
