@@ -105,24 +105,22 @@ TARGETS = (
         1.0,
         "engine output tokens/s vs OpenVINO GenAI continuous batching, float32, CPU (worst of 1 "
         "and 2 threads)",
-        "At parity at 2 threads: 1.06x at 1 thread, 1.00x (0.997) at 2 (medians of 3 "
-        "interleaved repeats; single runs of the same code at 2 threads gave 1.03x, 1.03x and "
-        "0.98x: the run-to-run spread, ~3%, is wider than the gap). Both run their GEMMs at this "
-        "CPU's peak (6.6 s of our 9.5 s at 2 threads; OpenVINO's MatMul on the model's shapes "
-        "0.86-0.95x our packed oneDNN linears), so the rest decides: ours 2.8 s at 2 threads "
-        "(paged attention 1.3 s, other ops 0.7 s, Python around the ops 0.9 s, which does not "
-        "shrink with threads) against OpenVINO's ~1.7 s estimated. The largest lever left is "
-        "the float32 attention: it needs ~0.8 s of FMAs at 1 thread (2.9M decode and 2.7M "
-        "prefill key visits per layer and KV head, 4 query heads of 64 per key) and takes 2.4 s; "
-        "by instruction count about a third of the QK tile is horizontal sums (keys along rows), "
-        "which a key-major K layout (keys along vector lanes) would remove.",
+        "Last measured 1.11x at 1 thread, 1.07x at 2 (medians of 3 interleaved repeats; single "
+        "runs move ~3% on this shared machine). Both run their GEMMs at this CPU's peak (11.3 s "
+        "of our 15.2 s at 1 thread; OpenVINO's MatMul on the model's shapes 0.87-0.93x our packed "
+        "oneDNN linears), so the rest decides: ours is the paged attention (2.3 s at 1 thread; "
+        "at 2 threads decode reads the KV cache near this machine's memory bandwidth, ~40 GB/s), "
+        "the small ops (0.6 s) and the Python around the ops (~0.9 s, which does not shrink with "
+        "threads). The levers left: the float32 QK tile's horizontal sums (keys along rows; a "
+        "key-major K layout would remove them) and the last layer's attention for rows nobody "
+        "samples.",
     ),
     Target(
         "engine_bf16_vs_openvino_genai_bf16",
         1.0,
         "the same in bfloat16 (run only where the CPU has native bf16)",
-        "1.08x at 1 thread, 1.06x at 2 (medians of 3 repeats; 0.93x / 0.88x before the "
-        "attention work, 0.96x at 2 threads before the fast path). bf16 GEMMs take half the float32 "
+        "Last measured 1.15x at 1 thread, 1.09x at 2 (medians of 3 repeats; 0.93x / 0.88x before "
+        "the attention work, 0.96x at 2 threads before the fast path). bf16 GEMMs take half the float32 "
         "time, so the fixed Python per step weighs twice as much; the attention computes its "
         "bf16 scores and P @ V with AVX512-BF16's dot product (vdpbf16ps).",
     ),

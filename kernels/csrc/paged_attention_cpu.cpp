@@ -11,8 +11,9 @@
 // scores for every row (register tiles of rows x keys; bfloat16 pairs through AVX512-BF16's dot
 // product where the CPU has it, qk_bf16), an online softmax in float32 (a row's accumulator
 // rescaled on the chunks where its running max moves), then p @ V into a float32 accumulator (with
-// AVX512-BF16, p rounded to bfloat16 pairs, pv_bf16); the result is written in q's dtype. Items run under at::parallel_for (so torch.set_num_threads holds; built
-// with -fopenmp), longest first, handed out dynamically (their costs differ with the context).
+// AVX512-BF16, p rounded to bfloat16 pairs, pv_bf16); the result is written in q's dtype. Items run
+// under at::parallel_for (so torch.set_num_threads holds; built with -fopenmp), longest first, handed
+// out dynamically (their costs differ with the context).
 
 // at::vec picks its implementation from these macros (libtorch defines them per build of each
 // kernel); derive them from the ISA this file is compiled for (-march, chosen by cpu_extension.py).
