@@ -120,8 +120,8 @@ TARGETS = (
         1.0,
         "the same in bfloat16 (run only where the CPU has native bf16)",
         "Last measured 1.15x at 1 thread, 1.09x at 2 (medians of 3 repeats; 0.93x / 0.88x before "
-        "the attention work, 0.96x at 2 threads before the fast path). bf16 GEMMs take half the float32 "
-        "time, so the fixed Python per step weighs twice as much; the attention computes its "
+        "the attention work, 0.96x at 2 threads before the fast path). bf16 GEMMs take half the "
+        "float32 time, so the fixed Python per step weighs twice as much; the attention computes its "
         "bf16 scores and P @ V with AVX512-BF16's dot product (vdpbf16ps).",
     ),
     Target(

@@ -27,8 +27,8 @@ with an online softmax and accumulation in float32, in q's dtype out (float32, b
 on a CPU with AVX512-BF16, bfloat16 scores and P @ V go through its dot product (P rounded to
 bfloat16 for it, as GPU kernels do); items spread over torch's intra-op threads. The plan routes
 each sequence: decodes and short chunks to the op, long chunks after a cached prefix to the SDPA
-call above, whose GEMMs win there (`_native_takes` has the measured rule). Without the library (no compiler at setup, another torch)
-everything goes through the PyTorch path.
+call above, whose GEMMs win there (`_native_takes` has the measured rule). Without the library (no
+compiler at setup, another torch) everything goes through the PyTorch path.
 
 Triton path: ONE unified kernel for prefill chunks and decodes alike, so a mixed batch is one launch.
 A program owns one query tile of one sequence and one kv head: BLOCK_M rows = BLOCK_Q consecutive new
