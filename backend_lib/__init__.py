@@ -7,5 +7,5 @@ device.py (device and dtype), checkpoint.py (resolving and checking a local chec
 directory), triton_io.py (reading request tensors), errors.py (errors a client sees), metrics.py
 (metrics through `pb_utils.MetricFamily` or prometheus_client) and linear.py (oneDNN-packed
 linear layers). The models: encoder/ (embedding and rerank) and llm/ (the LLM engine:
-serving/, core/, execution/).
+serving/, engine/, core/, execution/, lora/, structured/).
 """

@@ -15,10 +15,9 @@ import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-T = TypeVar("T")
+from backend_lib import contract
 
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -30,15 +29,11 @@ class ConfigError(ValueError):
 
 
 def parse_bool(key: str, raw: Any) -> bool:
-    """Parse a boolean written as true/false/1/0/yes/no/on/off (any case)."""
-    if isinstance(raw, bool):
-        return raw
-    text = str(raw).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ConfigError(key, raw, "expected a boolean (true/false)")
+    """Parse a boolean as `contract.parse_bool` does (true/false/1/0/yes/no/on/off, any case)."""
+    try:
+        return contract.parse_bool(raw)
+    except ValueError:
+        raise ConfigError(key, raw, "expected a boolean (true/false)") from None
 
 
 def _convert(key: str, raw: Any, annotation: Any) -> Any:

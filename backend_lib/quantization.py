@@ -14,7 +14,7 @@ How a quantized layer computes (`QuantizedLinear.backend`):
   rescales to float32. fbgemm picks one scale per call; each row is first divided by its own
   max |x| (and the result multiplied back), so the activation scale is in effect per token.
   It is the fastest CPU path measured (1.2-2x faster than the float32 oneDNN linear on AVX2; see
-  README "Quantization"), and passes the perplexity gate (tests/llm/test_quantization_quality.py).
+  README "Quantization"), and passes the perplexity gate (tests/llm/execution/test_quantization_quality.py).
   The weights it holds are the same per-channel symmetric int8 values (packed by fbgemm).
 - `triton` (CUDA, int8 or fp8): weight-only; `kernels.quantized_linear.quantized_linear_triton`
   dequantizes in the kernel and accumulates in float32.

@@ -6,6 +6,7 @@ the engine in-process), plus the Triton kernel micro-benchmarks. Results: bench/
     python -m bench.<name> [--quick] [--out PATH] ...                  # one benchmark alone
     python -m bench.kernels --tiny --out /tmp/kernels.json             # kernels (GPU; CPU: --tiny)
 
-Every benchmark module shares one interface (see bench.cli) and checks that the compared systems
-give the same outputs before it times them, interleaved.
+Every benchmark module declares one `Benchmark` (bench.skeleton: its flags, run, report section
+and plots; the command line they share is bench.cli) and checks that the compared systems give
+the same outputs before it times them, interleaved.
 """

@@ -1,8 +1,9 @@
 """`make bench`: every benchmark in one run, then `summary.json`, a Markdown report and PNG plots.
 
 Each benchmark runs alone in its own process (`python -m bench.<name> --out ...`), one after
-another, so none competes with another for the CPU. Then each module's `report(result)` and
-`plot(result, out_dir)` build the report. Results land in `--out-dir` (default bench/results/):
+another, so none competes with another for the CPU. Then each module's `Benchmark`
+(bench.skeleton) gives its report section and its plots. Results land in `--out-dir` (default
+bench/results/):
 
     <name>.json     one per benchmark (raw repeats, settings, machine)
     summary.json    the headline figures (the keys below), machine and versions
@@ -19,16 +20,16 @@ larger models and the Triton kernels.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.output import machine_info, progress, write_result
+from bench.skeleton import load
 from bench.summary import (
     TARGETS,
     collect_missing,
@@ -42,10 +43,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
-class Benchmark:
+class SuiteEntry:
+    """One benchmark's place in the suite."""
+
     name: str
     """`python -m bench.<name>` writes <name>.json."""
     title: str
+    """Its progress line, and its report section's heading should its report fail."""
     full_args: tuple[str, ...] = ()
     """Arguments of the full (CPU) run, chosen so that the whole suite fits in 20 minutes on 2 cores."""
 
@@ -54,26 +58,26 @@ class Benchmark:
 # 2-core machine two OpenMP threads stall whenever anything else takes a core, which made repeated
 # runs differ several-fold; one thread gives steady ratios, and both sides of each ratio get it.
 BENCHMARKS = (
-    Benchmark("engine", "LLM engine vs transformers", ("--repeats", "1")),
-    Benchmark("engine_peers", "LLM engine vs OpenVINO GenAI and CTranslate2 (CPU)"),
-    Benchmark("batching_spread", "Continuous vs static batching"),
-    Benchmark("prefix_cache", "Prefix caching"),
-    Benchmark("kv_memory", "KV memory"),
-    Benchmark("preemption", "Preemption: recompute vs swap"),
-    Benchmark("lora", "Multi-LoRA: adapters + base vs base alone"),
-    Benchmark("serving", "Serving through tritonserver"),
-    Benchmark(
+    SuiteEntry("engine", "LLM engine vs transformers", ("--repeats", "1")),
+    SuiteEntry("engine_peers", "LLM engine vs OpenVINO GenAI and CTranslate2 (CPU)"),
+    SuiteEntry("batching_spread", "Continuous vs static batching"),
+    SuiteEntry("prefix_cache", "Prefix caching"),
+    SuiteEntry("kv_memory", "KV memory"),
+    SuiteEntry("preemption", "Preemption: recompute vs swap"),
+    SuiteEntry("lora", "Multi-LoRA: adapters + base vs base alone"),
+    SuiteEntry("serving", "Serving through tritonserver"),
+    SuiteEntry(
         "embedding", "Embedding vs sentence-transformers", ("--texts", "250", "--repeats", "3")
     ),
-    Benchmark("embedding_peers", "Embedding vs OpenVINO and ONNX Runtime (CPU)"),
-    Benchmark("rerank", "Rerank vs CrossEncoder"),
-    Benchmark("encoders_served", "Embedding and rerank through tritonserver"),
-    Benchmark("openai_frontend", "OpenAI frontend vs gRPC"),
-    Benchmark("structured_outputs", "Structured outputs: constrained vs free"),
+    SuiteEntry("embedding_peers", "Embedding vs OpenVINO and ONNX Runtime (CPU)"),
+    SuiteEntry("rerank", "Rerank vs CrossEncoder"),
+    SuiteEntry("encoders_served", "Embedding and rerank through tritonserver"),
+    SuiteEntry("openai_frontend", "OpenAI frontend vs gRPC"),
+    SuiteEntry("structured_outputs", "Structured outputs: constrained vs free"),
 )
 
 
-def benchmark_args(bench: Benchmark, quick: bool, gpu: bool) -> list[str]:
+def benchmark_args(bench: SuiteEntry, quick: bool, gpu: bool) -> list[str]:
     args = ["--quick"] if quick else list(bench.full_args)
     if gpu:
         args += ["--device", "cuda", "--dtype", "bfloat16"]
@@ -82,7 +86,7 @@ def benchmark_args(bench: Benchmark, quick: bool, gpu: bool) -> list[str]:
     return args
 
 
-def run_benchmark(bench: Benchmark, out: Path, args: list[str], timeout: float) -> str | None:
+def run_benchmark(bench: SuiteEntry, out: Path, args: list[str], timeout: float) -> str | None:
     """Run one benchmark in its own process; None on success, else what went wrong."""
     command = [sys.executable, "-m", f"bench.{bench.name}", "--out", str(out.resolve()), *args]
     progress(f"{bench.name}: {' '.join(command[1:])}")
@@ -115,19 +119,74 @@ def run_benchmark(bench: Benchmark, out: Path, args: list[str], timeout: float) 
     return None
 
 
-def load_module(name: str):
-    """The benchmark's module (for its report() and plot())."""
-    return importlib.import_module(f"bench.{name}")
+@dataclass
+class Outcome:
+    """What the benchmarks left: each one's result, or why it has none, and the seconds it took."""
+
+    results: dict[str, dict] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def read(self, bench: SuiteEntry, out: Path, error: str | None) -> None:
+        """Record the result at `out`, or `error`."""
+        if error is None:
+            self.results[bench.name] = json.loads(out.read_text(encoding="utf-8"))
+        else:
+            self.failures[bench.name] = error
+            progress(f"{bench.name} FAILED: {error}")
+
+
+def run_all(selected: list[SuiteEntry], args: argparse.Namespace) -> Outcome:
+    """Each selected benchmark in turn, in its own process."""
+    outcome = Outcome()
+    for index, bench in enumerate(selected, 1):
+        out = args.out_dir / f"{bench.name}.json"
+        progress(f"[{index}/{len(selected)}] {bench.title}")
+        started = time.monotonic()
+        error = run_benchmark(bench, out, benchmark_args(bench, args.quick, args.gpu), args.timeout)
+        outcome.seconds[bench.name] = time.monotonic() - started
+        outcome.read(bench, out, error)
+    return outcome
+
+
+def read_all(selected: list[SuiteEntry], out_dir: Path) -> Outcome:
+    """The results already in `out_dir` (--report-only), with the seconds of the run that wrote
+    them."""
+    outcome = Outcome()
+    for bench in selected:
+        out = out_dir / f"{bench.name}.json"
+        outcome.read(bench, out, None if out.exists() else f"no result {out}")
+    previous = out_dir / "summary.json"
+    if previous.exists():
+        outcome.seconds = json.loads(previous.read_text(encoding="utf-8"))["seconds"]
+    return outcome
+
+
+def make_plots(out_dir: Path, results: dict[str, dict]) -> dict[str, list[Path]]:
+    plots: dict[str, list[Path]] = {}
+    for name, result in results.items():
+        try:
+            plots[name] = list(load(name).plot(result, out_dir))
+        except Exception as exc:
+            progress(f"{name}: plot() failed: {exc!r}")
+    return plots
+
+
+def section(bench: SuiteEntry, result: dict, plots: list[Path]) -> list[str]:
+    """The benchmark's section of the report, and a link to each of its plots."""
+    try:
+        lines = load(bench.name).section(result)
+    except Exception as exc:  # a broken report of one benchmark must not lose the others
+        lines = [f"### {bench.title}", "", f"report() failed: {exc!r}"]
+    return [*lines, "", *(f"![{p.stem}]({p.name})" for p in plots), ""]
 
 
 def write_report(
-    out_dir: Path,
-    results: dict[str, dict],
-    failures: dict[str, str],
+    args: argparse.Namespace,
+    outcome: Outcome,
     figures: dict[str, float],
     missing: dict[str, str],
     plots: dict[str, list[Path]],
-    args: argparse.Namespace,
     machine: dict,
 ) -> Path:
     mode = "quick (tiny sizes: the figures mean nothing)" if args.quick else "full"
@@ -146,64 +205,26 @@ def write_report(
         *missed_targets(figures),
         *not_measured(missing),
     ]
-    if failures:
+    if outcome.failures:
         lines += ["## Failed benchmarks", ""]
-        lines += [f"- `{name}`: {why}" for name, why in failures.items()]
+        lines += [f"- `{name}`: {why}" for name, why in outcome.failures.items()]
         lines.append("")
     for bench in BENCHMARKS:
-        if bench.name not in results:
-            continue
-        try:
-            section = load_module(bench.name).report(results[bench.name])
-        except Exception as exc:  # a broken report of one benchmark must not lose the others
-            section = [f"### {bench.title}", "", f"report() failed: {exc!r}"]
-        lines += [*section, ""]
-        lines += [f"![{p.stem}]({p.name})" for p in plots.get(bench.name, [])]
-        lines.append("")
-    path = out_dir / "report.md"
+        if bench.name in outcome.results:
+            lines += section(bench, outcome.results[bench.name], plots.get(bench.name, []))
+    path = args.out_dir / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
 
 
-def make_plots(out_dir: Path, results: dict[str, dict]) -> dict[str, list[Path]]:
-    plots: dict[str, list[Path]] = {}
-    for name, result in results.items():
-        try:
-            plots[name] = list(load_module(name).plot(result, out_dir))
-        except Exception as exc:
-            progress(f"{name}: plot() failed: {exc!r}")
-    return plots
-
-
 def run(args: argparse.Namespace) -> dict:
-    out_dir: Path = args.out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
     selected = [b for b in BENCHMARKS if not args.only or b.name in args.only]
-    results: dict[str, dict] = {}
-    failures: dict[str, str] = {}
-    seconds: dict[str, float] = {}
     suite_started = time.monotonic()
-    for index, bench in enumerate(selected, 1):
-        out = out_dir / f"{bench.name}.json"
-        if args.report_only:
-            error = None if out.exists() else f"no result {out}"
-        else:
-            progress(f"[{index}/{len(selected)}] {bench.title}")
-            started = time.monotonic()
-            error = run_benchmark(
-                bench, out, benchmark_args(bench, args.quick, args.gpu), args.timeout
-            )
-            seconds[bench.name] = time.monotonic() - started
-        if error is None:
-            results[bench.name] = json.loads(out.read_text(encoding="utf-8"))
-        else:
-            failures[bench.name] = error
-            progress(f"{bench.name} FAILED: {error}")
-    if args.report_only and (out_dir / "summary.json").exists():
-        seconds = json.loads((out_dir / "summary.json").read_text(encoding="utf-8"))["seconds"]
-    figures, sources = collect_summary(results)
-    missing = collect_missing(results, figures)
-    plots = make_plots(out_dir, results)
+    outcome = read_all(selected, args.out_dir) if args.report_only else run_all(selected, args)
+    figures, sources = collect_summary(outcome.results)
+    missing = collect_missing(outcome.results, figures)
+    plots = make_plots(args.out_dir, outcome.results)
     machine = machine_info()
     summary = {
         **figures,
@@ -214,13 +235,13 @@ def run(args: argparse.Namespace) -> dict:
         "targets": {t.key: t.minimum for t in TARGETS},
         "sources": sources,
         "missing": missing,
-        "failed": failures,
-        "seconds": seconds
+        "failed": outcome.failures,
+        "seconds": outcome.seconds
         if args.report_only
-        else {**seconds, "total": time.monotonic() - suite_started},
+        else {**outcome.seconds, "total": time.monotonic() - suite_started},
     }
-    write_result(out_dir / "summary.json", summary)
-    report = write_report(out_dir, results, failures, figures, missing, plots, args, machine)
+    write_result(args.out_dir / "summary.json", summary)
+    report = write_report(args, outcome, figures, missing, plots, machine)
     print(f"wrote {report}")
     print("\n".join(summary_table(figures)))
     return summary

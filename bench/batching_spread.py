@@ -28,19 +28,20 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench import cli, plots
 from bench.engine import hf_static
 from bench.llm import Workload, check_same, greedy, load_hf_model, new_engine
-from bench.output import machine_info, progress
+from bench.output import progress
+from bench.skeleton import Benchmark
 from bench.timing import spread, time_interleaved, timed
 from tooling.checkpoints import Sizes, build_random_llama
 
 NAME = "batching_spread"
+HEADING = "Continuous vs static batching under output-length spread"
+DEFAULTS = cli.Defaults(cli.DEFAULT_DTYPE, threads=1, repeats=1)
 
 
 @dataclass(frozen=True)
@@ -173,12 +174,7 @@ def spread_record(
     }
 
 
-def run(args: argparse.Namespace) -> dict:
-    with tempfile.TemporaryDirectory(prefix="bench-spread-") as tmp:
-        return _run(args, Path(tmp))
-
-
-def _run(args: argparse.Namespace, model_dir: Path) -> dict:
+def run(args: argparse.Namespace, model_dir: Path) -> dict:
     device, _, dtype = cli.setup_torch(args)
     preset = PRESETS[cli.mode(args.quick, device)]
     sizes = preset.sizes
@@ -217,8 +213,6 @@ def _run(args: argparse.Namespace, model_dir: Path) -> dict:
         runs.append(spread_record(spread_, workload, seconds, systems.steps, sizes.static_batch))
 
     return {
-        "benchmark": NAME,
-        "quick": args.quick,
         "device": str(device),
         "dtype": dtype,
         "model": {**asdict(sizes), "parameters": num_params},
@@ -243,7 +237,6 @@ def _run(args: argparse.Namespace, model_dir: Path) -> dict:
         "summary": {
             "continuous_vs_static_at_max_spread": runs[-1]["continuous_speedup"]["static_engine"]
         },
-        "machine": machine_info(),
     }
 
 
@@ -251,8 +244,6 @@ def report(result: dict) -> list[str]:
     runs = result["runs"]
     w = result["workload"]
     lines = [
-        "### Continuous vs static batching under output-length spread",
-        "",
         f"{w['requests']} requests (prompts {w['prompt_len'][0]}-{w['prompt_len'][1]} tokens), "
         f"output lengths uniform in [mean·(1-s), mean·(1+s)], mean {w['mean_output']}; batch size "
         f"B={w['batch_size']} for all systems. continuous: our engine, at most B running; "
@@ -302,13 +293,7 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     return [plots.save(fig, out_dir / f"{NAME}_throughput.png")]
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(dtype=cli.DEFAULT_DTYPE, threads=1, repeats=1)
-
-
-def main(argv: list[str] | None = None) -> dict:
-    return cli.main(sys.modules[__name__], argv)
-
+BENCHMARK = Benchmark(NAME, HEADING, __doc__, DEFAULTS, run, report, plot)
 
 if __name__ == "__main__":
-    main()
+    BENCHMARK.main()

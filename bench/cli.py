@@ -1,12 +1,9 @@
-"""The command line every benchmark shares, and the `main` that runs one.
+"""The command line every benchmark shares: the common flags, and what they mean for a run.
 
-The common flags are defined once here (`add_cli_args`); each benchmark module states its own
-defaults for them and adds its own flags in `add_args(parser)` (the vLLM `benchmarks/` pattern).
-A default may depend on the run (`ByMode`): tiny under --quick, else per device.
-
-A benchmark module exposes `NAME`, `add_args(parser)`, `run(args) -> dict`,
-`report(result) -> list[str]` (its Markdown section), `plot(result, out_dir) -> list[Path]` and
-`main(argv)`, which is `cli.main(<the module>, argv)`.
+The common flags are defined once here (`add_cli_args`); each benchmark states its own defaults
+for --dtype, --threads and --repeats and adds its own flags in its `Benchmark` (bench.skeleton,
+the vLLM `benchmarks/` pattern). A default may depend on the run (`ByMode`): tiny under --quick,
+else per device.
 """
 
 from __future__ import annotations
@@ -14,14 +11,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any, NamedTuple
 
-from bench.output import write_result
-
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
-OWN_DEFAULTS = ("dtype", "threads", "repeats")
-"""Common flags whose defaults every benchmark states itself."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +33,16 @@ class ByMode:
     def __str__(self) -> str:
         cuda = "" if self.cuda is None else f", CUDA {self.cuda}"
         return f"{self.cpu} (quick {self.quick}{cuda})"
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """A benchmark's defaults for the common flags that every benchmark states itself."""
+
+    dtype: str | ByMode
+    threads: int | ByMode
+    """torch CPU threads; 0: torch's default."""
+    repeats: int | ByMode
 
 
 DEFAULT_DTYPE = ByMode(quick="float32", cpu="float32", cuda="bfloat16")
@@ -77,34 +79,14 @@ def add_cli_args(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--seed", type=int, default=0)
 
 
-def parse_args(benchmark: ModuleType, argv: list[str] | None = None) -> argparse.Namespace:
-    """The benchmark's arguments: common flags, its defaults and its own flags."""
-    parser = argparse.ArgumentParser(
-        prog=f"python -m {benchmark.__spec__.name}",
-        description=(benchmark.__doc__ or "").split("\n\n")[0],
-    )
-    add_cli_args(parser, benchmark.NAME)
-    benchmark.add_args(parser)
-    missing = [flag for flag in OWN_DEFAULTS if parser.get_default(flag) is None]
-    if missing:
-        raise TypeError(f"{benchmark.NAME}.add_args sets no default for {', '.join(missing)}")
-    args = parser.parse_args(argv)
+def resolve_by_mode(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with each `ByMode` value replaced by the one this run picks."""
     by_mode = {key: value for key, value in vars(args).items() if isinstance(value, ByMode)}
     if by_mode:
         mode_ = mode(args.quick, args.device)
         for key, value in by_mode.items():
             setattr(args, key, value.pick(mode_))
     return args
-
-
-def main(benchmark: ModuleType, argv: list[str] | None = None) -> dict:
-    """Parse the arguments, run the benchmark, print its report section, write its JSON result
-    to --out."""
-    args = parse_args(benchmark, argv)
-    result = benchmark.run(args)
-    print("\n".join(benchmark.report(result)))
-    write_result(args.out, result)
-    return result
 
 
 def default_device(device: str | None):

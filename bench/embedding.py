@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
 from bench import cli
 from bench.encoders import (
     DEFAULT_MODEL,
+    add_min_cosine_flag,
     cosine_gate,
     min_cosine,
     mixed_texts,
@@ -28,14 +28,17 @@ from bench.encoders import (
     reference_model,
 )
 from bench.output import machine_info, progress
+from bench.skeleton import Benchmark
 from bench.summary import target
 from bench.timing import rates, time_repeats
 
 NAME = "embedding"
+HEADING = "Embedding (direct): Embedder vs SentenceTransformer.encode"
+DEFAULTS = cli.Defaults(cli.DEFAULT_DTYPE, threads=0, repeats=cli.ByMode(quick=1, cpu=3))
 TARGET_RATIO = target("embedding_vs_sentence_transformers")
 
 
-def run(args: argparse.Namespace) -> dict[str, object]:
+def run(args: argparse.Namespace, _scratch: Path) -> dict[str, object]:
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -70,8 +73,6 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     ratios = [a / b for a, b in zip(st_time.seconds, our_time.seconds, strict=True)]
     tokens = sum(lengths)
     return {
-        "benchmark": NAME,
-        "quick": args.quick,
         "model": args.model,
         "device": str(device),
         "dtype": dtype_name,
@@ -102,8 +103,6 @@ def report(result: dict) -> list[str]:
     ratio = result["summary"]["embedding_vs_sentence_transformers"]
     met = "met" if ratio >= TARGET_RATIO else "NOT met"
     return [
-        "### Embedding (direct): Embedder vs SentenceTransformer.encode",
-        "",
         f"{result['texts']} mixed-length texts (mean {result['tokens']['mean']:.0f} tokens, "
         f"{result['tokens']['at_max_seq_length']} truncated), all-MiniLM-L6-v2, {result['dtype']} "
         f"on {result['device']}, tokenization included, {result['repeats']} interleaved repeats. "
@@ -117,30 +116,15 @@ def report(result: dict) -> list[str]:
     ]
 
 
-def plot(result: dict, out_dir: Path) -> list[Path]:
-    return []  # two numbers: the table reads better
-
-
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(
-        dtype=cli.DEFAULT_DTYPE,
-        threads=0,
-        repeats=cli.ByMode(quick=1, cpu=3),
-        texts=cli.ByMode(quick=32, cpu=2000),
-    )
+    parser.set_defaults(texts=cli.ByMode(quick=32, cpu=2000))
     parser.add_argument("--texts", type=int, help="how many texts (default: %(default)s)")
     parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument(
-        "--min-cosine",
-        type=float,
-        default=None,
-        help="fidelity gate (default: 0.9999 for float32, 0.99 for 16-bit dtypes)",
-    )
+    add_min_cosine_flag(parser)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    return cli.main(sys.modules[__name__], argv)
-
+# No plot: two numbers, the table reads better.
+BENCHMARK = Benchmark(NAME, HEADING, __doc__, DEFAULTS, run, report, add_args=add_args)
 
 if __name__ == "__main__":
-    main()
+    BENCHMARK.main()

@@ -20,18 +20,20 @@ mode the peers are skipped (the report says why) unless --peers.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from bench import cli
 from bench.encoders import DEFAULT_MODEL, mixed_texts
 from bench.encoders import min_cosine as cosine
-from bench.output import machine_info, progress
+from bench.output import progress
 from bench.peers import plan
 from bench.peers.client import PeerError, PeerWorker
+from bench.skeleton import Benchmark
 from bench.timing import spread, time_interleaved, timed
 
 NAME = "embedding_peers"
+HEADING = "Embedding vs OpenVINO and ONNX Runtime (CPU)"
+DEFAULTS = cli.Defaults(plan.DTYPE, threads=0, repeats=cli.ByMode(quick=1, cpu=3))
 CONVERSIONS = {"openvino": "openvino-encoder", "onnxruntime": "onnx-encoder"}
 KEYS = {
     ("openvino", "float32"): "embedding_vs_openvino",
@@ -42,7 +44,7 @@ BATCH_SIZE = 32
 """The peers' batch size: sentence-transformers' default."""
 
 
-def run(args: argparse.Namespace) -> dict[str, object]:
+def run(args: argparse.Namespace, _scratch: Path) -> dict[str, object]:
     from backend_lib.checkpoint import resolve_model_path
 
     device = cli.default_device(args.device)
@@ -59,8 +61,6 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         ),
     )
     return {
-        "benchmark": NAME,
-        "quick": args.quick,
         "model": args.model,
         "device": str(device),
         "texts": len(texts),
@@ -68,7 +68,6 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "repeats": args.repeats,
         **measured,
         "settings": {"peer_batch_size": BATCH_SIZE},
-        "machine": machine_info(),
     }
 
 
@@ -128,8 +127,6 @@ def _peer(worker: PeerWorker, name: str):
 def report(result: dict) -> list[str]:
     """Markdown section of the benchmark report."""
     lines = [
-        "### Embedding vs OpenVINO and ONNX Runtime (CPU)",
-        "",
         f"{result['texts']} mixed-length texts, all-MiniLM-L6-v2, tokenization included, "
         f"{result['repeats']} interleaved repeat(s) per thread count. The peers run in a worker "
         "process of their own environment (.venv-peers: not the same process) with the same "
@@ -147,24 +144,15 @@ def report(result: dict) -> list[str]:
     return [*lines, "", *plan.summary_lines(result)]
 
 
-def plot(result: dict, out_dir: Path) -> list[Path]:
-    return []  # the table holds every thread count and dtype
-
-
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(
-        **plan.DEFAULTS,
-        repeats=cli.ByMode(quick=1, cpu=3),
-        texts=cli.ByMode(quick=16, cpu=250),
-    )
     plan.add_args(parser)
+    parser.set_defaults(texts=cli.ByMode(quick=16, cpu=250))
     parser.add_argument("--texts", type=int, help="how many texts (default: %(default)s)")
     parser.add_argument("--model", default=DEFAULT_MODEL)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    return cli.main(sys.modules[__name__], argv)
-
+# No plot: the table holds every thread count and dtype.
+BENCHMARK = Benchmark(NAME, HEADING, __doc__, DEFAULTS, run, report, add_args=add_args)
 
 if __name__ == "__main__":
-    main()
+    BENCHMARK.main()

@@ -3,6 +3,7 @@ pairs), the sentence-transformers references, and how outputs are compared with 
 
 from __future__ import annotations
 
+import argparse
 import random
 from pathlib import Path
 
@@ -140,6 +141,16 @@ def cosine_gate(dtype) -> float:
     import torch
 
     return 0.9999 if dtype == torch.float32 else 0.99
+
+
+def add_min_cosine_flag(parser: argparse.ArgumentParser) -> None:
+    """--min-cosine: the embeddings' fidelity gate, when not `cosine_gate`'s."""
+    parser.add_argument(
+        "--min-cosine",
+        type=float,
+        default=None,
+        help="embedding fidelity gate (default: 0.9999 for float32, 0.99 for 16-bit dtypes)",
+    )
 
 
 def score_tolerance(dtype) -> float:

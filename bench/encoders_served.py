@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import queue
 import statistics
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +31,7 @@ from bench import cli
 from bench.encoders import (
     DEFAULT_MODEL,
     DOCUMENTS_PER_QUERY,
+    add_min_cosine_flag,
     cosine_gate,
     max_score_error,
     min_cosine,
@@ -41,13 +40,16 @@ from bench.encoders import (
     rerank_pairs,
     score_tolerance,
 )
-from bench.output import machine_info, progress
+from bench.output import progress
 from bench.rerank import HEAD_STD
 from bench.server import instance_kind, tritonserver
+from bench.skeleton import Benchmark
 from bench.timing import percentile, rates, time_repeats
 from tooling.checkpoints import build_cross_encoder
 
 NAME = "encoders_served"
+HEADING = "Encoders served: tritonserver (HTTP, concurrent clients) vs sentence-transformers"
+DEFAULTS = cli.Defaults(cli.DEFAULT_DTYPE, threads=0, repeats=cli.ByMode(quick=1, cpu=3))
 CHECK_ITEMS = 64
 """Items checked against sentence-transformers before timing (every timed output is checked too)."""
 
@@ -253,10 +255,9 @@ def rerank_task(ce, queries: list[str], documents: list[str], tolerance: float) 
     )
 
 
-def run(args: argparse.Namespace) -> dict:
-    with tempfile.TemporaryDirectory(prefix="bench-encoders-served-") as tmp:
-        cross_encoder_dir = build_cross_encoder(Path(tmp) / "cross_encoder", args.seed, HEAD_STD)
-        return run_with(args, cross_encoder_dir, Path(tmp) / "repo")
+def run(args: argparse.Namespace, scratch: Path) -> dict:
+    cross_encoder_dir = build_cross_encoder(scratch / "cross_encoder", args.seed, HEAD_STD)
+    return run_with(args, cross_encoder_dir, scratch / "repo")
 
 
 def run_with(args: argparse.Namespace, cross_encoder_dir: Path, repository: Path) -> dict:
@@ -293,8 +294,6 @@ def run_with(args: argparse.Namespace, cross_encoder_dir: Path, repository: Path
         for model in results:
             results[model]["server_batching"] = batch_request_stats(server, model)
     return {
-        "benchmark": NAME,
-        "quick": args.quick,
         "device": str(device),
         "dtype": dtype_name,
         "models": {
@@ -320,7 +319,6 @@ def run_with(args: argparse.Namespace, cross_encoder_dir: Path, repository: Path
             "references": "SentenceTransformer.encode / CrossEncoder.predict defaults "
             "(batch_size=32), all inputs in one call",
         },
-        "machine": machine_info(),
         "summary": {
             "embedding_served_vs_sentence_transformers": results["embedding"][
                 "served_vs_reference"
@@ -333,8 +331,6 @@ def run_with(args: argparse.Namespace, cross_encoder_dir: Path, repository: Path
 def report(result: dict) -> list[str]:
     workload = result["workload"]
     lines = [
-        "### Encoders served: tritonserver (HTTP, concurrent clients) vs sentence-transformers",
-        "",
         f"{workload['clients']} HTTP client threads against tritonserver; embedding: "
         f"{workload['texts']} mixed-length texts in requests of {workload['embedding_request_size']};"
         f" rerank: {workload['pairs']} (query, document) pairs in requests of one query with "
@@ -374,15 +370,8 @@ def report(result: dict) -> list[str]:
     return lines
 
 
-def plot(result: dict, out_dir: Path) -> list[Path]:
-    return []  # a few numbers: the table reads better
-
-
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(
-        dtype=cli.DEFAULT_DTYPE,
-        threads=0,
-        repeats=cli.ByMode(quick=1, cpu=3),
         texts=cli.ByMode(quick=16, cpu=128, cuda=4096),
         pairs=cli.ByMode(quick=16, cpu=96, cuda=4096),
     )
@@ -390,17 +379,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pairs", type=int, help="rerank pairs (default: %(default)s)")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--request-size", type=int, default=8, help="texts per embedding request")
-    parser.add_argument(
-        "--min-cosine",
-        type=float,
-        default=None,
-        help="embedding gate (default 0.9999 float32, 0.99 16-bit)",
-    )
+    add_min_cosine_flag(parser)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    return cli.main(sys.modules[__name__], argv)
-
+# No plot: a few numbers, the table reads better.
+BENCHMARK = Benchmark(NAME, HEADING, __doc__, DEFAULTS, run, report, add_args=add_args)
 
 if __name__ == "__main__":
-    main()
+    BENCHMARK.main()

@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -50,13 +48,16 @@ from bench.llm import (
     new_engine,
     workload_record,
 )
-from bench.output import machine_info
 from bench.peers.time_split import engine_split
+from bench.skeleton import Benchmark
+from bench.summary import target
 from bench.timing import spread, time_interleaved, timed
 from tooling.checkpoints import FULL, GPU, QUICK, build_random_llama
 from tooling.hf_reference import hf_greedy
 
 NAME = "engine"
+HEADING = "LLM engine vs transformers"
+DEFAULTS = cli.Defaults("float32", threads=0, repeats=1)
 
 
 # --- the three systems ---------------------------------------------------------------------------
@@ -105,7 +106,7 @@ class EngineRunner:
         self._time(runner, "compute_logits", "model_forward", synchronize=True)
         self._time(runner, "sampler", "sampler", synchronize=True)
         self._time(scheduler, "update", "scheduler_update")
-        self._time(engine, "_process_tokens", "detokenize_and_outputs")
+        self._time(engine.outputs, "process", "detokenize_and_outputs")
         return engine
 
     def _time(self, owner, attribute: str, phase: str, synchronize: bool = False) -> None:
@@ -204,12 +205,7 @@ def hf_continuous(model, workload: Workload) -> tuple[list[list[int]], float]:
 # --- measuring -----------------------------------------------------------------------------------
 
 
-def run(args: argparse.Namespace) -> dict[str, object]:
-    with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
-        return run_in(args, Path(tmp))
-
-
-def run_in(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
+def run(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
     import torch
 
     device, dtype, dtype_name = cli.setup_torch(args)
@@ -262,8 +258,6 @@ def run_in(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
                 + ", ".join(f"{k} {v:.2f} s" for k, v in kinds.items())
             )
     return {
-        "benchmark": "llm_engine",
-        "quick": args.quick,
         "device": str(device),
         "dtype": dtype_name,
         "model": {**asdict(sizes), "parameters": num_params},
@@ -284,7 +278,6 @@ def run_in(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
             "hf_attn_implementation": "sdpa",
             "torch_threads": torch.get_num_threads(),
         },
-        "machine": machine_info(),
     }
 
 
@@ -365,8 +358,6 @@ def report(result: dict) -> list[str]:
         "hf_continuous": "transformers `generate_batch` (its continuous batching)",
     }
     lines = [
-        "### LLM engine vs transformers",
-        "",
         f"Random-weight Llama, {model['parameters'] / 1e6:.1f}M parameters ({model['layers']} layers, "
         f"hidden {model['hidden']}, GQA {model['heads']}/{model['kv_heads']}), {result['dtype']} on "
         f"{result['device']}, {result['settings']['torch_threads']} torch thread(s). {work['requests']} "
@@ -386,25 +377,27 @@ def report(result: dict) -> list[str]:
     summary = result["summary"]
     lines += [
         "",
-        f"- engine / static `generate`: **{summary['engine_vs_hf_static']:.2f}x** (target >= 3x)",
+        f"- engine / static `generate`: **{summary['engine_vs_hf_static']:.2f}x** "
+        f"(target >= {target('engine_vs_hf_static'):g}x)",
     ]
     if "engine_vs_hf_generate_batch" in summary:
         lines.append(
             f"- engine / `generate_batch`: **{summary['engine_vs_hf_generate_batch']:.2f}x** "
-            "(target >= 5x)"
+            f"(target >= {target('engine_vs_hf_generate_batch'):g}x)"
         )
     if "int8" in result:
         int8 = result["int8"]
         lines.append(
             f"- engine with int8 weights: {int8['output_tokens_per_second']:.1f} output tokens/s, "
             f"**{int8['ratio_vs_float_engine']:.2f}x** the {result['dtype']} engine (target >= "
-            f"1.3x); greedy agreement with it {int8['agreement_with_float_engine']} (reported, "
-            "not required)"
+            f"{target('engine_int8_vs_float32'):g}x); greedy agreement with it "
+            f"{int8['agreement_with_float_engine']} (reported, not required)"
         )
     shares = ", ".join(f"{k} {v:.3f}" for k, v in result["engine_time_share"].items())
     lines.append(
         f"- share of engine wall time in the model forward: "
-        f"**{summary['forward_time_share']:.3f}** (target >= 0.8); all phases: {shares}"
+        f"**{summary['forward_time_share']:.3f}** (target >= {target('forward_time_share'):g}); "
+        f"all phases: {shares}"
     )
     return lines
 
@@ -413,11 +406,7 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     """Bar chart of output tokens/s per system."""
     rates = result["output_tokens_per_second_spread"]
     names = list(rates)
-    medians = [rates[n]["median"] for n in names]
-    errors = [
-        [rates[n]["median"] - rates[n]["min"] for n in names],
-        [rates[n]["max"] - rates[n]["median"] for n in names],
-    ]
+    medians, errors = plots.medians_and_errors(rates.values())
     fig, ax = plots.pyplot().subplots(figsize=(6, 3.5))
     ax.bar(names, medians, yerr=errors, color=["tab:green", "tab:gray", "tab:blue"][: len(names)])
     ax.set_ylabel("output tokens/s")
@@ -431,7 +420,6 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(dtype="float32", threads=0, repeats=1)
     parser.add_argument(
         "--skip-continuous", action="store_true", help="leave out transformers continuous batching"
     )
@@ -443,9 +431,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> dict:
-    return cli.main(sys.modules[__name__], argv)
-
+BENCHMARK = Benchmark(
+    NAME, HEADING, __doc__, DEFAULTS, run, report, plot, add_args, recorded_as="llm_engine"
+)
 
 if __name__ == "__main__":
-    main()
+    BENCHMARK.main()

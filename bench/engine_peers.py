@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -41,13 +39,18 @@ from pathlib import Path
 from bench import cli
 from bench.engine import EngineRunner
 from bench.llm import Workload, agreement, make_workload, workload_record
-from bench.output import machine_info, progress
+from bench.output import progress
 from bench.peers import plan, time_split
 from bench.peers.client import PeerError, PeerWorker
+from bench.skeleton import Benchmark
 from bench.timing import spread, time_interleaved
 from tooling.checkpoints import FULL, QUICK, build_random_llama
 
 NAME = "engine_peers"
+HEADING = "LLM engine vs OpenVINO GenAI and CTranslate2 (CPU)"
+# One timed repeat: with CTranslate2's static batches (~3.5x the engine's time) and the check run
+# before it, each thread count takes ~5 minutes on 2 cores; the suite allows 15 in all.
+DEFAULTS = cli.Defaults(plan.DTYPE, threads=0, repeats=1)
 CONVERSIONS = {"openvino_genai": "openvino-llm", "ctranslate2": "ctranslate2-llm"}
 KEYS = {
     ("openvino_genai", "float32"): "engine_vs_openvino_genai",
@@ -85,12 +88,7 @@ class MeteredEngine(EngineRunner):
         return [out.outputs[0].token_ids for out in outputs], seconds
 
 
-def run(args: argparse.Namespace) -> dict[str, object]:
-    with tempfile.TemporaryDirectory(prefix="bench-engine-peers-") as tmp:
-        return run_in(args, Path(tmp))
-
-
-def run_in(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
+def run(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
     device = cli.default_device(args.device)
     sizes = QUICK if args.quick else FULL
     workload = make_workload(sizes, args.seed)
@@ -106,15 +104,12 @@ def run_in(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
         ),
     )
     return {
-        "benchmark": NAME,
-        "quick": args.quick,
         "device": str(device),
         "model": {**asdict(sizes), "parameters": num_params},
         "workload": workload_record(workload, args.seed),
         "repeats": args.repeats,
         **measured,
         "settings": {"peers": peer_settings(sizes)},
-        "machine": machine_info(),
     }
 
 
@@ -216,8 +211,6 @@ def report(result: dict) -> list[str]:
     """Markdown section of the benchmark report."""
     model, work = result["model"], result["workload"]
     lines = [
-        "### LLM engine vs OpenVINO GenAI and CTranslate2 (CPU)",
-        "",
         f"Random-weight Llama, {model['parameters'] / 1e6:.1f}M parameters, {work['requests']} "
         f"requests ({work['prompt_tokens']} prompt, {work['output_tokens']} output tokens, greedy, "
         f"EOS ignored), {result['repeats']} interleaved repeat(s) per thread count. The peers run "
@@ -250,20 +243,8 @@ def _agreement(score: dict) -> str:
     return f"{score['requests']:.1%} requests, {score['tokens']:.1%} tokens{parted}"
 
 
-def plot(result: dict, out_dir: Path) -> list[Path]:
-    return []  # the table holds every thread count and dtype
-
-
-def add_args(parser: argparse.ArgumentParser) -> None:
-    # One timed repeat: with CTranslate2's static batches (~3.5x the engine's time) and the check
-    # run before it, each thread count takes ~5 minutes on 2 cores; the suite allows 15 in all.
-    parser.set_defaults(**plan.DEFAULTS, repeats=1)
-    plan.add_args(parser)
-
-
-def main(argv: list[str] | None = None) -> dict:
-    return cli.main(sys.modules[__name__], argv)
-
+# No plot: the table holds every thread count and dtype.
+BENCHMARK = Benchmark(NAME, HEADING, __doc__, DEFAULTS, run, report, add_args=plan.add_args)
 
 if __name__ == "__main__":
-    main()
+    BENCHMARK.main()

@@ -18,7 +18,6 @@ import argparse
 import math
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -27,8 +26,12 @@ from pathlib import Path
 import torch
 
 from bench import cli
+from bench.skeleton import Benchmark
 
 NAME = "kernels"
+HEADING = "Triton kernels vs PyTorch"
+# threads: the CPU interpreter's, at most 2; repeats: wall-clock calls per kernel on CPU.
+DEFAULTS = cli.Defaults("auto", threads=2, repeats=3)
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
@@ -278,7 +281,7 @@ def run_case(case: BenchCase, dtype, device, peaks: dict, repeats: int) -> Resul
     return result
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, _scratch: Path) -> dict:
     from backend_lib.device import resolve_dtype
 
     device = cli.default_device(args.device)
@@ -321,8 +324,6 @@ def report(result: dict) -> list[str]:
     """One line on the device's peaks, one per kernel."""
     peaks = result["peaks"]
     lines = [
-        "### Triton kernels vs PyTorch",
-        "",
         f"{result['device']}, {result['dtype']}: copy {peaks['copy_gbps']:.1f} GB/s, "
         f"matmul {peaks['matmul_tflops']:.2f} TFLOP/s ({result['note']})",
         "",
@@ -340,13 +341,7 @@ def report(result: dict) -> list[str]:
     return lines
 
 
-def plot(result: dict, out_dir: Path) -> list[Path]:
-    return []  # one line per kernel: the report reads better
-
-
 def add_args(parser: argparse.ArgumentParser) -> None:
-    # threads: the CPU interpreter's, at most 2; repeats: wall-clock calls per kernel on CPU.
-    parser.set_defaults(dtype="auto", threads=2, repeats=3)
     parser.add_argument(
         "--tiny",
         dest="quick",
@@ -355,8 +350,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# No plot: one line per kernel, the report reads better.
+BENCHMARK = Benchmark(NAME, HEADING, __doc__, DEFAULTS, run, report, add_args=add_args)
+
+
 def main(argv: list[str] | None = None) -> dict:
-    result = cli.main(sys.modules[__name__], argv)
+    """The benchmark's run; exits 1 (its result written) when a kernel is not correct."""
+    result = BENCHMARK.main(argv)
     if not all(r["correct"] for r in result["kernels"]):
         raise SystemExit(1)
     return result

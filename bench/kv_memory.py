@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -33,12 +31,15 @@ from pathlib import Path
 from bench import cli, plots
 from bench.batching_spread import PRESETS as SPREAD_PRESETS
 from bench.llm import greedy, make_workload, new_engine
-from bench.output import machine_info, progress
+from bench.output import progress
+from bench.skeleton import Benchmark
 from bench.summary import summary_line, target
 from bench.timing import spread
 from tooling.checkpoints import Sizes, build_random_llama
 
 NAME = "kv_memory"
+HEADING = "KV-cache memory: paged utilization and concurrency"
+DEFAULTS = cli.Defaults(cli.DEFAULT_DTYPE, threads=1, repeats=1)
 UTILIZATION_TARGET = target("kv_slot_utilization")
 MAX_MODEL_LENS = (2048, 8192)
 BLOCK_SIZE = 16
@@ -203,12 +204,7 @@ def concurrency_at(
     }
 
 
-def run(args: argparse.Namespace) -> dict:
-    with tempfile.TemporaryDirectory(prefix="bench-kv-") as tmp:
-        return _run(args, Path(tmp))
-
-
-def _run(args: argparse.Namespace, model_dir: Path) -> dict:
+def run(args: argparse.Namespace, model_dir: Path) -> dict:
     device, _, dtype = cli.setup_torch(args)
     preset = PRESETS[cli.mode(args.quick, device)]
     num_params = build_random_llama(
@@ -238,8 +234,6 @@ def _run(args: argparse.Namespace, model_dir: Path) -> dict:
 
     utilization = peak.tokens / peak.slots
     return {
-        "benchmark": NAME,
-        "quick": args.quick,
         "device": str(device),
         "dtype": dtype,
         "model": {**asdict(preset.workload), "parameters": num_params},
@@ -281,7 +275,6 @@ def _run(args: argparse.Namespace, model_dir: Path) -> dict:
             "kv_slot_utilization": utilization,
             "concurrency_gain_vs_preallocation": concurrency[str(MAX_MODEL_LENS[0])]["gain"],
         },
-        "machine": machine_info(),
     }
 
 
@@ -289,8 +282,6 @@ def report(result: dict) -> list[str]:
     u, s, w = result["utilization"], result["settings"], result["workload"]
     peak, contiguous = u["peak"], u["contiguous_utilization"]
     lines = [
-        "### KV-cache memory: paged utilization and concurrency",
-        "",
         f"(a) {w['requests']} requests (prompts {w['prompt_len'][0]}-{w['prompt_len'][1]}, outputs "
         f"{w['output_len'][0]}-{w['output_len'][1]} tokens) on a pool of {s['num_blocks']} blocks "
         f"x {s['block_size']} = {s['pool_tokens']} token slots; sampled after every scheduler "
@@ -363,13 +354,7 @@ def _concurrency_plot(result: dict, out_dir: Path) -> Path:
     return plots.save(fig, out_dir / f"{NAME}_concurrency.png")
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(dtype=cli.DEFAULT_DTYPE, threads=1, repeats=1)
-
-
-def main(argv: list[str] | None = None) -> dict:
-    return cli.main(sys.modules[__name__], argv)
-
+BENCHMARK = Benchmark(NAME, HEADING, __doc__, DEFAULTS, run, report, plot)
 
 if __name__ == "__main__":
-    main()
+    BENCHMARK.main()

@@ -50,7 +50,7 @@ def make_workload(sizes: Sizes, seed: int) -> Workload:
 def new_engine(model_dir: Path, device, dtype: str, **settings):
     """A fresh LLMEngine (empty prefix cache) with these LLMConfig settings."""
     from backend_lib.llm.config import LLMConfig
-    from backend_lib.llm.core.engine import LLMEngine
+    from backend_lib.llm.engine.llm_engine import LLMEngine
 
     config = LLMConfig(model=str(model_dir), dtype=dtype, **settings)
     config.validate()

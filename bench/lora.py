@@ -21,19 +21,22 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from bench import cli, plots
 from bench.llm import check_same, greedy, make_workload
-from bench.output import machine_info, progress
+from bench.output import progress
+from bench.skeleton import Benchmark
+from bench.summary import summary_line, target
 from bench.timing import spread, timed
 from tooling.checkpoints import Sizes, build_random_llama
 
 NAME = "lora"
+HEADING = "Multi-LoRA: 4 adapters + base in one engine vs the base model alone"
+DEFAULTS = cli.Defaults(cli.DEFAULT_DTYPE, threads=1, repeats=cli.ByMode(quick=1, cpu=3))
+TARGET = target("lora_mixed_vs_base")
 NUM_ADAPTERS = 4
 RANK = 16
 SYSTEMS = ("base", "mixed")
@@ -66,7 +69,7 @@ def build_adapters(model_dir: Path, out_dir: Path, seed: int) -> dict[str, Path]
 def new_engine(model_dir: Path, device, dtype: str, lora_modules=None, **settings):
     """A fresh LLMEngine with these LLMConfig settings, serving `lora_modules`."""
     from backend_lib.llm.config import LLMConfig
-    from backend_lib.llm.core.engine import LLMEngine
+    from backend_lib.llm.engine.llm_engine import LLMEngine
 
     config = LLMConfig(model=str(model_dir), dtype=dtype, **settings)
     config.validate()
@@ -121,12 +124,7 @@ def lora_time_share(run_mixed) -> float:
     return spent / seconds
 
 
-def run(args: argparse.Namespace) -> dict:
-    with tempfile.TemporaryDirectory(prefix="bench-lora-") as tmp:
-        return _run(args, Path(tmp))
-
-
-def _run(args: argparse.Namespace, root: Path) -> dict:
+def run(args: argparse.Namespace, root: Path) -> dict:
     device, _, dtype = cli.setup_torch(args)
     sizes = PRESETS[cli.mode(args.quick, device)]
     model_dir = root / "model"
@@ -180,8 +178,6 @@ def _run(args: argparse.Namespace, root: Path) -> dict:
     loads = load_times(model_dir, device, dtype, adapters)
     load_ms = {key: spread(values) for key, values in loads.items()}
     return {
-        "benchmark": NAME,
-        "quick": args.quick,
         "device": str(device),
         "dtype": dtype,
         "model": {**asdict(sizes), "parameters": num_params},
@@ -207,7 +203,6 @@ def _run(args: argparse.Namespace, root: Path) -> dict:
             "lora_mixed_vs_base": statistics.median(ratios),
             "lora_adapter_load_ms": load_ms["disk_ms"]["median"] + load_ms["slot_ms"]["median"],
         },
-        "machine": machine_info(),
     }
 
 
@@ -215,8 +210,6 @@ def report(result: dict) -> list[str]:
     w, rate, load = result["workload"], result["output_tokens_per_second"], result["load_ms"]
     ratio = result["summary"]["lora_mixed_vs_base"]
     return [
-        "### Multi-LoRA: 4 adapters + base in one engine vs the base model alone",
-        "",
         f"{w['requests']} requests (prompts {w['prompt_len'][0]}-{w['prompt_len'][1]}, outputs "
         f"{w['output_len'][0]}-{w['output_len'][1]} tokens) at once, round-robin over the base "
         f"model and {result['adapters']['count']} rank-{result['adapters']['rank']} adapters on "
@@ -241,8 +234,7 @@ def report(result: dict) -> list[str]:
         "adapters should cost; single repeats on a shared machine vary by more (per-repeat "
         f"ratios: {', '.join(f'{r:.2f}' for r in result['mixed_vs_base_per_repeat'])}).",
         "",
-        f"Target: lora_mixed_vs_base >= 0.7: measured {ratio:.3f} — "
-        f"{'met' if ratio >= 0.7 else 'NOT met'}.",
+        summary_line("lora_mixed_vs_base", ratio, f">= {TARGET}", ratio >= TARGET),
     ]
 
 
@@ -254,13 +246,7 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     return [plots.save(fig, out_dir / f"{NAME}_throughput.png")]
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(dtype=cli.DEFAULT_DTYPE, threads=1, repeats=cli.ByMode(quick=1, cpu=3))
-
-
-def main(argv: list[str] | None = None) -> dict:
-    return cli.main(sys.modules[__name__], argv)
-
+BENCHMARK = Benchmark(NAME, HEADING, __doc__, DEFAULTS, run, report, plot)
 
 if __name__ == "__main__":
-    main()
+    BENCHMARK.main()

@@ -32,19 +32,21 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench import cli, plots
-from bench.output import machine_info, progress
+from bench.output import progress
 from bench.server import instance_kind, tritonserver
 from bench.serving_load import RequestTiming, Run, llm_stream_inputs, stream_request
+from bench.skeleton import Benchmark
 from bench.summary import target
 from bench.timing import percentile, spread
 
 NAME = "openai_frontend"
+HEADING = "OpenAI frontend vs gRPC to tritonserver"
+DEFAULTS = cli.Defaults(cli.DEFAULT_DTYPE, threads=0, repeats=cli.ByMode(quick=2, cpu=3))
 TARGET = target("openai_vs_grpc")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = ("frontend", "grpc")
@@ -323,7 +325,7 @@ def check_fidelity(url: str, grpc_url: str, conversations, prompts, preset: Pres
     }
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, scratch: Path) -> dict:
     device, _, dtype = cli.setup_torch(args)
     preset = PRESETS[cli.mode(args.quick, device)]
     from openai_frontend.tokenization import load_tokenizer
@@ -333,27 +335,24 @@ def run(args: argparse.Namespace) -> dict:
     tokenizer = load_tokenizer(Path(spec.parameters["model"]))
     conversations = make_conversations(preset.requests, f"{args.seed}-chat")
     prompts = [tokenizer.render_chat(messages, "llm") for messages in conversations]
-    with tempfile.TemporaryDirectory(prefix="bench-openai-") as tmp:
-        repository = Path(tmp) / "repo"
-        write_model(spec, repository)
-        progress(f"llm ({dtype} on {device}); starting tritonserver")
-        with tritonserver(repository, args.threads) as (server, server_start_s):
-            frontend = FrontendProcess(server.grpc_url, repository, Path(tmp) / "frontend.log")
-            try:
-                frontend_start_s = frontend.wait_ready()
-                progress(f"frontend ready after {frontend_start_s:.1f} s on {frontend.url}")
-                fidelity = check_fidelity(
-                    frontend.url, server.grpc_url, conversations, prompts, preset
-                )
-                runs, client_cpu_ms = time_runs(
-                    frontend.url, server.grpc_url, conversations, prompts, preset, args
-                )
-            finally:
-                stopping = time.perf_counter()
-                frontend.stop()
-                progress(f"frontend stopped in {time.perf_counter() - stopping:.1f} s")
+    repository = scratch / "repo"
+    write_model(spec, repository)
+    progress(f"llm ({dtype} on {device}); starting tritonserver")
+    with tritonserver(repository, args.threads) as (server, server_start_s):
+        frontend = FrontendProcess(server.grpc_url, repository, scratch / "frontend.log")
+        try:
+            frontend_start_s = frontend.wait_ready()
+            progress(f"frontend ready after {frontend_start_s:.1f} s on {frontend.url}")
+            fidelity = check_fidelity(frontend.url, server.grpc_url, conversations, prompts, preset)
+            runs, client_cpu_ms = time_runs(
+                frontend.url, server.grpc_url, conversations, prompts, preset, args
+            )
+        finally:
             stopping = time.perf_counter()
-        progress(f"tritonserver stopped in {time.perf_counter() - stopping:.1f} s")
+            frontend.stop()
+            progress(f"frontend stopped in {time.perf_counter() - stopping:.1f} s")
+        stopping = time.perf_counter()
+    progress(f"tritonserver stopped in {time.perf_counter() - stopping:.1f} s")
     return build_result(
         args,
         preset,
@@ -436,8 +435,6 @@ def build_result(
         for s in SYSTEMS
     }
     return {
-        "benchmark": NAME,
-        "quick": args.quick,
         "device": str(device),
         "dtype": dtype,
         "model": {"dir": parameters["model"], "name": "shakespeare-llama"},
@@ -469,7 +466,6 @@ def build_result(
             "p99": latency["frontend"]["ttft_p99_s"] - latency["grpc"]["ttft_p99_s"],
         },
         "runs": [r.record() for r in runs],
-        "machine": machine_info(),
         "summary": {"openai_vs_grpc": ratio},
     }
 
@@ -485,8 +481,6 @@ def report(result: dict) -> list[str]:
     workload, ratio = result["workload"], result["summary"]["openai_vs_grpc"]
     added = result["ttft_added_s"]
     lines = [
-        "### OpenAI frontend vs gRPC to tritonserver",
-        "",
         f"The default llm (Shakespeare model, {result['dtype']}, {result['device']}) served by "
         f"tritonserver; {workload['concurrency']} concurrent streaming clients, "
         f"{workload['requests_per_run']} chat requests per run (prompts of "
@@ -527,12 +521,9 @@ def report(result: dict) -> list[str]:
 
 def plot(result: dict, out_dir: Path) -> list[Path]:
     fig, (bars, cdf) = plots.pyplot().subplots(1, 2, figsize=(9, 3.5))
-    rates = [result["output_tokens_per_second"][s] for s in SYSTEMS]
-    medians = [r["median"] for r in rates]
-    errors = [
-        [m - r["min"] for m, r in zip(medians, rates, strict=True)],
-        [r["max"] - m for m, r in zip(medians, rates, strict=True)],
-    ]
+    medians, errors = plots.medians_and_errors(
+        result["output_tokens_per_second"][s] for s in SYSTEMS
+    )
     bars.bar(SYSTEMS, medians, yerr=errors, capsize=4, color=["C0", "C1"])
     bars.set(ylabel="output tokens/s", title=f"{result['workload']['concurrency']} streams")
     for color, system in enumerate(SYSTEMS):
@@ -548,13 +539,7 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     return [plots.save(fig, out_dir / f"{NAME}_throughput_ttft.png")]
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(dtype=cli.DEFAULT_DTYPE, threads=0, repeats=cli.ByMode(quick=2, cpu=3))
-
-
-def main(argv: list[str] | None = None) -> dict:
-    return cli.main(sys.modules[__name__], argv)
-
+BENCHMARK = Benchmark(NAME, HEADING, __doc__, DEFAULTS, run, report, plot)
 
 if __name__ == "__main__":
-    main()
+    BENCHMARK.main()

@@ -1,8 +1,8 @@
-"""Plot helpers: matplotlib without a display, saving a figure, a CDF's points."""
+"""Plot helpers: matplotlib without a display, saving a figure, a CDF's points, bars of spreads."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 
@@ -28,3 +28,15 @@ def cdf(values: Iterable[float]) -> tuple[list[float], list[float]]:
     """The empirical CDF's points: sorted values and the share of values up to each."""
     ordered = sorted(values)
     return ordered, [(i + 1) / len(ordered) for i in range(len(ordered))]
+
+
+def medians_and_errors(
+    spreads: Iterable[Mapping[str, float]],
+) -> tuple[list[float], list[list[float]]]:
+    """Bar heights and error bars (matplotlib's two-row `yerr`) of {"min", "median", "max"}
+    spreads: each median, and how far below and above it the min and max lie."""
+    spreads = list(spreads)
+    medians = [s["median"] for s in spreads]
+    below = [s["median"] - s["min"] for s in spreads]
+    above = [s["max"] - s["median"] for s in spreads]
+    return medians, [below, above]

@@ -20,19 +20,20 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from bench import cli, plots
 from bench.batching_spread import PRESETS as SPREAD_PRESETS
 from bench.llm import Workload, check_same, greedy, make_workload, new_engine, time_to_first_token
-from bench.output import machine_info, progress
+from bench.output import progress
+from bench.skeleton import Benchmark
 from bench.timing import p50_p99_ms, spread, timed
 from tooling.checkpoints import build_random_llama
 
 NAME = "preemption"
+HEADING = "Preemption under KV pressure: recompute vs swap"
+DEFAULTS = cli.Defaults(cli.DEFAULT_DTYPE, threads=1, repeats=2)
 MODES = ("baseline", "recompute", "swap")
 BLOCK_SIZE = 16
 POOL_FRACTION = 0.4
@@ -117,12 +118,7 @@ def check_modes(runs: dict[str, ModeRun], dtype: str) -> dict:
     return check_same("baseline", runs["baseline"].outputs, others, dtype)
 
 
-def run(args: argparse.Namespace) -> dict:
-    with tempfile.TemporaryDirectory(prefix="bench-preempt-") as tmp:
-        return _run(args, Path(tmp))
-
-
-def _run(args: argparse.Namespace, model_dir: Path) -> dict:
+def run(args: argparse.Namespace, model_dir: Path) -> dict:
     device, _, dtype = cli.setup_torch(args)
     sizes = PRESETS[cli.mode(args.quick, device)]
     max_model_len = sizes.prompt_len[1] + sizes.output_len[1]
@@ -165,8 +161,6 @@ def _run(args: argparse.Namespace, model_dir: Path) -> dict:
     rate = {name: spread([tokens / r.seconds for r in rs]) for name, rs in runs.items()}
     ttft = {name: [t for r in rs for t in r.ttft] for name, rs in runs.items()}
     return {
-        "benchmark": NAME,
-        "quick": args.quick,
         "device": str(device),
         "dtype": dtype,
         "model": {**asdict(sizes), "parameters": num_params},
@@ -194,15 +188,12 @@ def _run(args: argparse.Namespace, model_dir: Path) -> dict:
         "summary": {
             "swap_vs_recompute_throughput": rate["swap"]["median"] / rate["recompute"]["median"]
         },
-        "machine": machine_info(),
     }
 
 
 def report(result: dict) -> list[str]:
     w, engines = result["workload"], result["settings"]["engines"]
     lines = [
-        "### Preemption under KV pressure: recompute vs swap",
-        "",
         f"{w['requests']} requests (prompts {w['prompt_len'][0]}-{w['prompt_len'][1]}, outputs "
         f"{w['output_len'][0]}-{w['output_len'][1]} tokens) at once. baseline: a pool holding "
         f"every sequence ({engines['baseline']['num_blocks']} blocks); recompute and swap: "
@@ -250,13 +241,7 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     return [plots.save(fig, out_dir / f"{NAME}_modes.png")]
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(dtype=cli.DEFAULT_DTYPE, threads=1, repeats=2)
-
-
-def main(argv: list[str] | None = None) -> dict:
-    return cli.main(sys.modules[__name__], argv)
-
+BENCHMARK = Benchmark(NAME, HEADING, __doc__, DEFAULTS, run, report, plot)
 
 if __name__ == "__main__":
-    main()
+    BENCHMARK.main()

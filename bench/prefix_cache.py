@@ -18,20 +18,21 @@ import argparse
 import itertools
 import random
 import statistics
-import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench import cli, plots
 from bench.batching_spread import PRESETS as SPREAD_PRESETS
 from bench.llm import check_same, greedy, new_engine, time_to_first_token
-from bench.output import machine_info, progress
+from bench.output import progress
+from bench.skeleton import Benchmark
 from bench.summary import summary_line, target
 from bench.timing import p50_p99_ms, spread
 from tooling.checkpoints import Sizes, build_random_llama
 
 NAME = "prefix_cache"
+HEADING = "Prefix cache: time to first token with a shared system prompt"
+DEFAULTS = cli.Defaults(cli.DEFAULT_DTYPE, threads=1, repeats=3)
 TARGET = target("prefix_cache_ttft_reduction")
 MODES = ("cache_off", "cache_on")
 _request_ids = itertools.count()
@@ -130,12 +131,7 @@ def time_modes(
     return runs, fidelity
 
 
-def run(args: argparse.Namespace) -> dict:
-    with tempfile.TemporaryDirectory(prefix="bench-prefix-") as tmp:
-        return _run(args, Path(tmp))
-
-
-def _run(args: argparse.Namespace, model_dir: Path) -> dict:
+def run(args: argparse.Namespace, model_dir: Path) -> dict:
     device, _, dtype = cli.setup_torch(args)
     preset = PRESETS[cli.mode(args.quick, device)]
     max_len = preset.prefix_len + preset.suffix_len + preset.output_len
@@ -172,8 +168,6 @@ def _run(args: argparse.Namespace, model_dir: Path) -> dict:
         for on, off in zip(runs["cache_on"], runs["cache_off"], strict=True)
     ]
     return {
-        "benchmark": NAME,
-        "quick": args.quick,
         "device": str(device),
         "dtype": dtype,
         "model": {**asdict(preset.sizes), "parameters": num_params},
@@ -194,7 +188,6 @@ def _run(args: argparse.Namespace, model_dir: Path) -> dict:
         "ttft_reduction": spread(reductions),
         "fidelity": fidelity,
         "summary": {"prefix_cache_ttft_reduction": statistics.median(reductions)},
-        "machine": machine_info(),
     }
 
 
@@ -202,8 +195,6 @@ def report(result: dict) -> list[str]:
     w, ms = result["workload"], result["ttft_ms"]
     reduction = result["summary"]["prefix_cache_ttft_reduction"]
     lines = [
-        "### Prefix cache: time to first token with a shared system prompt",
-        "",
         f"{w['requests']} requests = one shared {w['prefix_len']}-token prefix + a unique "
         f"{w['suffix_len']}-token suffix, arriving one after another (each alone, so TTFT is its "
         "prefill); fresh engine per mode and repeat, each first serving one warm-up request with "
@@ -252,13 +243,7 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     return [plots.save(fig, out_dir / f"{NAME}_ttft_cdf.png")]
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(dtype=cli.DEFAULT_DTYPE, threads=1, repeats=3)
-
-
-def main(argv: list[str] | None = None) -> dict:
-    return cli.main(sys.modules[__name__], argv)
-
+BENCHMARK = Benchmark(NAME, HEADING, __doc__, DEFAULTS, run, report, plot)
 
 if __name__ == "__main__":
-    main()
+    BENCHMARK.main()

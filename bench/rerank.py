@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -32,12 +30,15 @@ from bench.encoders import (
     rerank_pairs,
     score_tolerance,
 )
-from bench.output import machine_info, progress
+from bench.output import progress
+from bench.skeleton import Benchmark
 from bench.summary import target
 from bench.timing import rates, time_repeats
 from tooling.checkpoints import build_cross_encoder
 
 NAME = "rerank"
+HEADING = "Rerank (direct): Reranker vs sentence-transformers CrossEncoder"
+DEFAULTS = cli.Defaults(cli.DEFAULT_DTYPE, threads=0, repeats=cli.ByMode(quick=1, cpu=3))
 TARGET_RATIO = target("rerank_vs_cross_encoder")
 HEAD_STD = 1.0
 """Classifier weight std: wide enough (logits spread over a few units) that the score comparison
@@ -45,9 +46,8 @@ means something."""
 FIDELITY_PAIRS = 64
 
 
-def run(args: argparse.Namespace) -> dict:
-    with tempfile.TemporaryDirectory(prefix="bench-rerank-") as tmp:
-        return run_with(args, build_cross_encoder(Path(tmp), args.seed, HEAD_STD))
+def run(args: argparse.Namespace, scratch: Path) -> dict:
+    return run_with(args, build_cross_encoder(scratch, args.seed, HEAD_STD))
 
 
 def run_with(args: argparse.Namespace, model_dir: Path) -> dict:
@@ -97,8 +97,6 @@ def run_with(args: argparse.Namespace, model_dir: Path) -> dict:
         for a, b in zip(timings["cross_encoder"].seconds, timings["reranker"].seconds, strict=True)
     ]
     return {
-        "benchmark": NAME,
-        "quick": args.quick,
         "device": str(device),
         "dtype": dtype_name,
         "model": "all-MiniLM-L6-v2 encoder + seeded random BertForSequenceClassification head "
@@ -129,7 +127,6 @@ def run_with(args: argparse.Namespace, model_dir: Path) -> dict:
             "cross_encoder": "predict() defaults (batch_size=32)",
             "torch_threads": torch.get_num_threads(),
         },
-        "machine": machine_info(),
         "summary": {"rerank_vs_cross_encoder": statistics.median(ratios)},
     }
 
@@ -138,8 +135,6 @@ def report(result: dict) -> list[str]:
     workload, ratio = result["workload"], result["summary"]["rerank_vs_cross_encoder"]
     met = "met" if ratio >= TARGET_RATIO else "NOT met"
     return [
-        "### Rerank (direct): Reranker vs sentence-transformers CrossEncoder",
-        "",
         f"{workload['pairs']} (query, document) pairs ({workload['documents_per_query']} documents "
         f"per query, mean {workload['tokens']['mean']:.0f} tokens, "
         f"{workload['tokens']['at_max_length']} truncated at {workload['max_length']}), "
@@ -157,17 +152,8 @@ def report(result: dict) -> list[str]:
     ]
 
 
-def plot(result: dict, out_dir: Path) -> list[Path]:
-    return []  # two numbers: the table reads better
-
-
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(
-        dtype=cli.DEFAULT_DTYPE,
-        threads=0,
-        repeats=cli.ByMode(quick=1, cpu=3),
-        texts=cli.ByMode(quick=24, cpu=96, cuda=4096),
-    )
+    parser.set_defaults(texts=cli.ByMode(quick=24, cpu=96, cuda=4096))
     parser.add_argument(
         "--texts", type=int, help="number of (query, document) pairs (default: %(default)s)"
     )
@@ -179,9 +165,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> dict:
-    return cli.main(sys.modules[__name__], argv)
-
+# No plot: two numbers, the table reads better.
+BENCHMARK = Benchmark(NAME, HEADING, __doc__, DEFAULTS, run, report, add_args=add_args)
 
 if __name__ == "__main__":
-    main()
+    BENCHMARK.main()

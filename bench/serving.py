@@ -27,13 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench import cli, plots
-from bench.output import machine_info, progress
+from bench.output import progress
 from bench.server import instance_kind, tritonserver
 from bench.serving_load import (
     Run,
@@ -42,11 +40,14 @@ from bench.serving_load import (
     served_closed_loop,
     served_poisson,
 )
+from bench.skeleton import Benchmark
 from bench.summary import target
 from bench.timing import spread
 from tooling.checkpoints import Sizes, build_random_llama
 
 NAME = "serving"
+HEADING = "Serving: tritonserver llm model vs the direct engine"
+DEFAULTS = cli.Defaults(cli.DEFAULT_DTYPE, threads=0, repeats=3)
 TARGET_SERVED_VS_DIRECT = target("served_vs_direct")
 
 
@@ -136,18 +137,17 @@ def check_fidelity(url: str, engine, prompts: list[str], max_tokens: int) -> dic
     return {"prompts": len(prompts), "max_tokens": max_tokens, "identical": same, "passed": True}
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, scratch: Path) -> dict:
     device, _, dtype = cli.setup_torch(args)
     preset = PRESETS[cli.mode(args.quick, device)]
-    with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
-        if args.model:
-            model_dir = Path(args.model).resolve()
-            model = {"dir": str(model_dir), "parameters": None}
-        else:
-            model_dir = Path(tmp) / "checkpoint"
-            num_params = build_random_llama(preset.model, model_dir, args.seed)
-            model = {"random_llama": asdict(preset.model), "parameters": num_params}
-        return run_with(args, preset, model_dir, model, device, dtype, Path(tmp) / "repo")
+    if args.model:
+        model_dir = Path(args.model).resolve()
+        model = {"dir": str(model_dir), "parameters": None}
+    else:
+        model_dir = scratch / "checkpoint"
+        num_params = build_random_llama(preset.model, model_dir, args.seed)
+        model = {"random_llama": asdict(preset.model), "parameters": num_params}
+    return run_with(args, preset, model_dir, model, device, dtype, scratch / "repo")
 
 
 def run_with(
@@ -163,7 +163,7 @@ def run_with(
 
     from backend_lib.config import from_parameters
     from backend_lib.llm.config import LLMConfig
-    from backend_lib.llm.core.engine import LLMEngine
+    from backend_lib.llm.engine.llm_engine import LLMEngine
     from tooling.repository import ModelSpec, write_model
 
     parameters = engine_parameters(model_dir, dtype, preset)
@@ -296,8 +296,6 @@ def build_result(
         for a, b in zip(served.requests, direct.requests, strict=True)
     ]
     return {
-        "benchmark": NAME,
-        "quick": args.quick,
         "device": str(device),
         "dtype": dtype,
         "model": model,
@@ -331,7 +329,6 @@ def build_result(
         "output_tokens_per_second": throughput,
         "served_vs_direct_per_repeat": ratios,
         "runs": [r.record() for r in runs],
-        "machine": machine_info(),
         "summary": {"served_vs_direct": statistics.median(ratios)},
     }
 
@@ -366,8 +363,6 @@ def report(result: dict) -> list[str]:
     workload, ratio = result["workload"], result["summary"]["served_vs_direct"]
     top = max(workload["concurrencies"])
     lines = [
-        "### Serving: tritonserver llm model vs the direct engine",
-        "",
         f"{_model_text(result['model'])} ({result['dtype']}, {result['device']}), prompts of {workload['prompt_len'][0]}-{workload['prompt_len'][1]} "
         f"tokens, {workload['max_tokens']} output tokens each (greedy, EOS ignored). Served: "
         "asyncio gRPC streaming clients against tritonserver; direct: LLMEngine's step loop in "
@@ -417,12 +412,9 @@ def _throughput_plot(result: dict, out_dir: Path) -> Path:
     concurrencies = result["workload"]["concurrencies"]
     fig, ax = plots.pyplot().subplots(figsize=(5, 3.5))
     for system, style in (("served", "o-"), ("direct", "s--")):
-        rates = [result["output_tokens_per_second"][system][str(c)] for c in concurrencies]
-        medians = [r["median"] for r in rates]
-        errors = [
-            [m - r["min"] for m, r in zip(medians, rates, strict=True)],
-            [r["max"] - m for m, r in zip(medians, rates, strict=True)],
-        ]
+        medians, errors = plots.medians_and_errors(
+            result["output_tokens_per_second"][system][str(c)] for c in concurrencies
+        )
         ax.errorbar(concurrencies, medians, yerr=errors, fmt=style, capsize=3, label=system)
     ax.set(
         xscale="log",
@@ -458,15 +450,12 @@ def _latency_plot(result: dict, out_dir: Path) -> Path:
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(dtype=cli.DEFAULT_DTYPE, threads=0, repeats=3)
     parser.add_argument(
         "--model", default=None, help="serve this checkpoint directory instead of a random one"
     )
 
 
-def main(argv: list[str] | None = None) -> dict:
-    return cli.main(sys.modules[__name__], argv)
-
+BENCHMARK = Benchmark(NAME, HEADING, __doc__, DEFAULTS, run, report, plot, add_args)
 
 if __name__ == "__main__":
-    main()
+    BENCHMARK.main()

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,11 +42,14 @@ from typing import Any
 
 from bench import cli, plots
 from bench.llm import check_same, new_engine
-from bench.output import machine_info, progress
+from bench.output import progress
+from bench.skeleton import Benchmark
 from bench.summary import summary_line, target
 from bench.timing import spread
 
 NAME = "structured_outputs"
+HEADING = "Structured outputs: JSON-schema constrained vs free generation"
+DEFAULTS = cli.Defaults(cli.DEFAULT_DTYPE, threads=1, repeats=cli.ByMode(quick=1, cpu=5))
 TARGET = target("structured_vs_free")
 SYSTEMS = ("structured", "free", "free_full")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -160,8 +162,8 @@ def check_constrained(requests: list[Request], run: RunResult) -> dict[str, Any]
 def compile_times(engine, schemas: list[dict[str, Any]]) -> dict[str, list[float]]:
     """Seconds to compile each schema: cold (new compiler), new schema on a warm compiler, and
     cached (the same schema again)."""
-    from backend_lib.llm.core.structured_params import StructuredOutputsParams
     from backend_lib.llm.structured.compiler import GrammarCompiler
+    from backend_lib.llm.structured.params import StructuredOutputsParams
 
     def compiler() -> GrammarCompiler:
         return GrammarCompiler(
@@ -188,7 +190,7 @@ def compile_times(engine, schemas: list[dict[str, Any]]) -> dict[str, list[float
     return times
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, _scratch: Path) -> dict:
     import torch
 
     device, _, dtype = cli.setup_torch(args)
@@ -252,8 +254,6 @@ def run(args: argparse.Namespace) -> dict:
     structured_seconds = [r.seconds for r in runs["structured"]]
     fill = [r.bitmask_fill_seconds for r in runs["structured"]]
     return {
-        "benchmark": NAME,
-        "quick": args.quick,
         "device": str(device),
         "dtype": dtype,
         "model": {"dir": str(MODEL_DIR.relative_to(REPO_ROOT)), "name": "shakespeare-llama"},
@@ -281,7 +281,6 @@ def run(args: argparse.Namespace) -> dict:
         "structured_vs_free_full": median["structured"] / median["free_full"],
         "fidelity": fidelity,
         "summary": {"structured_vs_free": statistics.median(ratios)},
-        "machine": machine_info(),
     }
 
 
@@ -305,8 +304,6 @@ def report(result: dict) -> list[str]:
         "free_full": "free_full: unconstrained, max_tokens each",
     }
     lines = [
-        "### Structured outputs: JSON-schema constrained vs free generation",
-        "",
         f"The default llm (Shakespeare model) in-process, {result['dtype']} on {result['device']}, "
         f"{result['settings']['torch_threads']} torch thread(s): {w['requests']} greedy chat "
         f"requests, {w['constrained']} of them constrained by the {w['schemas']} object schemas "
@@ -350,11 +347,7 @@ def report(result: dict) -> list[str]:
 def plot(result: dict, out_dir: Path) -> list[Path]:
     fig, ax = plots.pyplot().subplots(figsize=(6, 3.5))
     rates = result["output_tokens_per_second"]
-    medians = [rates[name]["median"] for name in SYSTEMS]
-    errors = [
-        [rates[n]["median"] - rates[n]["min"] for n in SYSTEMS],
-        [rates[n]["max"] - rates[n]["median"] for n in SYSTEMS],
-    ]
+    medians, errors = plots.medians_and_errors(rates[name] for name in SYSTEMS)
     ax.bar(SYSTEMS, medians, yerr=errors, capsize=4, color=["tab:orange", "tab:blue", "tab:gray"])
     ax.set_ylabel("output tokens/s")
     ax.set_title(
@@ -370,17 +363,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--profile", type=Path, help="write a pyinstrument profile here")
     parser.set_defaults(
-        dtype=cli.DEFAULT_DTYPE,
-        threads=1,
-        repeats=cli.ByMode(quick=1, cpu=5),
         requests=cli.ByMode(quick=8, cpu=64, cuda=256),
         max_tokens=cli.ByMode(quick=24, cpu=96, cuda=128),
     )
 
 
-def main(argv: list[str] | None = None) -> dict:
-    return cli.main(sys.modules[__name__], argv)
-
+BENCHMARK = Benchmark(NAME, HEADING, __doc__, DEFAULTS, run, report, plot, add_args)
 
 if __name__ == "__main__":
-    main()
+    BENCHMARK.main()

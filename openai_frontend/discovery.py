@@ -1,42 +1,34 @@
 """The model registry: which models tritonserver serves now, their kinds, limits and tokenizers.
 
 The repository index is read over gRPC and cached for a short TTL (and re-read on a miss), so a
-model loaded or unloaded in Triton appears or disappears without restarting the frontend.
+model loaded or unloaded in Triton appears or disappears without restarting the frontend. Each
+served version's config and, for an llm, the facts it publishes (`contract.ModelFacts`: the
+engine's max_model_len and the LoRA adapters its registry serves) are asked once and kept while
+that version stays READY: the frontend recomputes no limit of its own.
 
-An llm with `enable_lora` serves each LoRA adapter of its `<version>/multi_lora.json` as a model of
-its own, as vLLM does: under the adapter's name (unless another model has that name) and always as
-`<llm>:<adapter>`; a request for it goes to the llm with `lora_name` in its sampling parameters.
+An llm serving LoRA adapters serves each as a model of its own, as vLLM does: under the adapter's
+name (unless another model has that name) and always as `<llm>:<adapter>`; a request for it goes
+to the llm with `lora_name` in its sampling parameters.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from backend_lib import contract
 from backend_lib.checkpoint import resolve_model_path
 from backend_lib.config import ConfigError, version_parameters
+from backend_lib.contract import ModelKind, model_kind
 from openai_frontend.errors import APIError, invalid_request, model_not_found
 from openai_frontend.tokenization import ModelTokenizer, load_tokenizer
 from openai_frontend.triton import TritonClient
 
-Kind = Literal["llm", "embedding", "rerank"]
-
-
-def model_kind(config: dict[str, Any]) -> Kind | None:
-    """A model's kind from its Triton config (as JSON): the tensors it declares."""
-    outputs = {output.get("name") for output in config.get("output", [])}
-    decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled"))
-    if decoupled and "text_output" in outputs:
-        return "llm"
-    if "embedding" in outputs:
-        return "embedding"
-    if "score" in outputs:
-        return "rerank"
-    return None
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -45,10 +37,12 @@ class ModelInfo:
 
     name: str
     version: str
-    kind: Kind
+    kind: ModelKind
     parameters: dict[str, str]
     model_dir: Path | None
     max_batch_size: int = 0
+    facts: contract.ModelFacts = field(default_factory=contract.ModelFacts)
+    """What this version published about itself (an llm's; empty for the others)."""
     created: int = field(default_factory=lambda: int(time.time()))
     lora_name: str | None = None
     """The LoRA adapter this served model is (None: the Triton model itself)."""
@@ -65,17 +59,13 @@ class ModelInfo:
         return replace(self, name=served_as, lora_name=lora_name, parent=self.name)
 
     def lora_names(self) -> list[str]:
-        """The adapters in this llm's `multi_lora.json` (none when LoRA is off or unreadable,
-        as the backend would then refuse every `lora_name`)."""
-        if self.kind != "llm" or self.model_dir is None:
-            return []
-        if self.parameters.get("enable_lora", "false").strip().lower() not in ("true", "1", "yes"):
-            return []
-        try:
-            listed = json.loads((self.model_dir / self.version / "multi_lora.json").read_text())
-        except (OSError, ValueError):
-            return []
-        return sorted(listed) if isinstance(listed, dict) else []
+        """The adapters this llm's engine serves, as it published them."""
+        return sorted(self.facts.lora_adapters) if self.parent is None else []
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The engine's max_model_len, as the llm published it (None for the other kinds)."""
+        return self.facts.max_model_len
 
     def checkpoint(self) -> Path:
         """The checkpoint directory, resolved as the backend does (`{version}`, relative paths,
@@ -89,16 +79,6 @@ class ModelInfo:
             return resolve_model_path(self.parameters.get("model", ""), self.model_dir)
         except ConfigError as exc:
             raise APIError(500, str(exc), "internal_server_error") from None
-
-    def max_model_len(self) -> int | None:
-        value = int(self.parameters.get("max_model_len", "0") or 0)
-        if value > 0:
-            return value
-        try:
-            config = json.loads((self.checkpoint() / "config.json").read_text())
-        except (APIError, OSError, ValueError):
-            return None
-        return config.get("max_position_embeddings")
 
 
 class ModelRegistry:
@@ -117,6 +97,8 @@ class ModelRegistry:
         self._aliases: dict[str, ModelInfo] = {}
         """`<llm>:<adapter>` ids, also accepted where the adapter is listed under its own name."""
         self._configs: dict[tuple[str, str], dict[str, Any]] = {}
+        self._facts: dict[tuple[str, str], contract.ModelFacts] = {}
+        """Per (model, version): what it published; kept, like its config, while it is READY."""
         self._tokenizers: dict[tuple[str, str], ModelTokenizer] = {}
         self._refreshed_at = float("-inf")
         self._lock = asyncio.Lock()
@@ -126,7 +108,16 @@ class ModelRegistry:
             if not force and time.monotonic() - self._refreshed_at < self.ttl_s:
                 return
             models: dict[str, ModelInfo] = {}
-            for entry in await self.triton.repository_index():
+            index = await self.triton.repository_index()
+            ready = {
+                (entry["name"], str(entry.get("version", "")))
+                for entry in index
+                if entry.get("state") == "READY"
+            }
+            for cache in (self._configs, self._facts, self._tokenizers):
+                for key in set(cache) - ready:  # unloaded: a reload may change what it says
+                    del cache[key]
+            for entry in index:
                 if entry.get("state") != "READY":
                     continue
                 name, version = entry["name"], str(entry.get("version", ""))
@@ -147,17 +138,26 @@ class ModelRegistry:
         kind = model_kind(config)
         if kind is None:
             return None
+        facts = contract.ModelFacts()
+        declared = {item.get("name") for item in config.get("input", [])}
+        if kind == "llm" and contract.DESCRIBE in declared:
+            if key not in self._facts:
+                try:
+                    self._facts[key] = await self.triton.model_facts(name, version)
+                except APIError as exc:  # not answering (yet): left out until it does
+                    log.warning("model %s version %s: no facts: %s", name, version, exc.message)
+                    return None
+            facts = self._facts[key]
         parameters = version_parameters(config, version)
         model_dir = self.repository / name if self.repository is not None else None
-        return ModelInfo(
-            name, version, kind, parameters, model_dir, int(config.get("max_batch_size", 0) or 0)
-        )
+        max_batch_size = int(config.get("max_batch_size", 0) or 0)
+        return ModelInfo(name, version, kind, parameters, model_dir, max_batch_size, facts)
 
     async def list(self) -> list[ModelInfo]:
         await self.refresh()
         return sorted(self._models.values(), key=lambda m: m.name)
 
-    async def get(self, name: str | None, kind: Kind | None) -> ModelInfo:
+    async def get(self, name: str | None, kind: ModelKind | None) -> ModelInfo:
         """The model `name` (or the only model of `kind` when name is empty) serving `kind`
         (None: any kind, the only llm when name is empty)."""
         await self.refresh()
@@ -175,7 +175,7 @@ class ModelRegistry:
             )
         return info
 
-    async def _only(self, kind: Kind) -> ModelInfo:
+    async def _only(self, kind: ModelKind) -> ModelInfo:
         found = [m for m in self._models.values() if m.kind == kind and m.parent is None]
         if len(found) != 1:
             names = ", ".join(sorted(m.name for m in found)) or "none"

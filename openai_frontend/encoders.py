@@ -1,4 +1,5 @@
-"""Calls to the encoder models (embedding, rerank), split to fit Triton's max_batch_size."""
+"""Calls to the encoder models (embedding, rerank), split to fit Triton's max_batch_size. Each call
+also returns the tokens the model computed (its `num_input_tokens`, after truncation): the usage."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 
 import numpy as np
 
+from backend_lib import contract
 from openai_frontend.discovery import ModelInfo
 from openai_frontend.triton import TritonClient
 
@@ -19,30 +21,41 @@ def _batches(count: int, size: int) -> list[slice]:
     return [slice(start, start + size) for start in range(0, count, size)]
 
 
-async def embed(triton: TritonClient, info: ModelInfo, texts: list[str]) -> np.ndarray:
-    """[len(texts), dim] float32 vectors, in input order."""
+def _tokens(parts: list[dict[str, np.ndarray | None]]) -> int:
+    """The tokens the model reports for every row (0 for a model that reports none)."""
+    counts = [p.get(contract.NUM_INPUT_TOKENS) for p in parts]
+    return sum(int(c.sum()) for c in counts if c is not None)
+
+
+async def embed(triton: TritonClient, info: ModelInfo, texts: list[str]) -> tuple[np.ndarray, int]:
+    """[len(texts), dim] float32 vectors, in input order, and the tokens embedded."""
+    outputs = [contract.EMBEDDING, contract.NUM_INPUT_TOKENS]
     parts = await asyncio.gather(
         *(
-            triton.infer(info.name, {"text_input": _column(texts[s])}, ["embedding"])
+            triton.infer(info.name, {contract.TEXT_INPUT: _column(texts[s])}, outputs)
             for s in _batches(len(texts), info.max_batch_size)
         )
     )
-    return np.concatenate([p["embedding"] for p in parts]).astype(np.float32)
+    vectors = np.concatenate([p[contract.EMBEDDING] for p in parts]).astype(np.float32)
+    return vectors, _tokens(parts)
 
 
-async def score(triton: TritonClient, info: ModelInfo, pairs: list[tuple[str, str]]) -> list[float]:
-    """The rerank model's score of each (query, document) pair, in order."""
+async def score(
+    triton: TritonClient, info: ModelInfo, pairs: list[tuple[str, str]]
+) -> tuple[list[float], int]:
+    """The rerank model's score of each (query, document) pair, in order, and the tokens scored."""
+    outputs = [contract.SCORE, contract.NUM_INPUT_TOKENS]
     parts = await asyncio.gather(
         *(
             triton.infer(
                 info.name,
                 {
-                    "query": _column([q for q, _ in pairs[s]]),
-                    "document": _column([d for _, d in pairs[s]]),
+                    contract.QUERY: _column([q for q, _ in pairs[s]]),
+                    contract.DOCUMENT: _column([d for _, d in pairs[s]]),
                 },
-                ["score"],
+                outputs,
             )
             for s in _batches(len(pairs), info.max_batch_size)
         )
     )
-    return [float(v) for p in parts for v in p["score"].reshape(-1)]
+    return [float(v) for p in parts for v in p[contract.SCORE].reshape(-1)], _tokens(parts)

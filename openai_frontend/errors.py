@@ -1,13 +1,16 @@
-"""OpenAI-shaped errors (`{"error": {message, type, param, code}}`) and the mapping of Triton's."""
+"""OpenAI-shaped errors (`{"error": {message, type, param, code}}`) and the mapping of Triton's.
+
+A model's error carries its `ErrorCode` in its message (backend_lib/contract.py), the one part of an
+error a gRPC stream delivers; `from_code` maps each code to its HTTP status. An error without a
+code is Triton's own, mapped by its gRPC status where it has one.
+"""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-# Errors the llm sends with their Python type in front ("RuntimeError: generation failed: ...");
-# input errors come bare (backend_lib.llm.serving.service.error_message).
-_TYPED_ERROR = re.compile(r"^[A-Z]\w*(Error|Exception|Cancelled): ")
+from backend_lib.contract import ErrorCode, decode_error
+
 RETRY_AFTER_S = 1
 
 
@@ -53,29 +56,47 @@ def internal(message: str) -> APIError:
     return APIError(500, message, "internal_server_error")
 
 
-def from_llm_message(message: str) -> APIError:
-    """Classify an error the llm model sent inside its stream, by its text."""
-    if message.startswith("QueueFullError"):
+def from_code(code: ErrorCode, message: str) -> APIError:
+    """The HTTP answer to a model's error of `code`."""
+    if code is ErrorCode.INVALID_INPUT:
+        return invalid_request(message)
+    if code is ErrorCode.QUEUE_FULL:
         return APIError(
             429, message, "rate_limit_error", headers={"Retry-After": str(RETRY_AFTER_S)}
         )
-    if _TYPED_ERROR.match(message) or "Stub process" in message or "was cancelled" in message:
-        return internal(message)
-    return invalid_request(message)
+    if code in (ErrorCode.UNAVAILABLE, ErrorCode.CANCELLED):
+        # The frontend reads no error of a request it cancelled itself: a cancelled one was
+        # stopped by the server (an unload, a shutdown), so it may be retried.
+        return APIError(503, message, "service_unavailable_error")
+    return internal(message)
+
+
+def from_stream_error(message: str) -> APIError:
+    """An error a gRPC stream delivered (its message is all it has): by its code; one without a
+    code is Triton's own failure with a request the frontend built, so internal."""
+    code, text = decode_error(message)
+    return from_code(code or ErrorCode.INTERNAL, text)
+
+
+# Triton's own errors (no ErrorCode), by their gRPC status.
+_BY_GRPC_STATUS = {
+    "StatusCode.INVALID_ARGUMENT": ErrorCode.INVALID_INPUT,
+    "StatusCode.UNAVAILABLE": ErrorCode.UNAVAILABLE,
+    "StatusCode.DEADLINE_EXCEEDED": ErrorCode.UNAVAILABLE,
+    "StatusCode.CANCELLED": ErrorCode.CANCELLED,
+}
 
 
 def from_triton_exception(exc: Exception) -> APIError:
-    """An `InferenceServerException` (or a gRPC failure) as an APIError, by its status."""
+    """An `InferenceServerException` (or a gRPC failure) as an APIError: by the code in its message,
+    else by its gRPC status."""
     status = str(getattr(exc, "status", lambda: None)() or "")
     message = getattr(exc, "message", lambda: None)() or str(exc)
-    if "UNAVAILABLE" in status or "DEADLINE_EXCEEDED" in status:
-        if "queue full" in message.lower():
-            return from_llm_message(message)
-        return unavailable(message)
-    if "INVALID_ARGUMENT" in status:
-        return invalid_request(message)
-    if "NOT_FOUND" in status:
+    code, text = decode_error(message)
+    if code is not None:
+        return from_code(code, text)
+    if status == "StatusCode.NOT_FOUND":
         return APIError(404, message, "not_found_error", "model")
-    if "UNAVAILABLE" in message or "failed to connect" in message.lower():
+    if _BY_GRPC_STATUS.get(status) is ErrorCode.UNAVAILABLE:
         return unavailable(message)
-    return internal(message)
+    return from_code(_BY_GRPC_STATUS.get(status, ErrorCode.INTERNAL), message)

@@ -7,7 +7,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from openai_frontend.errors import APIError
@@ -49,6 +49,8 @@ class Choice:
     text: str = ""
     finish_reason: str | None = None
     logprobs: list[LogprobEntry] = field(default_factory=list)
+    prompt_logprobs: list[LogprobEntry] | None = None
+    """The prompt tokens' entries, when the request asked for them (echo with logprobs)."""
 
 
 @dataclass
@@ -57,13 +59,18 @@ class Generation:
 
     triton: TritonClient
     model: str
-    prompt: str
+    prompt: str | list[int]
+    """A text or token ids."""
     params: dict[str, Any]
     logprobs: bool
     constraint: Constraint | None = None
     """The output constraint in `params` (its errors name the request field it came from)."""
     served_as: str = ""
     """The model id the client asked for (a LoRA adapter's, or `model`)."""
+    echo: str = ""
+    """The prompt's text to answer before the output (completions' `echo`; "" without)."""
+    prompt_only: bool = False
+    """Answer the prompt alone: the one token generated for it is dropped (echo, max_tokens 0)."""
 
     @property
     def model_id(self) -> str:
@@ -73,6 +80,8 @@ class Generation:
         responses = self.triton.generate(
             self.model, self.prompt, self.params, stream=stream, logprobs=self.logprobs
         )
+        if self.prompt_only:
+            responses = _without_output(responses)
         if self.constraint is None:
             return responses
         return _naming_param(responses, self.constraint)
@@ -85,6 +94,9 @@ class Generation:
                 usage.add(response, first=i == 0)
                 if not choices:
                     choices = [Choice() for _ in response.texts]
+                if response.prompt_logprobs is not None:
+                    for choice in choices:
+                        choice.prompt_logprobs = response.prompt_logprobs
                 for choice, text, reason, lps in zip(
                     choices,
                     response.texts,
@@ -96,6 +108,22 @@ class Generation:
                     choice.finish_reason = reason or choice.finish_reason
                     choice.logprobs += lps or []
         return choices
+
+
+async def _without_output(responses: AsyncIterator[LLMResponse]) -> AsyncIterator[LLMResponse]:
+    """The responses with their generated text, tokens and logprobs dropped; they finish with
+    "length" (the prompt used the whole budget, max_tokens 0)."""
+    async with contextlib.aclosing(responses):
+        async for response in responses:
+            n = len(response.texts)
+            reason = "length" if response.final else None
+            yield replace(
+                response,
+                texts=[""] * n,
+                finish_reasons=[reason if r is not None else None for r in response.finish_reasons],
+                num_output_tokens=[0] * n,
+                logprobs=[None] * n,
+            )
 
 
 async def _naming_param(
@@ -121,7 +149,7 @@ def _ranked(entry: LogprobEntry) -> list[dict[str, Any]]:
 
 
 def _sampled(entry: LogprobEntry) -> dict[str, Any]:
-    # The engine lists the sampled token first, then the top ones.
+    # The engine lists the sampled (or scored prompt) token first, then the top ones.
     return next(iter(entry.values()))
 
 
@@ -153,13 +181,17 @@ def chat_logprobs(entries: list[LogprobEntry], top: int) -> dict[str, Any]:
 
 
 def completion_logprobs(entries: list[LogprobEntry], top: int, offset: int) -> dict[str, Any]:
-    """Legacy completions' `logprobs`: tokens, token_logprobs, top_logprobs, text_offset."""
+    """Legacy completions' `logprobs`: tokens, token_logprobs, top_logprobs, text_offset. An
+    entry without a logprob (the first prompt token, echoed) has null ones, as in vLLM."""
     tokens, token_logprobs, tops, offsets = [], [], [], []
     for entry in entries:
         sampled = _sampled(entry)
         tokens.append(sampled["decoded_token"])
         token_logprobs.append(sampled["logprob"])
-        tops.append({e["decoded_token"]: e["logprob"] for e in _ranked(entry)[:top]})
+        scored = sampled["logprob"] is not None
+        tops.append(
+            {e["decoded_token"]: e["logprob"] for e in _ranked(entry)[:top]} if scored else None
+        )
         offsets.append(offset)
         offset += len(sampled["decoded_token"])
     return {

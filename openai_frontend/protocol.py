@@ -134,17 +134,35 @@ class ChatCompletionRequest(SamplingFields):
             raise invalid_request("`top_logprobs` needs `logprobs` true", "top_logprobs")
 
 
+TokenIds = Annotated[list[NonNegInt], Field(min_length=1)]
+"""A prompt as token ids (checked against the vocabulary and max_model_len by the engine)."""
+
+
 class CompletionRequest(SamplingFields):
-    prompt: str | Annotated[list[str], Field(min_length=1)]
+    prompt: str | Annotated[list[str], Field(min_length=1)] | TokenIds | list[TokenIds]
+    max_tokens: NonNegInt | None = None
+    """0 only with `echo`: the prompt (and its logprobs) alone, as vLLM."""
     echo: bool = False
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     suffix: str | None = None
 
     def check_supported(self) -> None:
         self._refuse("logit_bias", "suffix", "best_of", *_UNSUPPORTED_GUIDES)
+        if self.max_tokens == 0 and not self.echo:
+            raise invalid_request("`max_tokens` must be >= 1 unless `echo` is true", "max_tokens")
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise invalid_request("`prompt` must not be empty", "prompt")
 
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+    @property
+    def echo_only(self) -> bool:
+        """Only the prompt is answered (echo with max_tokens 0)."""
+        return self.echo and self.max_tokens == 0
+
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt: a text or a list of token ids."""
+        if isinstance(self.prompt, str) or (self.prompt and isinstance(self.prompt[0], int)):
+            return [self.prompt]
+        return list(self.prompt)
 
 
 class EmbeddingRequest(_Body):

@@ -21,24 +21,13 @@ _PASSTHROUGH = (
 )
 
 
-def default_max_tokens(max_model_len: int | None, prompt_tokens: int | None) -> int | None:
-    """vLLM's default: whatever fits in max_model_len after the prompt (at least 1, so a prompt
-    too long gets the engine's own max_model_len error)."""
-    if max_model_len is None or prompt_tokens is None:
-        return None
-    return max(1, max_model_len - prompt_tokens)
-
-
 def sampling_parameters(
-    body: SamplingFields,
-    max_model_len: int | None,
-    prompt_tokens: int | None,
-    constraint: Constraint | None = None,
-    lora_name: str | None = None,
+    body: SamplingFields, constraint: Constraint | None = None, lora_name: str | None = None
 ) -> dict[str, Any]:
     """The `sampling_parameters` of one generate request for `body`; `constraint`: its output
     constraint (structured.py), sent as `structured_outputs`; `lora_name`: the LoRA adapter the
-    requested model id names (discovery.py)."""
+    requested model id names (discovery.py). Without `max_tokens` none is sent: the engine then
+    generates up to its max_model_len (vLLM's default), so the frontend never counts the prompt."""
     params: dict[str, Any] = {
         name: getattr(body, name) for name in _PASSTHROUGH if getattr(body, name) is not None
     }
@@ -47,8 +36,8 @@ def sampling_parameters(
     max_tokens = body.max_tokens
     if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
         max_tokens = body.max_completion_tokens
-    if max_tokens is None:
-        max_tokens = default_max_tokens(max_model_len, prompt_tokens)
+    if isinstance(body, CompletionRequest) and body.echo_only:
+        max_tokens = 1  # vLLM's echo without generation: one token is sampled, none answered
     if max_tokens is not None:
         params["max_tokens"] = max_tokens
     if body.stop is not None:
@@ -62,6 +51,8 @@ def sampling_parameters(
     logprobs = requested_logprobs(body)
     if logprobs is not None:
         params["logprobs"] = logprobs
+        if isinstance(body, CompletionRequest) and body.echo:
+            params["prompt_logprobs"] = logprobs  # the echoed prompt's tokens get theirs too
     if constraint is not None:
         params["structured_outputs"] = constraint.value
     return params

@@ -8,9 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from openai_frontend.config import FrontendConfig
-from openai_frontend.discovery import ModelInfo, ModelRegistry
-from openai_frontend.errors import APIError
-from openai_frontend.tokenization import ModelTokenizer
+from openai_frontend.discovery import ModelRegistry
 from openai_frontend.triton import TritonClient
 
 
@@ -19,13 +17,6 @@ class FrontendState:
     config: FrontendConfig
     triton: TritonClient
     registry: ModelRegistry
-
-    def tokenizer_or_none(self, info: ModelInfo) -> ModelTokenizer | None:
-        """The model's tokenizer, or None when the frontend cannot read its checkpoint."""
-        try:
-            return self.registry.tokenizer(info)
-        except APIError:
-            return None
 
 
 def get_state(request: Request) -> FrontendState:

@@ -52,9 +52,6 @@ class ModelTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def count(self, texts: list[str]) -> int:
-        return sum(len(e.ids) for e in self.tokenizer.encode_batch(texts))
-
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 

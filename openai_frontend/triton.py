@@ -1,27 +1,38 @@
-"""The gRPC aio client to tritonserver: the llm's decoupled stream, encoder inference, the index."""
+"""The gRPC aio client to tritonserver: the llm's decoupled stream, encoder inference, the index,
+and the facts an llm publishes (backend_lib/contract.py holds every tensor name used here)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import struct
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype, triton_to_np_dtype
 
-from openai_frontend.errors import APIError, from_llm_message, from_triton_exception, unavailable
+from backend_lib import contract
+from openai_frontend.errors import (
+    APIError,
+    from_stream_error,
+    from_triton_exception,
+    internal,
+    unavailable,
+)
 
 _LENGTH = struct.Struct("<I")
-LLM_FLAGS = (
-    "return_finish_reason",
-    "return_num_input_tokens",
-    "return_num_output_tokens",
+LLM_FLAGS = tuple(
+    flag
+    for flag in contract.RETURN_FLAGS
+    if flag not in ("return_cumulative_logprob", "return_logprobs")
 )
+"""The `return_*` flags of every generate request (`return_logprobs` only when asked)."""
 
 
 @dataclass
@@ -34,6 +45,9 @@ class LLMResponse:
     num_input_tokens: int
     logprobs: list[list[dict[str, dict[str, Any]]] | None] = field(default_factory=list)
     final: bool = False
+    prompt_logprobs: list[dict[str, dict[str, Any]]] | None = None
+    """Per prompt token, the prompt token first (contract.PROMPT_LOGPROBS); in the first response
+    after the prefill of a request that asked for them, else None."""
 
 
 def _tensor(name: str, value: np.ndarray) -> InferInput:
@@ -83,14 +97,16 @@ def parse_llm_response(result: Any) -> LLMResponse:
     """An `InferResult` of the llm as an LLMResponse."""
     response = result.get_response()
     outputs = _outputs(response)
-    texts = [t.decode("utf-8", errors="replace") for t in outputs["text_output"]]
+    texts = [t.decode("utf-8", errors="replace") for t in outputs[contract.TEXT_OUTPUT]]
     n = len(texts)
-    reasons = [_finish_reason(r) for r in outputs.get("finish_reason", [b""] * n)]
-    out_tokens = [int(v) for v in outputs.get("num_output_tokens", [0] * n)]
-    in_tokens = int(outputs["num_input_tokens"][0]) if "num_input_tokens" in outputs else 0
-    logprobs = [json.loads(v) for v in outputs["logprobs"]] if "logprobs" in outputs else [None] * n
+    reasons = [_finish_reason(r) for r in outputs.get(contract.FINISH_REASON, [b""] * n)]
+    out_tokens = [int(v) for v in outputs.get(contract.NUM_OUTPUT_TOKENS, [0] * n)]
+    in_tokens = int(outputs.get(contract.NUM_INPUT_TOKENS, [0])[0])
+    logprobs = [json.loads(v) for v in outputs.get(contract.LOGPROBS, [])] or [None] * n
     final = response.parameters["triton_final_response"].bool_param
-    return LLMResponse(texts, reasons, out_tokens, in_tokens, logprobs, final)
+    scored = outputs.get(contract.PROMPT_LOGPROBS)
+    prompt_logprobs = json.loads(scored[0]) if scored else None
+    return LLMResponse(texts, reasons, out_tokens, in_tokens, logprobs, final, prompt_logprobs)
 
 
 class TritonClient:
@@ -144,7 +160,8 @@ class TritonClient:
 
     async def infer(
         self, model: str, inputs: Mapping[str, np.ndarray], outputs: list[str]
-    ) -> dict[str, np.ndarray]:
+    ) -> dict[str, np.ndarray | None]:
+        """The `outputs` of one inference (None for one the model did not send)."""
         try:
             result = await self.client.infer(
                 model,
@@ -155,29 +172,59 @@ class TritonClient:
             raise from_triton_exception(exc) from None
         return {name: result.as_numpy(name) for name in outputs}
 
+    async def model_facts(self, model: str, version: str) -> contract.ModelFacts:
+        """What version `version` of the llm `model` publishes about itself: its answer to a
+        `describe` request (one final response; nothing is generated)."""
+        inputs = [
+            _tensor(contract.TEXT_INPUT, _strings([""])),
+            _tensor(contract.DESCRIBE, np.array([True])),
+        ]
+        request = {"model_name": model, "model_version": version, "inputs": inputs}
+        async with contextlib.aclosing(self._stream(request)) as results:
+            async for result in results:
+                facts = _outputs(result.get_response()).get(contract.MODEL_FACTS)
+                try:
+                    return contract.ModelFacts.from_json(facts[0] if facts else b"")
+                except ValueError as exc:
+                    raise internal(
+                        f"model `{model}` version {version} published no valid facts: {exc}"
+                    ) from None
+        raise unavailable("the stream ended without a final response")
+
     async def generate(
         self,
         model: str,
-        prompt: str,
+        prompt: str | list[int],
         sampling_parameters: Mapping[str, Any],
         *,
         stream: bool,
         logprobs: bool = False,
     ) -> AsyncIterator[LLMResponse]:
-        """The llm's responses for one prompt. Leaving the loop early (a client gone, an
-        exception) cancels the gRPC stream, which aborts the engine request."""
+        """The llm's responses for one prompt (a text or token ids). Leaving the loop early (a
+        client gone, an exception) cancels the gRPC stream, which aborts the engine request."""
+        text = prompt if isinstance(prompt, str) else ""
         inputs = [
-            _tensor("text_input", _strings([prompt])),
-            _tensor("stream", np.array([stream])),
-            _tensor("sampling_parameters", _strings([json.dumps(sampling_parameters)])),
-            _tensor("exclude_input_in_output", np.array([True])),
+            _tensor(contract.TEXT_INPUT, _strings([text])),
+            _tensor(contract.STREAM, np.array([stream])),
+            _tensor(contract.SAMPLING_PARAMETERS, _strings([json.dumps(sampling_parameters)])),
+            _tensor(contract.EXCLUDE_INPUT_IN_OUTPUT, np.array([True])),
         ]
+        if not isinstance(prompt, str):
+            inputs.append(_tensor(contract.PROMPT_TOKEN_IDS, np.array(prompt, dtype=np.int64)))
         flags = LLM_FLAGS + (("return_logprobs",) if logprobs else ())
         inputs += [_tensor(flag, np.array([True])) for flag in flags]
+        request = {"model_name": model, "inputs": inputs}
+        async with contextlib.aclosing(self._stream(request)) as results:  # closing cancels it
+            async for result in results:
+                yield parse_llm_response(result)
+
+    async def _stream(self, request: dict[str, Any]) -> AsyncIterator[Any]:
+        """The results of one request on a decoupled model, until its final response; an error
+        response raises its APIError (by the code it carries, contract.decode_error)."""
         done = asyncio.Event()
 
         async def requests():
-            yield {"model_name": model, "inputs": inputs}
+            yield request
             # Keep our side of the stream open until the final response: a half-closed stream
             # could end before the decoupled model is done.
             await done.wait()
@@ -190,10 +237,9 @@ class TritonClient:
         try:
             async for result, error in responses:
                 if error is not None:
-                    raise from_llm_message(str(error.message() or error))
-                response = parse_llm_response(result)
-                finished = response.final
-                yield response
+                    raise from_stream_error(str(error.message() or error))
+                finished = result.get_response().parameters["triton_final_response"].bool_param
+                yield result
                 if finished:
                     return
             raise unavailable("the stream ended without a final response")
@@ -201,12 +247,10 @@ class TritonClient:
             raise
         except InferenceServerException as exc:
             raise from_triton_exception(exc) from None
-        except Exception as exc:  # grpc.aio.AioRpcError and friends
-            if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
-                raise
-            if "StatusCode.UNAVAILABLE" in str(exc) or "Connection refused" in str(exc):
-                raise unavailable(str(exc)) from None
-            raise
+        except grpc.aio.AioRpcError as exc:  # the stream itself failed (connection, deadline)
+            raise from_triton_exception(
+                InferenceServerException(msg=exc.details(), status=str(exc.code()))
+            ) from None
         finally:
             done.set()  # half-close: after the final response the RPC ends on its own
             if not finished:

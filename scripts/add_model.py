@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from backend_lib.contract import MODEL_KINDS
 from tooling.repository import ModelSpec, detect_kind, write_model
 
 
@@ -21,9 +22,7 @@ def main() -> None:
     parser.add_argument("checkpoint", type=Path, help="local HF checkpoint directory")
     parser.add_argument("--name", required=True, help="model name in the repository")
     parser.add_argument("--repository", type=Path, default=Path("model_repository"))
-    parser.add_argument(
-        "--kind", choices=["llm", "embedding", "rerank"], help="override the detected kind"
-    )
+    parser.add_argument("--kind", choices=list(MODEL_KINDS), help="override the detected kind")
     parser.add_argument("--version", type=int, default=1)
     parser.add_argument(
         "--instance-kind", default="KIND_AUTO", choices=["KIND_AUTO", "KIND_CPU", "KIND_GPU"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import secrets
 import signal
 import subprocess
@@ -19,15 +18,17 @@ import sys
 import time
 from pathlib import Path
 
+from backend_lib.contract import model_kind
+from tooling.repository import read_config
 from tooling.tritonserver import tritonserver_command
 
 EXAMPLES = {
     "embedding": """\
-  {name}  (embedding: text_input [N,1] STRING -> embedding [N,dim] FP32)
+  {name}  (embedding: text_input [N,1] STRING -> embedding [N,dim] FP32, num_input_tokens [N,1])
     curl -s localhost:{http}/v2/models/{name}/infer -d '{{"inputs":[{{"name":"text_input","shape":[2,1],"datatype":"BYTES","data":["hello world","bonjour"]}}]}}'
 """,
     "rerank": """\
-  {name}  (rerank: query, document [N,1] STRING -> score [N,1] FP32)
+  {name}  (rerank: query, document [N,1] STRING -> score [N,1] FP32, num_input_tokens [N,1])
     curl -s localhost:{http}/v2/models/{name}/infer -d '{{"inputs":[{{"name":"query","shape":[1,1],"datatype":"BYTES","data":["what is a cat?"]}},{{"name":"document","shape":[1,1],"datatype":"BYTES","data":["Cats are small felines."]}}]}}'
 """,
     "llm": """\
@@ -36,18 +37,6 @@ EXAMPLES = {
     curl -sN localhost:{http}/v2/models/{name}/generate_stream -d '{{"text_input":"ROMEO:","max_tokens":40}}'
 """,
 }
-
-
-def model_kind(config_text: str) -> str | None:
-    """Tell a model's kind from the tensors its config.pbtxt declares."""
-    names = set(re.findall(r'name:\s*"([^"]+)"', config_text))
-    if re.search(r"decoupled:\s*true", config_text) or "text_output" in names:
-        return "llm"
-    if {"query", "document"} <= names:
-        return "rerank"
-    if "embedding" in names:
-        return "embedding"
-    return None
 
 
 OPENAI_EXAMPLES = """\
@@ -67,7 +56,7 @@ def usage(repository: Path, http_port: int, grpc_port: int, metrics_port: int) -
         "Models and example calls:",
     ]
     for config in sorted(repository.glob("*/config.pbtxt")):
-        kind = model_kind(config.read_text())
+        kind = model_kind(read_config(config.read_text()))  # the frontend's own test
         if kind:
             lines.append(EXAMPLES[kind].format(name=config.parent.name, http=http_port).rstrip())
     lines.append(f"  metrics: curl -s localhost:{metrics_port}/metrics")

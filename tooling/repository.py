@@ -2,7 +2,8 @@
 
 `scripts/render_repository.py` renders the default repository, `DEFAULT_MODELS`, into `model_repository/`
 (tests/tooling checks that the committed files match); `scripts/add_model.py` adds a model from a local
-Hugging Face checkpoint, detecting its kind from the architecture.
+Hugging Face checkpoint, detecting its kind from the architecture. A rendered (or any) config.pbtxt
+reads back as the JSON Triton serves with `read_config`, whose kind is `backend_lib.contract.model_kind`.
 """
 
 from __future__ import annotations
@@ -10,19 +11,20 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
 import jinja2
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2
+
+from backend_lib.contract import ModelKind, parse_bool
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES_DIR = REPO_ROOT / "config_templates"
 
-ModelKind = Literal["embedding", "rerank", "llm"]
-_TRUE = {"true", "1", "yes", "on"}  # backend_lib.config's true spellings
-
 _MODEL_PY = {
-    "embedding": ("encoder_model.py.j2", {"service": "EmbeddingService", "output": "embedding"}),
-    "rerank": ("encoder_model.py.j2", {"service": "RerankService", "output": "score"}),
+    "embedding": ("encoder_model.py.j2", {"service": "EmbeddingService"}),
+    "rerank": ("encoder_model.py.j2", {"service": "RerankService"}),
     "llm": ("llm_model.py.j2", {}),
 }
 
@@ -48,7 +50,7 @@ class ModelSpec:
 
     @property
     def writes_multi_lora(self) -> bool:
-        enabled = self.parameters.get("enable_lora", "false").strip().lower() in _TRUE
+        enabled = parse_bool(self.parameters.get("enable_lora", "false"))  # as the backend reads it
         return self.kind == "llm" and (enabled or bool(self.lora_modules))
 
 
@@ -122,6 +124,13 @@ def render_model_files(spec: ModelSpec) -> dict[str, str]:
             listing = json.dumps(spec.lora_modules, indent=2) + "\n"
             files[f"{spec.name}/{version}/multi_lora.json"] = listing
     return files
+
+
+def read_config(text: str) -> dict[str, Any]:
+    """A config.pbtxt as the JSON tritonserver serves for it (`get_model_config(..., as_json=True)`),
+    the form `backend_lib.contract.model_kind` reads."""
+    config = text_format.Parse(text, model_config_pb2.ModelConfig())
+    return json_format.MessageToDict(config, preserving_proto_field_name=True)
 
 
 def write_model(spec: ModelSpec, repository: Path) -> list[Path]:

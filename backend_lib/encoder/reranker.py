@@ -92,6 +92,11 @@ class CrossEncoderReranker:
             queries, documents, self.config.truncate if truncate is None else truncate
         )
 
+    @staticmethod
+    def num_tokens(item: PairItem) -> int:
+        """The tokens of one pair: query and document joined (truncated as tokenized)."""
+        return len(item[0])
+
     def score(
         self, items: Sequence[PairItem], apply_sigmoid: bool | None = None
     ) -> tuple[np.ndarray, list[MicroBatch]]:
@@ -149,6 +154,11 @@ class BiEncoderReranker:
                 strict=True,
             )
         )
+
+    @staticmethod
+    def num_tokens(item: TextPairItem) -> int:
+        """The tokens of one pair: the query's plus the document's (each truncated on its own)."""
+        return len(item[0]) + len(item[1])
 
     def score(
         self, items: Sequence[TextPairItem], apply_sigmoid: bool | None = None

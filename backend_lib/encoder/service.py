@@ -2,7 +2,8 @@
 
 Each request is parsed and tokenized on its own, so bad input fails only that request; the items of all
 good requests are then embedded (or scored) together in length-sorted micro-batches, and each result goes
-back to its request in order.
+back to its request in order, with the tokens each item was computed on (`num_input_tokens`, after
+truncation: what an API reports as usage).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from backend_lib.config import from_parameters
+from backend_lib.contract import EMBEDDING, NUM_INPUT_TOKENS, SCORE
 from backend_lib.encoder.batching import MicroBatch
 from backend_lib.encoder.config import EmbeddingConfig, RerankConfig
 from backend_lib.encoder.embedder import Embedder
@@ -23,7 +25,8 @@ from backend_lib.metrics import MetricsSink
 from backend_lib.model_context import ModelContext
 from backend_lib.triton_io import Inputs, read_bools, read_strings
 
-Result = np.ndarray | Exception
+Result = dict[str, np.ndarray] | Exception
+"""A request's output tensors by name, or the error it fails with."""
 
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -106,6 +109,9 @@ class _Parsed:
 class _EncoderService:
     """Shared flow: parse+tokenize per request, compute all items at once, split results back."""
 
+    output = ""
+    """The name of the computed output (beside NUM_INPUT_TOKENS)."""
+
     def __init__(self, metrics: EncoderMetrics | None):
         self.metrics = metrics
 
@@ -144,12 +150,18 @@ class _EncoderService:
         if self.metrics:
             self.metrics.items.inc(len(parsed.items))
             self.metrics.record_batches(batches, parsed.owners, waited)
+        tokens = np.array([[self._num_tokens(item)] for item in parsed.items], dtype=np.uint32)
         offset = 0
         for index, count in zip(parsed.request_index, parsed.row_counts, strict=True):
-            results[index] = values[offset : offset + count]
+            rows = slice(offset, offset + count)
+            results[index] = {self.output: values[rows], NUM_INPUT_TOKENS: tokens[rows]}
             offset += count
 
     def _tokenize_request(self, inputs: Inputs) -> list:
+        raise NotImplementedError
+
+    def _num_tokens(self, item) -> int:
+        """The tokens the model computes for one tokenized item."""
         raise NotImplementedError
 
     def _compute(self, items: list) -> tuple[np.ndarray, list[MicroBatch]]:
@@ -167,7 +179,10 @@ def _by_flag(flags: Sequence[bool | None], run: Callable[[list[int], bool | None
 
 
 class EmbeddingService(_EncoderService):
-    """`text_input` [N,1] strings (optional `normalize`, `truncate` BOOL) -> `embedding` [N, dim]."""
+    """`text_input` [N,1] strings (optional `normalize`, `truncate` BOOL) -> `embedding` [N, dim]
+    and `num_input_tokens` [N, 1] (each text's tokens, special tokens included)."""
+
+    output = EMBEDDING
 
     def __init__(self, embedder, metrics: EncoderMetrics | None = None):
         super().__init__(metrics)
@@ -191,6 +206,9 @@ class EmbeddingService(_EncoderService):
         )
         return list(zip(tokens, normalize, strict=True))
 
+    def _num_tokens(self, item) -> int:
+        return len(item[0])
+
     def _compute(self, items: list) -> tuple[np.ndarray, list[MicroBatch]]:
         tokens = [t for t, _ in items]
         normalize = [n for _, n in items]
@@ -204,7 +222,10 @@ class EmbeddingService(_EncoderService):
 
 
 class RerankService(_EncoderService):
-    """`query`, `document` [N,1] strings (one pair per row) -> `score` [N, 1]."""
+    """`query`, `document` [N,1] strings (one pair per row) -> `score` [N, 1] and
+    `num_input_tokens` [N, 1] (each pair's tokens, as the reranker computed them)."""
+
+    output = SCORE
 
     def __init__(self, reranker, metrics: EncoderMetrics | None = None):
         super().__init__(metrics)
@@ -232,6 +253,9 @@ class RerankService(_EncoderService):
                 [queries[i] for i in idx], [documents[i] for i in idx], truncate=flag
             ),
         )
+
+    def _num_tokens(self, item) -> int:
+        return self.reranker.num_tokens(item)
 
     def _compute(self, items: list) -> tuple[np.ndarray, list[MicroBatch]]:
         scores, batches = self.reranker.score(items)

@@ -6,34 +6,44 @@ serving/                  Between Triton and the engine (the only layer that kno
   triton_request.py       Request tensors -> GenerateRequest (prompt, SamplingParams, flags).
   engine_loop.py          EngineLoop: the thread that alone drives the engine; OutputStream.
   metrics.py              LLMMetrics: vLLM-named gauges, counters, histograms from EngineStats.
-core/                     The device-independent engine:
-  engine.py               LLMEngine: requests in, step() = schedule -> execute -> update ->
-                          detokenize -> RequestOutputs.
+engine/                   Above core/ and execution/ (as vLLM v1's engine/ above its core):
+  llm_engine.py           LLMEngine: step() = schedule -> execute -> update -> process outputs.
+  input_processor.py      InputProcessor: validation, tokenization, adapter and grammar
+                          resolution -> PreparedRequest (on the caller's thread).
+  output_processor.py     OutputProcessor: per-request state, detokenizer, stop strings,
+                          RequestOutputs, finishing and failing requests.
+  detokenizer.py          IncrementalDetokenizer: streamed text deltas, stop strings.
+  parallel_sampling.py    n > 1: one prefill, then forked child sequences.
+  grammar_step.py         Advancing each constrained sequence's grammar after a step.
+  fault_injection.py      The one TEST-ONLY seam for injecting per-request faults.
+core/                     Scheduling state, device-independent (imports no engine/execution):
   scheduler.py            Scheduler: admission, chunked prefill, preemption, token-level stops.
   kv_cache_manager.py     KVCacheManager: block tables, prefix-cache lookup, copy-on-write, swap.
   block_pool.py           BlockPool: ref-counted KV block ids, LRU free queue, prefix hashes.
   sequence.py             Sequence: one generated sequence's tokens and state.
   sampling_params.py      SamplingParams: vLLM's fields, defaults and validation.
-  detokenizer.py          IncrementalDetokenizer: streamed text deltas, stop strings.
   outputs.py              RequestOutput, CompletionOutput: what a step hands back.
   stats.py                StatsCollector -> EngineStats snapshots for the metrics.
 execution/                What runs on the device:
   model_runner.py         ModelRunner: block moves, one flattened batch, forward, sampling.
   loader.py               Checkpoint facts and weights -> a registered model class.
-  models/llama.py         The Llama family (Llama, Mistral, Qwen2, Qwen3) on the paged cache.
-  models/llama_native.py  Its forward on CPU as straight calls of the C++ ops (no module per op).
-  attention.py            AttentionMetadata and PagedAttention over the KV cache.
+  models/llama.py         The Llama family (Llama, Mistral, Qwen2, Qwen3): one forward, its
+                          per-layer calls bound once at load, for every kernel set.
+  models/step_kernels.py  A step's kernel binding: straight C++ op calls or the KernelOps wrappers.
+  attention.py            AttentionMetadata and the kernel set of a device.
   kernel_backend.py       The kernel_backend setting -> "triton" or "torch" kernels.
   kv_pool.py              KVPool: the preallocated K/V tensor, its sizing, swaps and copies.
   sampler.py              Sampler: penalties, temperature, top-k/p, min-p, seeds, logprobs.
+lora/                     LoRA adapters: loading, device slots, per-row batches.
+structured/               Structured outputs: params, grammar compiler, matchers, bitmasks.
 
 A request's path: model.py hands the request tensors to `LLMService.start`, which parses them
-(`parse_generate_request`) and submits them to the `EngineLoop`; `LLMEngine.prepare_request`
+(`parse_generate_request`) and submits them to the `EngineLoop`; the engine's `InputProcessor`
 validates and tokenizes on Triton's thread. The loop thread adds the request to the engine and
 calls `LLMEngine.step()` while requests are unfinished: `Scheduler.schedule` picks the step's
 sequences and their KV blocks, `ModelRunner.execute` runs the model (attention through
 `kernels/`) and samples, `Scheduler.update` appends the tokens and applies stops, the
-detokenizer turns tokens into text, and each request with news gets a `RequestOutput` on its
+`OutputProcessor` turns tokens into text, and each request with news gets a `RequestOutput` on its
 `OutputStream`. The service's responder thread turns those into response tensors and sends them;
 after every step `LLMMetrics.update` records the engine's stats.
 """

@@ -20,8 +20,16 @@ BF16_NOT_NATIVE = (
 )
 
 
+DTYPE = cli.ByMode(quick="float32", cpu="auto")
+"""Both peer benchmarks' --dtype default: float32 under --quick, else "auto" (float32, and bfloat16
+where the CPU has it natively: `precisions`)."""
+
+
 def add_args(parser: argparse.ArgumentParser) -> None:
-    """The flags both peer benchmarks take."""
+    """The flags both peer benchmarks take, with their defaults."""
+    parser.set_defaults(
+        thread_counts=cli.ByMode(quick=[1], cpu=[1, 2]), peers=cli.ByMode(quick=False, cpu=True)
+    )
     parser.add_argument(
         "--thread-counts",
         type=lambda s: [int(n) for n in s.split(",")],
@@ -147,15 +155,6 @@ def missing_lines(result: dict) -> list[str]:
     for key, why in result["missing"].items():
         keys_by_reason.setdefault(why, []).append(f"`{key}`")
     return [f"- {', '.join(keys)} not measured: {why}" for why, keys in keys_by_reason.items()]
-
-
-DEFAULTS = dict(
-    dtype=cli.ByMode(quick="float32", cpu="auto"),
-    threads=0,
-    thread_counts=cli.ByMode(quick=[1], cpu=[1, 2]),
-    peers=cli.ByMode(quick=False, cpu=True),
-)
-"""Defaults both peer benchmarks set (with their own repeats)."""
 
 
 def measure_all(

@@ -38,10 +38,7 @@ async def prepare(
     messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in body.messages]
     listed = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     prompt = tokenizer.render_chat(messages, info.name, listed)
-    prompt_tokens = len(tokenizer.encode(prompt))
-    params = sampling_parameters(
-        body, info.max_model_len(), prompt_tokens, constraint, info.lora_name
-    )
+    params = sampling_parameters(body, constraint, info.lora_name)
     generation = Generation(
         state.triton, info.triton_name, prompt, params, body.logprobs, constraint, info.name
     )

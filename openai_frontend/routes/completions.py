@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from openai_frontend.discovery import ModelInfo
 from openai_frontend.generation import Generation, Usage, completion_logprobs, new_id, now
 from openai_frontend.protocol import CompletionRequest
 from openai_frontend.sampling import sampling_parameters
@@ -25,30 +26,40 @@ async def prepare(body: CompletionRequest, state: FrontendState) -> list[Generat
     body.check_supported()
     constraint = output_constraint(body)
     info = await state.registry.get(body.model, "llm")
-    tokenizer = state.tokenizer_or_none(info)
-    generations = []
-    for prompt in body.prompts():
-        prompt_tokens = len(tokenizer.encode(prompt)) if tokenizer else None
-        params = sampling_parameters(
-            body, info.max_model_len(), prompt_tokens, constraint, info.lora_name
+    params = sampling_parameters(body, constraint, info.lora_name)  # the same for every prompt
+    return [
+        Generation(
+            state.triton,
+            info.triton_name,
+            prompt,
+            params,
+            body.logprobs is not None,
+            constraint,
+            info.name,
+            echo=_echo_text(body, prompt, state, info) if body.echo else "",
+            prompt_only=body.echo_only,
         )
-        generations.append(
-            Generation(
-                state.triton,
-                info.triton_name,
-                prompt,
-                params,
-                body.logprobs is not None,
-                constraint,
-                info.name,
-            )
-        )
-    return generations
+        for prompt in body.prompts()
+    ]
 
 
-def _logprobs(body: CompletionRequest, entries: list, offset: int) -> dict[str, Any] | None:
+def _echo_text(
+    body: CompletionRequest, prompt: str | list[int], state: FrontendState, info: ModelInfo
+) -> str:
+    """The prompt's text: as sent, or a token-id prompt decoded by the model's tokenizer."""
+    if isinstance(prompt, str):
+        return prompt
+    return state.registry.tokenizer(info).decode(prompt)
+
+
+def _logprobs(
+    body: CompletionRequest, entries: list, offset: int, prompt_entries: list | None = None
+) -> dict[str, Any] | None:
+    """The choice's logprobs; with `echo`, the prompt tokens' first (text offsets from 0)."""
     if body.logprobs is None:
         return None
+    if body.echo and prompt_entries is not None:
+        return completion_logprobs(prompt_entries + entries, body.logprobs, 0)
     return completion_logprobs(entries, body.logprobs, offset)
 
 
@@ -67,13 +78,13 @@ async def completions(body: CompletionRequest, state: State):
     results = await asyncio.gather(*(g.run(usage) for g in generations))
     choices = []
     for generation, result in zip(generations, results, strict=True):
-        echo = generation.prompt if body.echo else ""
+        echo = generation.echo
         for choice in result:
             choices.append(
                 {
                     "index": len(choices),
                     "text": echo + choice.text,
-                    "logprobs": _logprobs(body, choice.logprobs, len(echo)),
+                    "logprobs": _logprobs(body, choice.logprobs, len(echo), choice.prompt_logprobs),
                     "finish_reason": choice.finish_reason,
                 }
             )
@@ -108,14 +119,15 @@ async def _chunks(
                 ):
                     lp_offset = offsets[i]
                     if is_first and body.echo:
-                        text = generation.prompt + text
-                        lp_offset += len(generation.prompt)
+                        text = generation.echo + text
+                        lp_offset += len(generation.echo)
+                    prompt_lps = response.prompt_logprobs if is_first else None
                     if text or reason or lps:
                         choices.append(
                             {
                                 "index": base + i,
                                 "text": text,
-                                "logprobs": _logprobs(body, lps or [], lp_offset),
+                                "logprobs": _logprobs(body, lps or [], lp_offset, prompt_lps),
                                 "finish_reason": reason,
                             }
                         )

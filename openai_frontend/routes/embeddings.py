@@ -26,15 +26,13 @@ def _encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:
 async def embeddings(body: EmbeddingRequest, state: State) -> dict[str, Any]:
     texts = body.texts()
     info = await state.registry.get(body.model, "embedding")
-    vectors = await embed(state.triton, info, texts)
+    vectors, tokens = await embed(state.triton, info, texts)
     if body.dimensions is not None and body.dimensions != vectors.shape[1]:
         raise invalid_request(
             f"model `{info.name}` returns {vectors.shape[1]} dimensions and cannot reduce them "
             f"to {body.dimensions}",
             "dimensions",
         )
-    tokenizer = state.tokenizer_or_none(info)
-    tokens = tokenizer.count(texts) if tokenizer else 0
     return {
         "object": "list",
         "model": info.name,

@@ -22,7 +22,7 @@ def model_object(info: ModelInfo) -> dict[str, Any]:
         # Not OpenAI's: what the model is and its Triton version, for clients that care.
         "kind": info.kind,
         "version": info.version,
-        "max_model_len": info.max_model_len() if info.kind == "llm" else None,
+        "max_model_len": info.max_model_len,  # the engine's, as the llm published it
         "parent": info.parent,  # vLLM's: the base model of a LoRA adapter
     }
 

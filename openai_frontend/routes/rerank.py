@@ -9,14 +9,9 @@ from fastapi import APIRouter
 from openai_frontend.encoders import score
 from openai_frontend.generation import new_id
 from openai_frontend.protocol import RerankRequest
-from openai_frontend.state import FrontendState, State
+from openai_frontend.state import State
 
 router = APIRouter()
-
-
-def _token_count(state: FrontendState, info, texts: list[str]) -> int:
-    tokenizer = state.tokenizer_or_none(info)
-    return tokenizer.count(texts) if tokenizer else 0
 
 
 @router.post("/v1/rerank")
@@ -25,16 +20,14 @@ def _token_count(state: FrontendState, info, texts: list[str]) -> int:
 async def rerank(body: RerankRequest, state: State) -> Any:
     documents = body.document_texts()
     info = await state.registry.get(body.model, "rerank")
-    scores = (
-        await score(state.triton, info, [(body.query, d) for d in documents]) if documents else []
-    )
+    pairs = [(body.query, d) for d in documents]
+    scores, tokens = await score(state.triton, info, pairs) if pairs else ([], 0)
     order = sorted(range(len(documents)), key=lambda i: scores[i], reverse=True)[: body.top_n]
     if body.is_tei():
         return [
             {"index": i, "score": scores[i], **({"text": documents[i]} if body.return_text else {})}
             for i in order
         ]
-    tokens = _token_count(state, info, [body.query] * len(documents) + documents)
     return {
         "id": new_id("rerank"),
         "model": info.name,

@@ -19,9 +19,7 @@ router = APIRouter()
 async def score_pairs(body: ScoreRequest, state: State) -> dict[str, Any]:
     pairs = body.pairs()
     info = await state.registry.get(body.model, "rerank")
-    scores = await score(state.triton, info, pairs)
-    tokenizer = state.tokenizer_or_none(info)
-    tokens = tokenizer.count([t for pair in pairs for t in pair]) if tokenizer else 0
+    scores, tokens = await score(state.triton, info, pairs)  # tokens: what the model scored
     return {
         "id": new_id("score"),
         "object": "list",

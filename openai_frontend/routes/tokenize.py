@@ -25,8 +25,7 @@ async def tokenize(body: TokenizeRequest, state: State) -> dict[str, Any]:
     else:
         raise invalid_request("give `prompt` or `messages`", "prompt")
     tokens = tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
-    max_len = info.max_model_len() if info.kind == "llm" else None
-    return {"count": len(tokens), "max_model_len": max_len, "tokens": tokens}
+    return {"count": len(tokens), "max_model_len": info.max_model_len, "tokens": tokens}
 
 
 @router.post("/detokenize")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from bench.skeleton import load
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,8 +71,8 @@ def check_common(result: dict, benchmark: str, summary_keys: set[str]) -> None:
 
 
 def check_report(name: str, result: dict) -> list[str]:
-    """The module's report section: a heading and a table."""
-    lines = importlib.import_module(f"bench.{name}").report(result)
+    """The benchmark's report section: a heading and a table."""
+    lines = load(name).section(result)
     assert lines[0].startswith("### ") and any(line.startswith("|---") for line in lines)
     return lines
 

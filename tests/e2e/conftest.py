@@ -1,7 +1,9 @@
 """Fixtures of the reliability suite: one tritonserver shared by test_reliability.py and test_soak.py, on
 a temporary repository (reliability_repository.py: the three models plus the overload-prone
 `llm_small`), under explicit model control (a model can be reloaded without restarting the server)
-and with the test-only fault hook armed. (`--soak-seconds` is declared in tests/conftest.py.)"""
+and with the test-only fault hook armed (`--soak-seconds` is declared in tests/conftest.py); and
+`direct_engine`, the default llm model run in-process, for test_llm.py and
+test_llm_structured_outputs.py."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from backend_lib.llm.serving.service import FAULT_INJECTION_ENV
+from backend_lib.llm.engine.fault_injection import FAULT_INJECTION_ENV
+from backend_lib.llm.engine.llm_engine import LLMEngine
+from tests.e2e.llm_helpers import default_llm_engine
 from tests.e2e.reliability_repository import FAULT_MARKER, write_reliability_repository
 from tests.server_helpers import start_server, stop_server
 from tooling.tritonserver import TritonServer
@@ -28,3 +32,10 @@ def reliability_server(tmp_path_factory) -> Iterator[TritonServer]:
     )
     yield server
     stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def direct_engine() -> LLMEngine:
+    """The default llm model's engine in-process, once per test module (test_llm.py,
+    test_llm_structured_outputs.py): what the server's greedy outputs must equal."""
+    return default_llm_engine()

@@ -20,6 +20,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from backend_lib.contract import ErrorCode, decode_error
 from backend_lib.metrics import parse_prometheus_text
 from tests.e2e.llm_client import llm_inputs
 
@@ -147,14 +148,12 @@ class Outcome:
     responses: int = 0
 
 
-QUEUE_FULL = "QueueFullError: queue full"
-"""How a refused request's error starts (model.py names the exception type)."""
-
-
 def classify_error(message: str) -> Outcome:
-    """A refusal is a QueueFullError; anything else (even a failure that mentions a full queue,
-    e.g. a refusal after admission surfacing as "generation failed") is an error."""
-    return Outcome("refused" if message.startswith(QUEUE_FULL) else "errored", error=message)
+    """A refusal carries the queue_full code (backend_lib/contract.py); anything else (even a
+    failure that mentions a full queue, e.g. a refusal after admission surfacing as "generation
+    failed") is an error."""
+    refused = decode_error(message)[0] is ErrorCode.QUEUE_FULL
+    return Outcome("refused" if refused else "errored", error=message)
 
 
 def grpc_request(

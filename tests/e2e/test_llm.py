@@ -8,52 +8,15 @@ import urllib.error
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import torch
 
-from backend_lib.config import from_parameters
-from backend_lib.llm.config import LLMConfig
-from backend_lib.llm.core.engine import LLMEngine
-from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.metrics import parse_prometheus_text
 from tests.e2e.llm_client import grpc_stream, http_error_text, http_generate, http_generate_stream
-from tooling.repository import DEFAULT_MODELS, REPO_ROOT
+from tests.e2e.llm_helpers import GREEDY, LABELS, assert_engine_idle, direct_text, metric
+from tooling.repository import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
 
 PROMPTS = ["ROMEO:", "To be, or not to be,", "KING HENRY:\nNow, lords,"]
-GREEDY = {"temperature": 0, "max_tokens": 24}
-LABELS = frozenset({"model": "llm", "version": "1", "model_name": "llm"}.items())
-
-
-@pytest.fixture(scope="module")
-def direct_engine() -> LLMEngine:
-    spec = next(s for s in DEFAULT_MODELS if s.kind == "llm")
-    config = from_parameters(LLMConfig, spec.parameters)
-    return LLMEngine.from_config(
-        config, REPO_ROOT / "model_repository" / "llm", torch.device("cpu")
-    )
-
-
-def direct_text(engine: LLMEngine, prompt: str, **params) -> str:
-    (output,) = engine.generate([prompt], SamplingParams(**{**GREEDY, **params}))
-    return output.outputs[0].text
-
-
-def metric(server, name: str, **labels: str) -> float:
-    samples = parse_prometheus_text(server.metrics_text())
-    return samples.get((name, LABELS | frozenset(labels.items())), 0.0)
-
-
-def assert_engine_idle(server, timeout: float = 30) -> None:
-    """Once requests end, nothing runs and every KV block is free again."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and (
-        metric(server, "vllm:kv_cache_usage_perc") > 0
-        or metric(server, "vllm:num_requests_running") > 0
-    ):
-        time.sleep(0.2)
-    assert metric(server, "vllm:kv_cache_usage_perc") == 0
-    assert metric(server, "vllm:num_requests_running") == 0
 
 
 def test_greedy_output_is_the_same_over_grpc_stream_http_and_direct(server, direct_engine):

@@ -14,8 +14,8 @@ import transformers
 
 from backend_lib.config import from_parameters
 from backend_lib.llm.config import LLMConfig
-from backend_lib.llm.core.engine import LLMEngine
 from backend_lib.llm.core.sampling_params import SamplingParams
+from backend_lib.llm.engine.llm_engine import LLMEngine
 from backend_lib.metrics import parse_prometheus_text
 from tests.e2e.llm_client import grpc_stream
 from tooling.lora_adapters import build_lora_adapter

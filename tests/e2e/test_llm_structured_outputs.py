@@ -12,10 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.e2e.llm_client import grpc_stream, http_error_text, http_generate
-from tests.e2e.test_llm import GREEDY, assert_engine_idle, direct_engine, direct_text, metric
+from tests.e2e.llm_helpers import GREEDY, assert_engine_idle, direct_text, metric
 
 pytestmark = pytest.mark.e2e
-__all__ = ["direct_engine"]  # the fixture, shared with test_llm
 
 SCHEMA = {
     "type": "object",

@@ -1,5 +1,5 @@
 """The C++ CPU paged attention (kernels/csrc/paged_attention_cpu.cpp): the op against the float64
-per-token reference of test_paged_attention.py, the routing of `paged_attention_cpu` between the op
+per-token reference of attention_helpers.py, the routing of `paged_attention_cpu` between the op
 and SDPA, the loader's refusals and the fallback to the PyTorch path, and that this machine really
 runs the op (a silent fallback would pass every other test).
 
@@ -22,20 +22,14 @@ from kernels.paged_attention import (
     plan_paged_attention_cpu,
     plan_paged_attention_torch,
 )
-from tests.kernels.test_paged_attention import (
-    CASES,
-    Case,
-    Inputs,
-    _make_inputs,
-    _naive_attention,
-)
+from tests.kernels.attention_helpers import CASES, Case, Inputs, make_inputs, naive_attention
 
 # Not `dtype`: tests/kernels/conftest.py parametrizes that name itself (and skips bfloat16 on CPU,
 # where only Triton's interpreter mishandles it).
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 DTYPE_IDS = ["float32", "bfloat16", "float16"]
 
-# Beyond test_paged_attention.CASES: block sizes 8/16/32, head_dim 16/32/64/128/80 and 20 (not a
+# Beyond attention_helpers.CASES: block sizes 8/16/32, head_dim 16/32/64/128/80 and 20 (not a
 # multiple of the vector width: the scalar tails), GQA 1/2/4, MQA, windows inside prefill tiles,
 # chunks longer than one query tile after a prefix, contexts crossing many 32-key chunks.
 OP_CASES = {
@@ -88,8 +82,8 @@ def _run_op(op, inputs: Inputs, seqs: torch.Tensor | None = None) -> torch.Tenso
 @pytest.mark.parametrize("case", OP_CASES.values(), ids=OP_CASES.keys())
 def test_op_matches_float64_reference(op, case, cpu_dtype, assert_close):
     # Every sequence through the op, long chunks included (the routing would send those to SDPA).
-    inputs = _make_inputs(case, cpu_dtype, torch.device("cpu"))
-    assert_close(_run_op(op, inputs), _naive_attention(inputs).to(cpu_dtype), cpu_dtype)
+    inputs = make_inputs(case, cpu_dtype, torch.device("cpu"))
+    assert_close(_run_op(op, inputs), naive_attention(inputs).to(cpu_dtype), cpu_dtype)
 
 
 @pytest.mark.parametrize("block_size", [8, 16, 32])
@@ -97,16 +91,16 @@ def test_op_reads_zero_padded_tables_and_strided_queries(op, block_size, assert_
     # The engine pads tables with block 0 (a live block of another sequence) and passes q as a view
     # into the fused qkv projection.
     case = Case((1, 4, 1), (30, 4, 75), 8, 2, 64, block_size)
-    inputs = _make_inputs(case, torch.float32, torch.device("cpu"))
+    inputs = make_inputs(case, torch.float32, torch.device("cpu"))
     inputs.block_tables = inputs.block_tables.clamp_min(0)
     fused = torch.randn(inputs.q.shape[0], 3 * case.num_heads, case.head_dim)
     fused[:, : case.num_heads] = inputs.q
     inputs.q = fused[:, : case.num_heads]
-    assert_close(_run_op(op, inputs), _naive_attention(inputs).float(), torch.float32)
+    assert_close(_run_op(op, inputs), naive_attention(inputs).float(), torch.float32)
 
 
 def test_op_writes_only_the_listed_sequences(op):
-    inputs = _make_inputs(CASES["mixed-prefill-decode-d96"], torch.float32, torch.device("cpu"))
+    inputs = make_inputs(CASES["mixed-prefill-decode-d96"], torch.float32, torch.device("cpu"))
     out = _run_op(op, inputs, torch.tensor([1, 3], dtype=torch.int32))
     starts = inputs.query_start_loc.tolist()
     for b in range(4):
@@ -115,7 +109,7 @@ def test_op_writes_only_the_listed_sequences(op):
 
 
 def test_op_refuses_out_of_range_block_ids(op):
-    inputs = _make_inputs(CASES["gqa4-d128"], torch.float32, torch.device("cpu"))
+    inputs = make_inputs(CASES["gqa4-d128"], torch.float32, torch.device("cpu"))
     inputs.block_tables[1, 0] = inputs.k_cache.shape[0]
     with pytest.raises(RuntimeError, match="out of range"):
         _run_op(op, inputs)
@@ -125,7 +119,7 @@ def test_op_refuses_out_of_range_block_ids(op):
 
 
 def test_op_refuses_mixed_dtypes(op):
-    inputs = _make_inputs(CASES["gqa4-d128"], torch.float32, torch.device("cpu"))
+    inputs = make_inputs(CASES["gqa4-d128"], torch.float32, torch.device("cpu"))
     inputs.k_cache = inputs.k_cache.bfloat16()
     with pytest.raises(RuntimeError, match="share a dtype"):
         _run_op(op, inputs)
@@ -133,7 +127,7 @@ def test_op_refuses_mixed_dtypes(op):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_op_gives_the_same_result_on_any_thread_count(op, threads):
-    inputs = _make_inputs(OP_CASES["long-contexts"], torch.float32, torch.device("cpu"))
+    inputs = make_inputs(OP_CASES["long-contexts"], torch.float32, torch.device("cpu"))
     previous = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -148,7 +142,7 @@ def test_op_gives_the_same_result_on_any_thread_count(op, threads):
 @pytest.mark.parametrize("case", OP_CASES.values(), ids=OP_CASES.keys())
 def test_cpu_entry_matches_float64_reference(op, case, cpu_dtype, assert_close):
     # The "torch" backend's entry: the op for decodes and short or fresh chunks, SDPA for the rest.
-    inputs = _make_inputs(case, cpu_dtype, torch.device("cpu"))
+    inputs = make_inputs(case, cpu_dtype, torch.device("cpu"))
     plan = plan_paged_attention_cpu(
         inputs.query_start_loc, inputs.seq_lens, inputs.block_tables, inputs.k_cache
     )
@@ -156,7 +150,7 @@ def test_cpu_entry_matches_float64_reference(op, case, cpu_dtype, assert_close):
     out = torch.full_like(inputs.q, float("nan"))
     got = paged_attention_cpu(*inputs.args(), out=out, plan=plan)
     assert got is out
-    assert_close(got, _naive_attention(inputs).to(cpu_dtype), cpu_dtype)
+    assert_close(got, naive_attention(inputs).to(cpu_dtype), cpu_dtype)
 
 
 def test_routing_sends_decodes_short_and_fresh_chunks_to_the_op():
@@ -191,19 +185,19 @@ def test_torch_backend_runs_the_op_on_this_machine(op, monkeypatch, assert_close
 
     monkeypatch.setattr(torch.ops.llm_cpu, "paged_attention", spy)
     ops = kernel_ops("torch")
-    inputs = _make_inputs(CASES["mixed-prefill-decode-d96"], torch.float32, torch.device("cpu"))
+    inputs = make_inputs(CASES["mixed-prefill-decode-d96"], torch.float32, torch.device("cpu"))
     plan = ops.plan_attention(
         inputs.query_start_loc, inputs.seq_lens, inputs.block_tables, inputs.k_cache
     )
     got = ops.paged_attention(*inputs.args(), plan=plan)
     assert calls == [[0, 1, 2, 3]]
     assert plan.decode_groups == [] and plan.prefills == []
-    assert_close(got, _naive_attention(inputs).float(), torch.float32)
+    assert_close(got, naive_attention(inputs).float(), torch.float32)
 
 
 def test_unloadable_op_falls_back_to_the_pytorch_path(monkeypatch, assert_close):
     monkeypatch.setattr(cpu_extension, "load", lambda: False)
-    inputs = _make_inputs(CASES["mixed-prefill-decode-d96"], torch.float32, torch.device("cpu"))
+    inputs = make_inputs(CASES["mixed-prefill-decode-d96"], torch.float32, torch.device("cpu"))
     plan = plan_paged_attention_cpu(
         inputs.query_start_loc, inputs.seq_lens, inputs.block_tables, inputs.k_cache
     )
@@ -216,7 +210,7 @@ def test_unloadable_op_falls_back_to_the_pytorch_path(monkeypatch, assert_close)
 def test_mixed_dtypes_fall_back_to_the_pytorch_path(op, assert_close):
     # The plan is built from k_cache alone; a float32 q over a bfloat16 cache is the op's refusal,
     # so the entry re-plans everything for PyTorch instead of failing.
-    inputs = _make_inputs(CASES["gqa4-d128"], torch.bfloat16, torch.device("cpu"))
+    inputs = make_inputs(CASES["gqa4-d128"], torch.bfloat16, torch.device("cpu"))
     inputs.q = inputs.q.float()
     got = paged_attention_cpu(*inputs.args())
     assert got.dtype == torch.float32

@@ -15,8 +15,8 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from backend_lib.llm.core.engine import LLMEngine
 from backend_lib.llm.core.sampling_params import SamplingParams
+from backend_lib.llm.engine.llm_engine import LLMEngine
 from tests.llm.config_helpers import llm_config
 from tooling.checkpoints import build_checkpoint
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from backend_lib.llm.core.engine import LLMEngine
+from backend_lib.llm.engine.llm_engine import LLMEngine
 from tests.llm.config_helpers import llm_config
 from tests.llm.engine_helpers import engine_checkpoint
 from tooling.lora_adapters import build_lora_adapter

@@ -5,9 +5,14 @@ from __future__ import annotations
 import numpy as np
 import openai
 import pytest
+import tritonclient.grpc as grpcclient
 from langchain_openai import OpenAIEmbeddings
+from transformers import AutoTokenizer
+from tritonclient.utils import InferenceServerException
 
+from backend_lib.contract import ErrorCode, decode_error
 from tests.openai.references import embeddings, rerank_scores
+from tooling.checkpoints import MINILM_DIR
 
 pytestmark = pytest.mark.e2e
 TEXTS = ["To be, or not to be", "a rose by any other name", "hello world"]
@@ -38,6 +43,47 @@ def test_embeddings_float_and_base64_equal_the_model(frontend, server):
     assert as_float.usage.prompt_tokens > len(TEXTS)
     same = sdk.embeddings.create(model="embedding", input=TEXTS[0], dimensions=expected.shape[1])
     np.testing.assert_allclose(same.data[0].embedding, expected[0], atol=1e-6)
+
+
+MINILM_MAX_SEQ_LENGTH = 256
+"""all-MiniLM-L6-v2's sentence-transformers max_seq_length: the default models truncate there."""
+LONG = "the rose smells sweet by any other name " * 80  # > 256 tokens
+
+
+def _truncated(*texts: str) -> list[int]:
+    """Each text's tokens as the real tokenizer counts them, truncated to max_seq_length."""
+    tokenizer = AutoTokenizer.from_pretrained(str(MINILM_DIR), local_files_only=True)
+    encoded = tokenizer(list(texts), truncation=True, max_length=MINILM_MAX_SEQ_LENGTH)
+    return [len(ids) for ids in encoded.input_ids]
+
+
+def test_encoder_usage_counts_the_tokens_computed_after_truncation(client):
+    tokenizer = AutoTokenizer.from_pretrained(str(MINILM_DIR), local_files_only=True)
+    assert len(tokenizer(LONG).input_ids) > MINILM_MAX_SEQ_LENGTH
+    reply = client.post("/v1/embeddings", json={"model": "embedding", "input": [LONG, "hello"]})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["prompt_tokens"] == sum(_truncated(LONG, "hello"))
+    # The rerank model (a bi-encoder here) embeds the query and each document on its own.
+    body = {"model": "rerank", "query": "hello", "documents": [LONG, "a storm at sea"]}
+    query, long_doc, doc = _truncated("hello", LONG, "a storm at sea")
+    expected = 2 * query + long_doc + doc
+    assert client.post("/v1/rerank", json=body).json()["usage"]["prompt_tokens"] == expected
+    body = {"model": "rerank", "text_1": "hello", "text_2": [LONG, "a storm at sea"]}
+    assert client.post("/v1/score", json=body).json()["usage"]["prompt_tokens"] == expected
+
+
+def test_an_encoder_error_carries_its_code(server):
+    """The code survives Triton's unary path too, beside the matching gRPC status."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[LONG.encode()]], dtype=object))
+    truncate = grpcclient.InferInput("truncate", [1, 1], "BOOL")
+    truncate.set_data_from_numpy(np.array([[False]]))
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer("embedding", [text, truncate])
+    assert raised.value.status() == "StatusCode.INVALID_ARGUMENT"
+    code, message = decode_error(raised.value.message())
+    assert code is ErrorCode.INVALID_INPUT and "truncation is off" in message
 
 
 def test_langchain_embeddings(frontend, server):

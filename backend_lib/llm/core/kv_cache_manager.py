@@ -64,9 +64,11 @@ class KVCacheManager:
         """Longest cached prefix of `seq.token_ids`, in full blocks (allocates nothing).
 
         It never covers the last token: that one must be computed to get logits to sample from.
+        A sequence asking for prompt logprobs gets none (as in vLLM): every prompt position must
+        be computed for its logprobs.
         """
         prefix = CachedPrefix()
-        if not self.enable_prefix_caching:
+        if not self._reads_cache(seq):
             return prefix
         hashes = self._hashes(seq, (seq.num_tokens - 1) // self.block_size)
         for index, block_hash in enumerate(hashes):
@@ -78,6 +80,9 @@ class KVCacheManager:
             prefix.block_ids.append(block_id)
         prefix.num_tokens = len(prefix.block_ids) * self.block_size
         return prefix
+
+    def _reads_cache(self, seq: Sequence) -> bool:
+        return self.enable_prefix_caching and seq.sampling_params.prompt_logprobs is None
 
     def admit(self, seq: Sequence, prefix: CachedPrefix, num_new_tokens: int) -> bool:
         """Give a waiting sequence its cached prefix plus blocks for `num_new_tokens` after it.
@@ -94,7 +99,7 @@ class KVCacheManager:
         seq.block_table = prefix.block_ids + self.pool.allocate(num_needed)
         seq.num_computed_tokens = prefix.num_tokens
         self._num_cached_blocks[seq.seq_id] = len(prefix.block_ids)
-        if self.enable_prefix_caching:
+        if self._reads_cache(seq):
             self.prefix_cache_queries += seq.num_tokens
             self.prefix_cache_hits += prefix.num_tokens
         return True

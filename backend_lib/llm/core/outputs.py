@@ -68,3 +68,7 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     error: str | None = None
     """Set when the request failed inside the engine (its outputs then finish with "error")."""
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    """Per prompt token (vLLM's shape): None for the first, then {token_id: Logprob} of the top
+    `prompt_logprobs` tokens plus the prompt token itself. None unless the request asked for them;
+    complete from the first output with a generated token on."""

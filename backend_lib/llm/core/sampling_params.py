@@ -12,7 +12,7 @@ from typing import Any
 
 from backend_lib.config import ConfigError, parse_bool
 from backend_lib.errors import InputError
-from backend_lib.llm.core.structured_params import StructuredOutputsParams
+from backend_lib.llm.structured.params import StructuredOutputsParams
 
 # Temperatures below this are greedy (vLLM's _SAMPLING_EPS).
 SAMPLING_EPS = 1e-5
@@ -51,11 +51,15 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     """Number of top log-probabilities returned per generated token (None: none)."""
+    prompt_logprobs: int | None = None
+    """Number of top log-probabilities returned per prompt token, besides the prompt token's own
+    (None: none). Computed during prefill from the raw logits; such a request skips the prefix
+    cache, as in vLLM, so that every position is computed."""
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsParams | None = None
     """Output constraint (JSON schema, regex, choice, grammar); a dict or its JSON text is
-    converted on construction (see structured_params.py)."""
+    converted on construction (see backend_lib/llm/structured/params.py)."""
 
     def __post_init__(self) -> None:
         if self.structured_outputs is not None:
@@ -109,7 +113,7 @@ class SamplingParams:
             _check(math.isfinite(value), f"{name} must be finite, got {value}")
         for name in ("n", "top_k", "min_tokens"):
             _check_int(name, getattr(self, name))
-        for name in ("seed", "max_tokens", "logprobs"):
+        for name in ("seed", "max_tokens", "logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name))
 
@@ -140,13 +144,13 @@ class SamplingParams:
                 self.min_tokens <= self.max_tokens,
                 f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}",
             )
-        if self.logprobs is not None:
-            _check(self.logprobs >= 0, f"logprobs must be >= 0, got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            _check(value >= 0, f"{name} must be >= 0, got {value}")
             if max_logprobs is not None:
-                _check(
-                    self.logprobs <= max_logprobs,
-                    f"logprobs must be <= {max_logprobs}, got {self.logprobs}",
-                )
+                _check(value <= max_logprobs, f"{name} must be <= {max_logprobs}, got {value}")
         for text in self.stop:  # type: ignore[union-attr]
             _check(
                 isinstance(text, str) and text != "",

@@ -8,7 +8,8 @@ Every `schedule()` call builds one step within `max_num_batched_tokens` and `max
    pool; recompute when that is full);
 2. then, only if nothing was preempted this step, swapped sequences are resumed, and only once
    none is left swapped, waiting sequences are admitted first-come first-served, reusing their
-   longest cached prefix (computed under the same LoRA adapter: the adapter salts the hashes);
+   longest cached prefix (computed under the same LoRA adapter: the adapter salts the hashes;
+   a request asking for prompt logprobs reads no cached prefix, so every position is computed);
 3. LoRA: running sequences use at most `max_loras` distinct adapters (the base model is free), so
    every step fits the device's adapter slots. A swapped or waiting sequence whose adapter would
    be one too many stops resumption / admission (as a sequence that does not fit the pool does):

@@ -1,4 +1,4 @@
-"""Attention over the paged KV cache: batch metadata, kernel-backend selection, per-layer call.
+"""Attention over the paged KV cache: batch metadata and kernel-backend selection.
 
 A step's tokens are flattened into one batch of T rows. Sequence b owns rows
 `query_start_loc[b]:query_start_loc[b+1]`; its context (cached prefix plus the new tokens)
@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from backend_lib.llm.execution.kernel_backend import resolve_kernel_backend
 from kernels import KernelOps, kernel_ops
@@ -41,46 +40,3 @@ class AttentionMetadata:
 def select_kernel_ops(setting: str, device: torch.device) -> KernelOps:
     """Kernel set for `LLMConfig.kernel_backend` on `device` (auto: Triton on CUDA, PyTorch on CPU)."""
     return kernel_ops(resolve_kernel_backend(setting, device))
-
-
-class PagedAttention(nn.Module):
-    """One layer's attention: store the new tokens' K/V in the cache, then attend over it."""
-
-    def __init__(
-        self,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        scale: float,
-        sliding_window: int | None,
-        ops: KernelOps,
-    ):
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = scale
-        self.sliding_window = sliding_window
-        self.ops = ops
-
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]."""
-        k_cache, v_cache = kv_cache
-        self.ops.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        plan = {} if meta.plan is None else {"plan": meta.plan}
-        return self.ops.paged_attention(
-            q,
-            k_cache,
-            v_cache,
-            meta.query_start_loc,
-            meta.seq_lens,
-            meta.block_tables,
-            self.scale,
-            sliding_window=self.sliding_window,
-            **plan,
-        )

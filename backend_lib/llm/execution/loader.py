@@ -135,8 +135,7 @@ def load_model(
     `checkpoint` is a CheckpointInfo already read, or its directory. `max_position` sizes the
     rotary table (default: the checkpoint's max_position_embeddings). On CPU the projections'
     weights are then pre-packed for oneDNN (`backend_lib.linear`) unless `pack_linear_weights`
-    is False, and the forward gets its C++-op fast path where every piece is native
-    (models/llama_native.py).
+    is False. Last, the forward's calls are bound to the final weights (`bind_forward`).
 
     `quantization` int8 or fp8 replaces the projections (q/k/v, o, gate/up, down; the lm_head
     too when `quantize_lm_head`) by `backend_lib.quantization.QuantizedLinear` layers, quantized
@@ -157,7 +156,7 @@ def load_model(
     quantize_linear_layers(model, quantization, skip=() if quantize_lm_head else ("lm_head",))
     if pack_linear_weights:
         pack_linear_layers(model)
-    model.build_native_forward()
+    model.bind_forward()
     return model.eval()
 
 

@@ -43,6 +43,12 @@ from backend_lib.llm.execution.kv_pool import (
     gpu_kv_cache_bytes,
 )
 from backend_lib.llm.execution.loader import CheckpointInfo, as_checkpoint_info, load_model
+from backend_lib.llm.execution.prompt_logprobs import (
+    PromptLogprobsChunk,
+    PromptScoring,
+    prompt_scoring,
+    score_prompts,
+)
 from backend_lib.llm.execution.sampler import Sampler, SamplingRow, TokenLogprobs
 from backend_lib.llm.lora.adapter import LoRAModelSpec
 from backend_lib.llm.lora.batch import LoRABatch
@@ -65,6 +71,12 @@ class ModelInput:
     sample_seq_ids: list[int]
     lora: LoRABatch | None = None
     """Row runs -> adapter slots (None: every row on the base model)."""
+    prompt_scorings: list[PromptScoring] = field(default_factory=list)
+    """The chunks whose rows score prompt tokens (prompt_logprobs), in `prompt_rows` order."""
+    prompt_rows: torch.Tensor | None = None
+    """[S] int64: the flattened rows scoring prompt tokens (None: none this step)."""
+    prompt_logprobs: dict[int, PromptLogprobsChunk] = field(default_factory=dict)
+    """Filled by `ModelRunner.compute_logits`: seq_id -> its chunk's prompt-token scores."""
 
 
 @dataclass
@@ -75,6 +87,8 @@ class ModelOutput:
     """seq_id -> logprobs of each sampled token, for seqs whose params.logprobs is not None."""
     bitmask: BitmaskBatch | None = None
     """The structured-output bitmask applied this step (None: no constrained row)."""
+    prompt_logprobs: dict[int, PromptLogprobsChunk] = field(default_factory=dict)
+    """seq_id -> the prompt tokens its chunk scored, for seqs whose params.prompt_logprobs is set."""
 
 
 def resolve_max_model_len(setting: int, max_position_embeddings: int) -> int:
@@ -185,9 +199,9 @@ class ModelRunner:
         if constraints is not None and batch.sample_rows:
             job = constraints.begin(batch.sample_seq_ids)  # fills while the forward runs
         logits = self.compute_logits(batch)
+        output = ModelOutput(prompt_logprobs=batch.prompt_logprobs)
         if not batch.sample_rows:  # only non-final prefill chunks this step
-            return ModelOutput()
-        output = ModelOutput()
+            return output
         with torch.inference_mode():
             if job is not None:
                 output.bitmask = mask = job.result()
@@ -210,7 +224,12 @@ class ModelRunner:
         self.kv_pool.copy_blocks(sched_out.blocks_to_copy)
 
     def compute_logits(self, batch: ModelInput) -> torch.Tensor:
-        """Forward the flattened batch; float32 logits of the sampling rows only [R, vocab]."""
+        """Forward the flattened batch; float32 logits of the sampling rows only [R, vocab]. Rows
+        scoring prompt tokens (`batch.prompt_rows`) are scored on the way, into
+        `batch.prompt_logprobs`."""
+        rows = batch.sample_indices
+        if batch.prompt_rows is not None:
+            rows = torch.cat((rows, batch.prompt_rows))
         with torch.inference_mode():
             hidden = self.model(
                 batch.input_ids,
@@ -218,9 +237,14 @@ class ModelRunner:
                 batch.meta,
                 self.kv_pool.layer_caches,
                 batch.lora,
-                output_rows=batch.sample_indices,
+                output_rows=rows,
             )
-            return self.model.compute_logits(hidden)
+            num_samples = len(batch.sample_indices)
+            if batch.prompt_rows is not None:
+                batch.prompt_logprobs = score_prompts(
+                    hidden[num_samples:], batch.prompt_scorings, self.model.compute_logits
+                )
+            return self.model.compute_logits(hidden[:num_samples])
 
     def prepare_input(
         self, scheduled: list[ScheduledSequence], num_samples: Mapping[int, int] | None = None
@@ -256,6 +280,7 @@ class ModelRunner:
             rows,
             seq_ids,
         )
+        self._add_prompt_rows(batch, scheduled, layout, q_lens)
         if slot_of:
             segments = lora_segments(
                 [slot_of.get(s.seq.lora_int_id, -1) for s in layout], self.device, q_lens.tolist()
@@ -271,6 +296,27 @@ class ModelRunner:
                 self.kv_pool.layer_caches[0][0],
             )
         return batch
+
+    def _add_prompt_rows(
+        self,
+        batch: ModelInput,
+        scheduled: list[ScheduledSequence],
+        layout: list[ScheduledSequence],
+        q_lens: np.ndarray,
+    ) -> None:
+        """The rows of chunks that score prompt tokens (prompt_logprobs), scheduled order."""
+        first_row = {id(s): int(r) for s, r in zip(layout, np.cumsum(q_lens) - q_lens, strict=True)}
+        rows: list[int] = []
+        for s in scheduled:
+            scoring = prompt_scoring(s)
+            if scoring is None:
+                continue
+            # The row at position p scores token p + 1: the chunk's rows from its first one on.
+            first = first_row[id(s)]
+            rows += range(first, first + len(scoring.token_ids))
+            batch.prompt_scorings.append(scoring)
+        if rows:
+            batch.prompt_rows = torch.tensor(rows, dtype=torch.long).to(self.device)
 
     def _activate_loras(self, scheduled: list[ScheduledSequence]) -> dict[int, int]:
         """Load the step's adapters into slots; lora_int_id -> slot (empty: no adapter)."""

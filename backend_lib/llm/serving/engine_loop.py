@@ -21,10 +21,11 @@ from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 
 from backend_lib.errors import InputError, QueueFullError
-from backend_lib.llm.core.engine import LLMEngine, PreparedRequest
 from backend_lib.llm.core.outputs import CompletionOutput, RequestOutput
 from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.core.stats import EngineStats
+from backend_lib.llm.engine.input_processor import PreparedRequest
+from backend_lib.llm.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 

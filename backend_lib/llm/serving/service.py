@@ -4,7 +4,9 @@ Semantics follow Triton's vLLM backend: a streaming request gets one response pe
 the new text (outputs queued while the responder was busy merge into one response), the last one
 final; a non-streaming request gets exactly one (final) response, with the
 prompt prepended unless `exclude_input_in_output` is true. The extra outputs appear only when their
-`return_*` flag is set. model.py only moves these tensors in and out of `pb_utils`.
+`return_*` flag is set. A request with `describe` set is answered at once with the model's
+published facts (`LLMService.facts`, backend_lib/contract.py). model.py only moves these tensors in
+and out of `pb_utils`, and sends an error with `backend_lib.errors.response_error`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import queue
 import threading
 import time
@@ -22,35 +23,30 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from backend_lib import contract
 from backend_lib.config import from_parameters
-from backend_lib.errors import InputError, QueueFullError
+from backend_lib.errors import InputError, RequestCancelled, error_code
 from backend_lib.llm.config import LLMConfig
-from backend_lib.llm.core.engine import LLMEngine
-from backend_lib.llm.core.outputs import CompletionOutput, RequestOutput
+from backend_lib.llm.core.outputs import CompletionOutput, Logprob, RequestOutput
+from backend_lib.llm.engine.fault_injection import PromptMarkerFaults
+from backend_lib.llm.engine.llm_engine import LLMEngine
 from backend_lib.llm.lora.registry import read_multi_lora
 from backend_lib.llm.serving.engine_loop import EngineLoop, OutputStream
 from backend_lib.llm.serving.metrics import LLMMetrics
 from backend_lib.llm.serving.triton_request import GenerateRequest, parse_generate_request
 from backend_lib.metrics import MetricsSink
 from backend_lib.model_context import ModelContext
+from backend_lib.triton_io import read_scalar
 
 logger = logging.getLogger(__name__)
 
 # How often a request waiting for output checks whether its client went away.
 CANCEL_POLL_SECONDS = 0.1
 
-FAULT_INJECTION_ENV = "BACKEND_LIB_FAULT_INJECTION"
-"""TEST-ONLY: when set, prompts containing its value fail inside the engine step (see
-`LLMService.fault_marker`). Never set it in production."""
-_FAULT_ID_PREFIX = "fault-"
 
 Tensors = dict[str, np.ndarray]
 SendFn = Callable[["Tensors | Exception", bool], None]
 """Sends one response (tensors or an error) to the client; the bool says it is the final one."""
-
-
-class RequestCancelled(Exception):
-    """The client cancelled or disconnected; the engine request was aborted and its blocks freed."""
 
 
 @dataclass
@@ -64,6 +60,7 @@ class Job:
     sent_tokens: dict[int, int] = field(default_factory=dict)
     sent_logprobs: dict[int, int] = field(default_factory=dict)
     responded: bool = False
+    sent_prompt_logprobs: bool = False
     cancelled: bool = False
 
 
@@ -71,16 +68,19 @@ class LLMService:
     """Owns the engine loop of one llm model instance."""
 
     def __init__(
-        self, engine: LLMEngine, metrics: LLMMetrics | None = None, fault_marker: str | None = None
+        self,
+        engine: LLMEngine,
+        metrics: LLMMetrics | None = None,
+        faults: PromptMarkerFaults | None = None,
     ):
-        """`fault_marker` is a TEST-ONLY hook: a request whose prompt contains it fails with an
-        "injected fault" error raised inside the engine step (through `engine.fault_injector`),
-        so tests can check that one failing request leaves the others and the engine intact."""
+        """`faults` (TEST-ONLY, engine/fault_injection.py): requests whose prompt holds its marker
+        fail inside the engine step, so tests can check that one failing request leaves the
+        others and the engine intact."""
         self.engine = engine
         self.config = engine.config
-        self.fault_marker = fault_marker or None
-        if self.fault_marker:
-            engine.fault_injector = _inject_fault
+        self.faults = faults
+        if faults is not None:
+            engine.fault_injector = faults
         self.metrics = metrics
         self.loop = EngineLoop(engine, on_step=metrics.update if metrics else None)
         self.loop.start()
@@ -90,7 +90,7 @@ class LLMService:
     def from_context(cls, context: ModelContext, sink: MetricsSink | None) -> LLMService:
         """Load from the model's config.pbtxt parameters (ConfigError names a bad key) and, with
         enable_lora, the adapters listed in `<version>/multi_lora.json` (as the vLLM backend).
-        The environment variable BACKEND_LIB_FAULT_INJECTION sets the test-only `fault_marker`."""
+        The environment variable BACKEND_LIB_FAULT_INJECTION sets the test-only `faults`."""
         config = from_parameters(LLMConfig, context.parameters)
         lora_modules = (
             read_multi_lora(context.model_dir / context.version, context.model_dir)
@@ -109,7 +109,7 @@ class LLMService:
                 lora_names=engine.lora_registry.names if engine.lora_registry else None,
                 max_loras=config.max_loras,
             )
-        return cls(engine, metrics, fault_marker=os.environ.get(FAULT_INJECTION_ENV))
+        return cls(engine, metrics, faults=PromptMarkerFaults.from_environment())
 
     def submit(self, inputs: dict[str, np.ndarray]) -> Job:
         """Parse and queue one request; InputError / QueueFullError at once for this caller."""
@@ -128,33 +128,48 @@ class LLMService:
         if request.return_flags["return_cumulative_logprob"] and params.logprobs is None:
             params.logprobs = 0  # the sampled token's logprob is needed for the running sum
         request_id = uuid.uuid4().hex
-        if self.fault_marker and self.fault_marker in request.prompt:
-            request_id = _FAULT_ID_PREFIX + request_id  # the test-only hook fails it in a step
-        stream = self.loop.submit(request_id, request.prompt, params, lora_name=request.lora_name)
+        if self.faults is not None:  # TEST-ONLY: marked prompts fail inside a step
+            request_id = self.faults.request_id(request.prompt, request_id)
+        prompt = None if request.prompt_token_ids is not None else request.prompt
+        stream = self.loop.submit(
+            request_id, prompt, params, request.prompt_token_ids, lora_name=request.lora_name
+        )
         return Job(request_id, request, stream)
+
+    def facts(self) -> contract.ModelFacts:
+        """What this model publishes about itself: the engine's max_model_len and the adapters its
+        LoRA registry serves (none when LoRA is off)."""
+        registry = self.engine.lora_registry
+        return contract.ModelFacts(
+            max_model_len=self.engine.max_model_len,
+            lora_adapters=tuple(registry.names) if registry is not None else (),
+        )
+
+    def facts_tensors(self) -> Tensors:
+        return {contract.MODEL_FACTS: np.array([self.facts().to_json().encode()], dtype=object)}
 
     def start(
         self, inputs: dict[str, np.ndarray], send: SendFn, is_cancelled: Callable[[], bool]
-    ) -> Job:
+    ) -> Job | None:
         """Submit one request whose responses the responder thread passes to `send(tensors or
-        error, final)`; `is_cancelled` is polled. InputError / QueueFullError at once here."""
+        error, final)`; `is_cancelled` is polled. InputError / QueueFullError at once here. A
+        `describe` request gets its one (final) response, the facts, before this returns None."""
         try:
-            job = self.submit(inputs)
+            describe = read_scalar(inputs, contract.DESCRIBE, bool)
+            job = None if describe else self.submit(inputs)
         except Exception as exc:
             self._record_failure(exc)
             raise
+        if job is None:
+            send(self.facts_tensors(), True)
+            return None
         self.responder.add(job, send, is_cancelled)
         return job
 
     def _record_failure(self, error: Exception) -> None:
-        if self.metrics is None:
-            return
-        if isinstance(error, InputError):
-            self.metrics.record_failure("invalid_input")
-        elif isinstance(error, QueueFullError):
-            self.metrics.record_failure("queue_full")
-        elif not isinstance(error, RequestCancelled):
-            self.metrics.record_failure("internal")
+        code = error_code(error)
+        if self.metrics is not None and code is not contract.ErrorCode.CANCELLED:
+            self.metrics.record_failure(code.value)  # the failure reasons are the codes' values
 
     def responses(
         self, job: Job, is_cancelled: Callable[[], bool] = lambda: False
@@ -215,7 +230,7 @@ class LLMService:
         """The tensors of one response (new text since the previous response of this job)."""
         request, flags = job.request, job.request.return_flags
         completions = output.outputs
-        prefix = output.prompt if request.prepend_input and not job.responded else ""
+        prefix = self._prompt_text(output) if request.prepend_input and not job.responded else ""
         job.responded = True
         tensors: Tensors = {
             "text_output": np.array(
@@ -244,6 +259,16 @@ class LLMService:
             tensors["logprobs"] = np.array(
                 [self._logprobs_json(job, c).encode("utf-8") for c in completions], dtype=object
             )
+        if output.prompt_logprobs is not None and not job.sent_prompt_logprobs:
+            job.sent_prompt_logprobs = True  # once, in the first response after the prefill
+            first = output.prompt_token_ids[0]  # nothing precedes it: no logprob, no rank
+            scored = [
+                {str(first): {"logprob": None, "rank": None, "decoded_token": self._text(first)}},
+                *(self._position_json(p) for p in output.prompt_logprobs[1:]),
+            ]
+            tensors[contract.PROMPT_LOGPROBS] = np.array(
+                [json.dumps(scored).encode("utf-8")], dtype=object
+            )
         if flags["return_num_input_tokens"]:
             tensors["num_input_tokens"] = np.array([len(output.prompt_token_ids)], dtype=np.uint32)
         if flags["return_num_output_tokens"]:
@@ -261,19 +286,27 @@ class LLMService:
         if completion.logprobs is None:
             return "null"
         start = _advance(job.sent_logprobs, completion.index, len(completion.logprobs))
-        entries = []
-        for position in completion.logprobs[start:]:
-            entries.append(
-                {
-                    str(token_id): {
-                        "logprob": entry.logprob,
-                        "rank": entry.rank,
-                        "decoded_token": self.engine.tokenizer.decode([token_id]),
-                    }
-                    for token_id, entry in position.items()
-                }
-            )
-        return json.dumps(entries)
+        return json.dumps([self._position_json(p) for p in completion.logprobs[start:]])
+
+    def _position_json(self, position: dict[int, Logprob]) -> dict[str, dict]:
+        """One position's logprobs: {token_id: {logprob, rank, decoded_token}}."""
+        return {
+            str(token_id): {
+                "logprob": entry.logprob,
+                "rank": entry.rank,
+                "decoded_token": self._text(token_id),
+            }
+            for token_id, entry in position.items()
+        }
+
+    def _prompt_text(self, output: RequestOutput) -> str:
+        """The prompt as text (a token-id prompt decoded, special tokens included)."""
+        if output.prompt is not None:
+            return output.prompt
+        return self.engine.tokenizer.decode(output.prompt_token_ids)
+
+    def _text(self, token_id: int) -> str:
+        return self.engine.tokenizer.decode([token_id])
 
     def shutdown(self) -> None:
         self.loop.stop(timeout=30)  # running requests get their final (abort) outputs first
@@ -295,19 +328,6 @@ def _advance(sent: dict[int, int], index: int, new_length: int) -> int:
     previous = sent.get(index, 0)
     sent[index] = new_length
     return previous
-
-
-def _inject_fault(request_id: str) -> None:
-    """TEST-ONLY engine.fault_injector: fail the requests `submit` marked (see fault_marker)."""
-    if request_id.startswith(_FAULT_ID_PREFIX):
-        raise RuntimeError(f"injected fault (test hook {FAULT_INJECTION_ENV})")
-
-
-def error_message(exc: Exception) -> str:
-    """Message for the client: input errors as they are, others with their type."""
-    if isinstance(exc, (InputError, RequestCancelled)):
-        return str(exc)
-    return f"{type(exc).__name__}: {exc}"
 
 
 @dataclass

@@ -16,17 +16,19 @@ from typing import Any
 
 import numpy as np
 
+from backend_lib.contract import (
+    EXCLUDE_INPUT_IN_OUTPUT,
+    PROMPT_TOKEN_IDS,
+    RETURN_FLAGS,
+    SAMPLING_PARAMETERS,
+    STREAM,
+    TEXT_INPUT,
+)
 from backend_lib.errors import InputError
 from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.triton_io import Inputs, read_scalar, read_strings
 
-RETURN_FLAGS = (
-    "return_finish_reason",
-    "return_cumulative_logprob",
-    "return_logprobs",
-    "return_num_input_tokens",
-    "return_num_output_tokens",
-)
+# RETURN_FLAGS, the llm's `return_*` inputs, are backend_lib.contract's (shared with the frontend).
 
 # Scalar inputs (TensorRT-LLM style) and the type each one's value must have. When a field comes both
 # as a scalar input and inside `sampling_parameters`, the scalar input wins: it is the more specific.
@@ -61,19 +63,25 @@ class GenerateRequest:
     return_flags: dict[str, bool]
     lora_name: str | None = None
     """The adapter named in sampling_parameters (None: the base model)."""
+    prompt_token_ids: list[int] | None = None
+    """The prompt as token ids (the `prompt_token_ids` input; `prompt` is then empty)."""
 
 
 def parse_generate_request(
     inputs: Inputs, *, max_prompt_bytes: int, max_logprobs: int, max_n: int
 ) -> GenerateRequest:
     """Read one request's tensors; InputError names the offending input or field."""
-    (prompt,) = _single(
-        read_strings(inputs, "text_input", max_bytes=max_prompt_bytes), "text_input"
-    )
-    if not prompt:
-        raise InputError("input 'text_input' is empty: send a non-empty prompt")
-    stream = bool(read_scalar(inputs, "stream", bool))
-    exclude = read_scalar(inputs, "exclude_input_in_output", bool)
+    (prompt,) = _single(read_strings(inputs, TEXT_INPUT, max_bytes=max_prompt_bytes), TEXT_INPUT)
+    token_ids = _prompt_token_ids(inputs)
+    if token_ids is not None and prompt:
+        raise InputError(
+            f"send the prompt as '{TEXT_INPUT}' or as '{PROMPT_TOKEN_IDS}', not both "
+            f"(leave '{TEXT_INPUT}' empty)"
+        )
+    if token_ids is None and not prompt:
+        raise InputError(f"input '{TEXT_INPUT}' is empty: send a non-empty prompt")
+    stream = bool(read_scalar(inputs, STREAM, bool))
+    exclude = read_scalar(inputs, EXCLUDE_INPUT_IN_OUTPUT, bool)
     # As the vLLM backend: streaming never prepends; asking for it explicitly is an error.
     prepend_input = not exclude if exclude is not None else not stream
     if stream and prepend_input:
@@ -87,7 +95,20 @@ def parse_generate_request(
         raise InputError(f"lora_name must be a non-empty string, got {lora_name!r}")
     params = SamplingParams.from_dict(fields, max_logprobs=max_logprobs, max_n=max_n)
     flags = {name: bool(read_scalar(inputs, name, bool)) for name in RETURN_FLAGS}
-    return GenerateRequest(prompt, params, stream, prepend_input, flags, lora_name)
+    return GenerateRequest(prompt, params, stream, prepend_input, flags, lora_name, token_ids)
+
+
+def _prompt_token_ids(inputs: Inputs) -> list[int] | None:
+    """The `prompt_token_ids` input as a list (the engine checks them against its vocabulary and
+    max_model_len)."""
+    if PROMPT_TOKEN_IDS not in inputs:
+        return None
+    ids = np.asarray(inputs[PROMPT_TOKEN_IDS])
+    if ids.dtype.kind not in "iu":
+        raise InputError(f"input '{PROMPT_TOKEN_IDS}' must hold integers, got {ids.dtype}")
+    if ids.size == 0:
+        raise InputError(f"input '{PROMPT_TOKEN_IDS}' is empty: send at least one token id")
+    return [int(token) for token in ids.reshape(-1)]
 
 
 def _single(values: list[str], name: str) -> list[str]:
@@ -99,8 +120,8 @@ def _single(values: list[str], name: str) -> list[str]:
 def _sampling_fields(inputs: Inputs) -> dict[str, Any]:
     """The sampling_parameters JSON object, overlaid with the scalar inputs present."""
     fields: dict[str, Any] = {}
-    if "sampling_parameters" in inputs:
-        (text,) = _single(read_strings(inputs, "sampling_parameters"), "sampling_parameters")
+    if SAMPLING_PARAMETERS in inputs:
+        (text,) = _single(read_strings(inputs, SAMPLING_PARAMETERS), SAMPLING_PARAMETERS)
         if text.strip():
             try:
                 fields = json.loads(text)

@@ -17,7 +17,7 @@ import xgrammar as xgr
 from transformers import PreTrainedTokenizerBase
 
 from backend_lib.errors import InputError
-from backend_lib.llm.core.structured_params import StructuredOutputsParams
+from backend_lib.llm.structured.params import StructuredOutputsParams
 
 DEFAULT_CACHE_SIZE = 256
 """Compiled grammars kept (least recently used dropped first)."""

@@ -11,8 +11,8 @@ import functools
 
 import triton_python_backend_utils as pb_utils
 
-from backend_lib.errors import InputError, QueueFullError
-from backend_lib.llm.serving.service import LLMService, RequestCancelled, error_message
+from backend_lib.errors import response_error
+from backend_lib.llm.serving.service import LLMService
 from backend_lib.model_context import ModelContext
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -49,12 +49,8 @@ def _send(sender, result, final):
 
 
 def _error(exc):
-    if isinstance(exc, InputError):
-        code = pb_utils.TritonError.INVALID_ARG
-    elif isinstance(exc, QueueFullError):
-        code = pb_utils.TritonError.UNAVAILABLE
-    elif isinstance(exc, RequestCancelled):
-        code = pb_utils.TritonError.CANCELLED
-    else:
-        code = pb_utils.TritonError.INTERNAL
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(error_message(exc), code))
+    # The message carries the error's code (backend_lib/contract.py): a stream delivers only it.
+    code, message = response_error(exc)
+    return pb_utils.InferenceResponse(
+        error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))
+    )

@@ -8,10 +8,8 @@ All logic lives in `backend_lib.encoder` (tested without the server); this file 
 import triton_python_backend_utils as pb_utils
 
 from backend_lib.encoder.service import RerankService
-from backend_lib.errors import InputError
+from backend_lib.errors import response_error
 from backend_lib.model_context import ModelContext
-
-OUTPUT_NAME = "score"
 
 
 class TritonPythonModel:
@@ -26,10 +24,9 @@ class TritonPythonModel:
     @staticmethod
     def _response(result):
         if isinstance(result, Exception):
-            code = (
-                pb_utils.TritonError.INVALID_ARG
-                if isinstance(result, InputError)
-                else pb_utils.TritonError.INTERNAL
-            )
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(result), code))
-        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(OUTPUT_NAME, result)])
+            code, message = response_error(result)
+            error = pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))
+            return pb_utils.InferenceResponse(error=error)
+        return pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor(name, value) for name, value in result.items()]
+        )

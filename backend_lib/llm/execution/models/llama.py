@@ -6,21 +6,33 @@ q/k/v and gate/up projections are fused into one matmul each; `load_weights` mer
 checkpoint's separate tensors into them. With a `LoRABatch` (backend_lib/llm/lora/batch.py),
 each fused projection's output gets every row's own adapter delta (one batched call per
 projection for all adapters of the step).
+
+The modules only hold the parameters under the checkpoint's names. The forward is written once,
+in `LlamaForCausalLM`: a loop over `LayerCalls` (each layer's norm weights and projection calls,
+bound once the weights are final) that calls its kernels through one binding per step
+(models/step_kernels.py: straight C++ op calls, or the `KernelOps` wrappers), no module call per
+op.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from backend_lib.llm.execution.attention import AttentionMetadata, KVCache, PagedAttention
-from backend_lib.llm.execution.models.llama_native import NativeForward
+from backend_lib.linear import PackedLinear
+from backend_lib.llm.execution.attention import AttentionMetadata, KVCache
+from backend_lib.llm.execution.models.step_kernels import (
+    CppKernels,
+    CppOps,
+    OpsKernels,
+    StepKernels,
+)
 from backend_lib.llm.lora.batch import LoRABatch
-from kernels import KernelOps
+from kernels import KernelOps, cpu_extension, kernel_ops
 from kernels.rotary import rope_cos_sin_cache
 
 _SUPPORTED_ACTIVATIONS = ("silu", "swish")
@@ -111,134 +123,99 @@ def _sliding_windows(cfg: Mapping[str, Any], num_layers: int) -> tuple[int | Non
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm through the kernel op; with `residual` it adds first and returns the new residual."""
+    """An RMSNorm's weight (the forward applies it with `LlamaArgs.rms_norm_eps`)."""
 
-    def __init__(self, dim: int, eps: float, ops: KernelOps):
+    def __init__(self, dim: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(dim))
-        self.eps = eps
-        self.ops = ops
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        return self.ops.rms_norm(x, self.weight, self.eps, residual)
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, args: LlamaArgs, layer_idx: int, ops: KernelOps):
+    def __init__(self, args: LlamaArgs):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            args.num_heads,
-            args.num_kv_heads,
-            args.head_dim,
-        )
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(
-            args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias
-        )
-        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
-        self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps, ops) if args.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps, ops) if args.qk_norm else None
-        self.attn = PagedAttention(
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_dim,
-            self.head_dim**-0.5,
-            args.sliding_windows[layer_idx],
-            ops,
-        )
-        self.ops = ops
-        self.layer_idx = layer_idx
-
-    def forward(
-        self,
-        positions: torch.Tensor,
-        hidden: torch.Tensor,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
-        rope_cache: torch.Tensor,
-        lora: LoRABatch | None = None,
-    ) -> torch.Tensor:
-        num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)
-        if lora is not None:
-            lora.apply(self.layer_idx, "qkv", qkv, hidden)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
-        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            # Qwen3: RMSNorm over each head's vector, before rotary.
-            q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
-            k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)
-        q, k = self.ops.apply_rotary(positions, q, k, rope_cache)
-        out = self.attn(q, k, v, kv_cache, meta).reshape(num_tokens, self.q_size)
-        if lora is None:
-            return self.o_proj(out)
-        return lora.apply(self.layer_idx, "o", self.o_proj(out), out)
+        q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+        self.qkv_proj = nn.Linear(args.hidden_size, q_size + 2 * kv_size, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(q_size, args.hidden_size, bias=args.o_bias)
+        self.q_norm = RMSNorm(args.head_dim) if args.qk_norm else None
+        self.k_norm = RMSNorm(args.head_dim) if args.qk_norm else None
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, args: LlamaArgs, ops: KernelOps, layer_idx: int = 0):
+    def __init__(self, args: LlamaArgs):
         super().__init__()
-        self.layer_idx = layer_idx
         self.gate_up_proj = nn.Linear(
             args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias
         )
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
-        self.ops = ops
-
-    def forward(self, x: torch.Tensor, lora: LoRABatch | None = None) -> torch.Tensor:
-        if lora is None:
-            return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
-        gate_up = lora.apply(self.layer_idx, "gate_up", self.gate_up_proj(x), x)
-        act = self.ops.silu_and_mul(gate_up)
-        return lora.apply(self.layer_idx, "down", self.down_proj(act), act)
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, args: LlamaArgs, layer_idx: int, ops: KernelOps):
+    def __init__(self, args: LlamaArgs):
         super().__init__()
-        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, ops)
-        self.self_attn = LlamaAttention(args, layer_idx, ops)
-        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, ops)
-        self.mlp = LlamaMLP(args, ops, layer_idx)
-
-    def forward(
-        self,
-        positions: torch.Tensor,
-        hidden: torch.Tensor,
-        residual: torch.Tensor | None,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
-        rope_cache: torch.Tensor,
-        lora: LoRABatch | None = None,
-        keep_rows: torch.Tensor | None = None,
-    ):
-        """`keep_rows` (int64 [R], without LoRA): after the attention block (which writes every row's
-        K/V), only these rows go on, in this order."""
-        # The residual stream is carried separately so each norm fuses the residual add.
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, kv_cache, meta, rope_cache, lora)
-        if keep_rows is not None:
-            hidden, residual = (
-                hidden.index_select(0, keep_rows),
-                residual.index_select(0, keep_rows),
-            )
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden, lora), residual
+        self.input_layernorm = RMSNorm(args.hidden_size)
+        self.self_attn = LlamaAttention(args)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size)
+        self.mlp = LlamaMLP(args)
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, args: LlamaArgs, ops: KernelOps):
+    """The parameters under the checkpoint's names; `LlamaForCausalLM.forward` computes with them."""
+
+    def __init__(self, args: LlamaArgs):
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(args, i, ops) for i in range(args.num_layers))
-        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, ops)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(args) for _ in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size)
+
+
+Projection = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCalls:
+    """One decoder layer as the forward calls it, bound to its final weights (`bind_forward`)."""
+
+    index: int
+    input_norm: torch.Tensor
+    """[hidden_size] in the model's dtype, like every norm weight."""
+    post_norm: torch.Tensor
+    q_norm: torch.Tensor | None
+    """[head_dim]: Qwen3's per-head norms of q and k (None for the others)."""
+    k_norm: torch.Tensor | None
+    qkv: Projection
+    """[T, hidden_size] -> [T, (num_heads + 2 * num_kv_heads) * head_dim]."""
+    o: Projection
+    """[T, num_heads * head_dim] -> [T, hidden_size]."""
+    gate_up: Projection
+    """[T, hidden_size] -> [T, 2 * intermediate_size]."""
+    down: Projection
+    """[T, intermediate_size] -> [T, hidden_size]."""
+    scale: float
+    sliding_window: int | None
+    """Attend to the last `w` positions only; None: full attention."""
+
+    @classmethod
+    def of(cls, layer: LlamaDecoderLayer, index: int, args: LlamaArgs) -> LayerCalls:
+        attn = layer.self_attn
+        return cls(
+            index=index,
+            input_norm=layer.input_layernorm.weight,
+            post_norm=layer.post_attention_layernorm.weight,
+            q_norm=None if attn.q_norm is None else attn.q_norm.weight,
+            k_norm=None if attn.k_norm is None else attn.k_norm.weight,
+            qkv=_projection(attn.qkv_proj),
+            o=_projection(attn.o_proj),
+            gate_up=_projection(layer.mlp.gate_up_proj),
+            down=_projection(layer.mlp.down_proj),
+            scale=args.head_dim**-0.5,
+            sliding_window=args.sliding_windows[index],
+        )
+
+
+def _projection(module: nn.Module) -> Projection:
+    """What calling `module` (nn.Linear, PackedLinear or QuantizedLinear) on a 2-D input ends in,
+    without nn.Module's call machinery (~2 us a call)."""
+    return module.inner if isinstance(module, PackedLinear) else module.forward
 
 
 # Checkpoint tensor name part -> (fused parameter name part, shard index).
@@ -252,7 +229,7 @@ _FUSED_SHARDS = {
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama decoder over a paged KV cache. `forward` returns hidden states of all flattened
+    """Llama decoder over a paged KV cache. `forward` returns hidden states of the flattened
     tokens; `compute_logits` projects only the rows that are sampled."""
 
     def __init__(
@@ -260,11 +237,18 @@ class LlamaForCausalLM(nn.Module):
     ):
         super().__init__()
         self.args = args
-        self.model = LlamaModel(args, ops)
+        self.ops = ops
+        self.model = LlamaModel(args)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.tie_weights()
-        self.native: NativeForward | None = None
-        """The CPU fast path of `forward` (llama_native.py), once `build_native_forward` finds it usable."""
+        q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+        self._qkv_sizes = (q_size, kv_size, kv_size)
+        self.layer_calls: tuple[LayerCalls, ...] | None = None
+        """Every decoder layer's calls, set by `bind_forward`."""
+        self.cpp_ops: CppOps | None = None
+        """Set by `bind_forward` where the C++ library takes this model (the "torch" kernels, CPU
+        weights of a dtype it computes in): the steps it serves whole then run as straight calls
+        (`CppKernels`). None: the `KernelOps` wrappers serve every step."""
         # Plain attribute, not a buffer: never in the state dict, and built for real on `device`
         # even while the loader creates the parameters under a meta-device context.
         # Float32 keeps the angles exact.
@@ -287,10 +271,17 @@ class LlamaForCausalLM(nn.Module):
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def build_native_forward(self) -> None:
-        """Set up the CPU fast path when every piece of it is native (after weights are loaded and
-        the projections packed; see llama_native.py)."""
-        self.native = NativeForward.build(self)
+    def bind_forward(self) -> tuple[LayerCalls, ...]:
+        """Bind the forward's calls to the final weights: after `load_weights` and any packing or
+        quantization of the projections (the loader calls it; a first forward without it does).
+        Returns `layer_calls`."""
+        layers = self.model.layers
+        self.layer_calls = tuple(
+            LayerCalls.of(layer, i, self.args) for i, layer in enumerate(layers)
+        )
+        native = self.ops == kernel_ops("torch") and cpu_extension.takes(self.model.norm.weight)
+        self.cpp_ops = CppOps.load() if native else None
+        return self.layer_calls
 
     def forward(
         self,
@@ -308,22 +299,79 @@ class LlamaForCausalLM(nn.Module):
         this order. The last layer's MLP then runs on them alone: a prompt token's state past its
         last layer's attention feeds nothing but its own logits, which nobody samples (its K/V, all
         a later token needs, are written before). Same values as selecting afterwards."""
-        if self.native is not None and NativeForward.serves(meta, lora):
-            return self.native(input_ids, positions, meta, kv_caches, output_rows)
+        layers = self.layer_calls if self.layer_calls is not None else self.bind_forward()
+        kernels = self.step_kernels(positions, meta)
         hidden = self.model.embed_tokens(input_ids)
+        # The residual stream is carried separately so each norm fuses the residual add.
         residual = None
-        last = len(self.model.layers) - 1
         # With LoRA rows the MLP's adapters follow the full row layout: select at the end instead.
         keep_rows = output_rows if lora is None else None
-        for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
-            hidden, residual = layer(
-                positions, hidden, residual, kv_cache, meta, self.rope_cache, lora,
-                keep_rows if i == last else None,
-            )  # fmt: skip
-        hidden, _ = self.model.norm(hidden, residual)
+        last = layers[-1]
+        for layer, kv_cache in zip(layers, kv_caches, strict=True):
+            normed, residual = kernels.rms_norm(hidden, layer.input_norm, residual)
+            hidden = self._attention(kernels, layer, normed, kv_cache, lora)
+            if keep_rows is not None and layer is last:
+                hidden = hidden.index_select(0, keep_rows)
+                residual = residual.index_select(0, keep_rows)
+            normed, residual = kernels.rms_norm(hidden, layer.post_norm, residual)
+            hidden = self._mlp(kernels, layer, normed, lora)
+        hidden, _ = kernels.rms_norm(hidden, self.model.norm.weight, residual)
         if output_rows is not None and keep_rows is None:
             hidden = hidden.index_select(0, output_rows)
         return hidden
+
+    def step_kernels(self, positions: torch.Tensor, meta: AttentionMetadata) -> StepKernels:
+        """The kernel binding of a step (models/step_kernels.py): straight C++ op calls where
+        `cpp_ops` is set and they serve the step whole, else the `KernelOps` wrappers."""
+        eps = self.args.rms_norm_eps
+        if self.cpp_ops is not None and CppKernels.serves(meta):
+            return CppKernels(self.cpp_ops, positions, meta, self.rope_cache, eps)
+        return OpsKernels(self.ops, positions, meta, self.rope_cache, eps)
+
+    def _attention(
+        self,
+        kernels: StepKernels,
+        layer: LayerCalls,
+        hidden: torch.Tensor,
+        kv_cache: KVCache,
+        lora: LoRABatch | None,
+    ) -> torch.Tensor:
+        """`layer`'s attention block on normed hidden [T, hidden_size] -> o_proj's output
+        [T, hidden_size]; writes every row's K/V into `kv_cache`."""
+        a = self.args
+        qkv = layer.qkv(hidden)
+        if lora is not None:
+            lora.apply(layer.index, "qkv", qkv, hidden)
+        tokens = qkv.shape[0]
+        q, k, v = qkv.split(self._qkv_sizes, dim=-1)
+        q = q.reshape(tokens, a.num_heads, a.head_dim)
+        k = k.reshape(tokens, a.num_kv_heads, a.head_dim)
+        v = v.reshape(tokens, a.num_kv_heads, a.head_dim)
+        if layer.q_norm is not None:
+            # Qwen3: RMSNorm over each head's vector, before rotary.
+            q = kernels.rms_norm(q.reshape(-1, a.head_dim), layer.q_norm, None)[0].view_as(q)
+            k = kernels.rms_norm(k.reshape(-1, a.head_dim), layer.k_norm, None)[0].view_as(k)
+        q, k = kernels.rotary(q, k)
+        attended = kernels.attend(q, k, v, kv_cache, layer.scale, layer.sliding_window)
+        attended = attended.reshape(tokens, self._qkv_sizes[0])
+        out = layer.o(attended)
+        if lora is not None:
+            lora.apply(layer.index, "o", out, attended)
+        return out
+
+    @staticmethod
+    def _mlp(
+        kernels: StepKernels, layer: LayerCalls, x: torch.Tensor, lora: LoRABatch | None
+    ) -> torch.Tensor:
+        """`layer`'s MLP: normed x [N, hidden_size] -> [N, hidden_size]."""
+        gate_up = layer.gate_up(x)
+        if lora is not None:
+            lora.apply(layer.index, "gate_up", gate_up, x)
+        activated = kernels.silu_and_mul(gate_up)
+        out = layer.down(activated)
+        if lora is not None:
+            lora.apply(layer.index, "down", out, activated)
+        return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, hidden_size] -> float32 logits [R, vocab_size]."""

@@ -1,0 +1,204 @@
+"""What the backend (model.py files, backend_lib) and the OpenAI frontend share: the one source of
+every fact both sides use. Standard library only, so the frontend imports it without torch.
+
+- Model kinds (`ModelKind`) and `model_kind`, the one function telling them apart from the tensors a
+  Triton model config declares.
+- Tensor names of each kind's requests and responses (the llm's are those of Triton's vLLM
+  backend) and the llm's `return_*` flags (`RETURN_FLAGS`).
+- The spelling of boolean parameters (`parse_bool`), as `config.pbtxt` parameters are read.
+- Error codes (`ErrorCode`) and their codec: a response error carries its code in its message
+  (`encode_error` / `decode_error`), because a gRPC stream delivers an error as its message alone
+  (tritonclient's stream callback gets an `InferenceServerException` with no status). Each code's
+  Triton error code is `TRITON_ERROR_CODES` (the model sets it too, for non-streaming clients).
+- The facts a served llm version publishes about itself (`ModelFacts`): a request with
+  `describe` set is answered with one final response whose `model_facts` output holds them as
+  JSON; nothing is generated. The frontend asks each version it serves once and caches the answer.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+# --- model kinds -----------------------------------------------------------------------------
+
+ModelKind = Literal["llm", "embedding", "rerank"]
+MODEL_KINDS: tuple[ModelKind, ...] = get_args(ModelKind)
+
+# --- tensor names ----------------------------------------------------------------------------
+
+TEXT_INPUT = "text_input"
+"""The llm's prompt and the embedding model's texts ([N, 1] strings)."""
+
+# llm (decoupled), as Triton's vLLM backend.
+STREAM = "stream"
+SAMPLING_PARAMETERS = "sampling_parameters"
+EXCLUDE_INPUT_IN_OUTPUT = "exclude_input_in_output"
+RETURN_FLAGS = (
+    "return_finish_reason",
+    "return_cumulative_logprob",
+    "return_logprobs",
+    "return_num_input_tokens",
+    "return_num_output_tokens",
+)
+"""Each flag adds its output (the name without `return_`) to every response of the request."""
+TEXT_OUTPUT = "text_output"
+FINISH_REASON = "finish_reason"
+CUMULATIVE_LOGPROB = "cumulative_logprob"
+LOGPROBS = "logprobs"
+NUM_INPUT_TOKENS = "num_input_tokens"
+"""The llm's prompt tokens; the encoders' tokens of each row after truncation."""
+NUM_OUTPUT_TOKENS = "num_output_tokens"
+PROMPT_LOGPROBS = "prompt_logprobs"
+"""[1] JSON, in the first response after the prefill of a request whose sampling_parameters set
+`prompt_logprobs`: per prompt token {token_id: {logprob, rank, decoded_token}}, the prompt token
+first, then the top ones; the first prompt token's logprob and rank are null (nothing precedes it).
+`logprobs` entries have the same shape, the sampled token first."""
+LLM_OUTPUTS = (
+    TEXT_OUTPUT,
+    FINISH_REASON,
+    CUMULATIVE_LOGPROB,
+    LOGPROBS,
+    NUM_INPUT_TOKENS,
+    NUM_OUTPUT_TOKENS,
+    PROMPT_LOGPROBS,
+)
+
+PROMPT_TOKEN_IDS = "prompt_token_ids"
+"""Optional INT64 [-1] input of the llm: the prompt as token ids (vLLM's TokensPrompt), sent with
+an empty `text_input`."""
+
+DESCRIBE = "describe"
+"""Optional BOOL input of the llm: true asks for its `ModelFacts` (the other inputs are ignored)."""
+MODEL_FACTS = "model_facts"
+"""The output answering `describe`: `ModelFacts` as JSON."""
+
+# embedding and rerank (batched: [N, 1] rows).
+NORMALIZE = "normalize"
+TRUNCATE = "truncate"
+EMBEDDING = "embedding"
+QUERY = "query"
+DOCUMENT = "document"
+SCORE = "score"
+ENCODER_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "embedding": (EMBEDDING, NUM_INPUT_TOKENS),
+    "rerank": (SCORE, NUM_INPUT_TOKENS),
+}
+
+
+def model_kind(config: Mapping[str, Any]) -> ModelKind | None:
+    """A model's kind from its Triton config (the JSON of `get_model_config`, or a parsed
+    config.pbtxt): a decoupled model with `text_output` is an llm, one with `embedding` an embedding
+    model, one with `score` from `query` and `document` a rerank model; None for anything else."""
+    outputs = {output.get("name") for output in config.get("output", [])}
+    inputs = {item.get("name") for item in config.get("input", [])}
+    decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled"))
+    if decoupled and TEXT_OUTPUT in outputs:
+        return "llm"
+    if decoupled:
+        return None
+    if EMBEDDING in outputs:
+        return "embedding"
+    if SCORE in outputs and {QUERY, DOCUMENT} <= inputs:
+        return "rerank"
+    return None
+
+
+# --- boolean parameters ----------------------------------------------------------------------
+
+TRUE_SPELLINGS = frozenset({"true", "1", "yes", "on"})
+FALSE_SPELLINGS = frozenset({"false", "0", "no", "off"})
+
+
+def parse_bool(raw: object) -> bool:
+    """A boolean parameter written as true/false, 1/0, yes/no or on/off (any case, spaces
+    around ignored); ValueError for anything else."""
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in TRUE_SPELLINGS:
+        return True
+    if text in FALSE_SPELLINGS:
+        return False
+    raise ValueError(f"expected a boolean (true/false), got {raw!r}")
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+class ErrorCode(str, enum.Enum):
+    """Why a request failed, as the client is told."""
+
+    INVALID_INPUT = "invalid_input"
+    """The request is malformed or out of limits."""
+    QUEUE_FULL = "queue_full"
+    """Refused: the waiting queue is full; retry later."""
+    UNAVAILABLE = "unavailable"
+    """The model cannot serve now (e.g. shutting down)."""
+    CANCELLED = "cancelled"
+    """The request was cancelled before it finished."""
+    INTERNAL = "internal"
+    """A failure of the server, not of the request."""
+
+
+TRITON_ERROR_CODES: dict[ErrorCode, str] = {
+    ErrorCode.INVALID_INPUT: "INVALID_ARG",
+    ErrorCode.QUEUE_FULL: "UNAVAILABLE",
+    ErrorCode.UNAVAILABLE: "UNAVAILABLE",
+    ErrorCode.CANCELLED: "CANCELLED",
+    ErrorCode.INTERNAL: "INTERNAL",
+}
+"""The `pb_utils.TritonError` code (attribute name) a response error of each code is sent with."""
+
+_BY_VALUE = {code.value: code for code in ErrorCode}
+
+
+def encode_error(code: ErrorCode, message: str) -> str:
+    """The message of a response error: `[<code>] <message>`."""
+    return f"[{code.value}] {message}"
+
+
+def decode_error(text: str) -> tuple[ErrorCode | None, str]:
+    """(code, message) of an error text made by `encode_error`; (None, text) for any other text
+    (an error of Triton itself, or of a model that does not use this contract)."""
+    if text.startswith("["):
+        value, closed, message = text[1:].partition("] ")
+        if closed and value in _BY_VALUE:
+            return _BY_VALUE[value], message
+    return None, text
+
+
+# --- published facts -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a served llm version decided about itself at load, for the frontend to use as is.
+
+    `max_model_len`: the engine's limit of prompt plus output tokens (None: not published).
+    `lora_adapters`: the adapter names its LoRA registry serves (empty when LoRA is off)."""
+
+    max_model_len: int | None = None
+    lora_adapters: tuple[str, ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"max_model_len": self.max_model_len, "lora_adapters": list(self.lora_adapters)}
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> ModelFacts:
+        """ValueError when `text` is not facts JSON."""
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"model facts must be a JSON object, got {type(data).__name__}")
+        length = data.get("max_model_len")
+        adapters = data.get("lora_adapters") or []
+        if length is not None and (not isinstance(length, int) or isinstance(length, bool)):
+            raise ValueError(f"max_model_len must be an integer, got {length!r}")
+        if not isinstance(adapters, list) or not all(isinstance(a, str) for a in adapters):
+            raise ValueError(f"lora_adapters must be a list of names, got {adapters!r}")
+        return cls(length, tuple(adapters))

@@ -1,0 +1,150 @@
+"""Input processing: a raw request -> a validated, tokenized `PreparedRequest`.
+
+Runs on the caller's thread (Triton's, in the served model) and touches no engine state, so a
+slow tokenization, adapter load or grammar compile of one request never holds the step. Every
+problem is an InputError for that request only.
+
+Length policy: `max_tokens=None` generates up to max_model_len; a `max_tokens` beyond what fits
+(max_model_len - prompt) is not an error, the output just stops at max_model_len with "length"
+(vLLM's engine behaviour). Only a prompt leaving no room for one output token is refused.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from pathlib import Path
+
+import xgrammar as xgr
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from backend_lib.checkpoint import HF_OFFLINE_KWARGS
+from backend_lib.errors import InputError
+from backend_lib.llm.config import LLMConfig
+from backend_lib.llm.core.sampling_params import SamplingParams
+from backend_lib.llm.core.scheduler import check_prompt_fits
+from backend_lib.llm.core.stats import StatsCollector
+from backend_lib.llm.lora.registry import LORA_DISABLED_ERROR, LoRARegistry
+from backend_lib.llm.lora.request import LoRARequest
+from backend_lib.llm.structured.compiler import GrammarCompiler
+
+
+@dataclass
+class PreparedRequest:
+    """A validated, tokenized request, ready for `LLMEngine.add_prepared`."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    """Seconds on `time.monotonic()`."""
+    grammar: xgr.CompiledGrammar | None = None
+    """params.structured_outputs compiled for this engine's tokenizer (None: unconstrained)."""
+    lora_request: LoRARequest | None = None
+    """The adapter it runs under (None: the base model)."""
+
+
+class InputProcessor:
+    """Validation, tokenization, adapter and grammar resolution for one engine (thread-safe)."""
+
+    def __init__(
+        self,
+        config: LLMConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        vocab_size: int,
+        max_model_len: int,
+        grammar_compiler: GrammarCompiler,
+        lora_registry: LoRARegistry | None,
+        stats: StatsCollector,
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.grammar_compiler = grammar_compiler
+        self.lora_registry = lora_registry
+        self._stats = stats
+        # transformers may reconfigure the Rust tokenizer inside a call (truncation, padding);
+        # concurrent callers must not interleave there.
+        self._tokenizer_lock = threading.Lock()
+
+    def prepare(
+        self,
+        request_id: str,
+        prompt: str | None,
+        params: SamplingParams,
+        prompt_token_ids: Seq[int] | None = None,
+        arrival_time: float | None = None,
+        lora_name: str | None = None,
+    ) -> PreparedRequest:
+        """Validate and tokenize (unless `prompt_token_ids` is given).
+
+        Raises InputError for bad parameters (a structured_outputs constraint that does not
+        compile included), an empty prompt, token ids outside the vocabulary, a prompt that
+        leaves no room for output within max_model_len, or a `lora_name` that cannot be served
+        (LoRA disabled, unknown name, bad adapter directory; loads the adapter otherwise).
+        """
+        arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        if not isinstance(request_id, str) or not request_id:
+            raise InputError(f"request_id must be a non-empty string, got {request_id!r}")
+        if not isinstance(params, SamplingParams):
+            raise InputError(f"params must be SamplingParams, got {type(params).__name__}")
+        params.validate(max_logprobs=self.config.max_logprobs, max_n=self.config.max_n)
+        self._check_token_ids("stop_token_ids", params.stop_token_ids or [])
+        ids = self._prompt_ids(prompt, prompt_token_ids)
+        check_prompt_fits(len(ids), self.max_model_len)
+        lora_request = self.resolve_lora(lora_name)
+        grammar = None
+        if params.structured_outputs is not None:
+            grammar, seconds = self.grammar_compiler.compile(params.structured_outputs)
+            if seconds is not None:
+                self._stats.grammar_compiled(seconds)
+        return PreparedRequest(request_id, prompt, ids, params, arrival_time, grammar, lora_request)
+
+    def resolve_lora(self, lora_name: str | None) -> LoRARequest | None:
+        """The loaded adapter `lora_name` (None: the base model); InputError with the vLLM
+        backend's messages when LoRA is off or the name unknown, or when it cannot be loaded."""
+        if lora_name is None:
+            return None
+        if not isinstance(lora_name, str):
+            raise InputError(f"lora_name must be a string, got {lora_name!r}")
+        if self.lora_registry is None:
+            raise InputError(LORA_DISABLED_ERROR)
+        return self.lora_registry.request(lora_name)
+
+    def _prompt_ids(self, prompt: str | None, prompt_token_ids: Seq[int] | None) -> list[int]:
+        if prompt_token_ids is not None:
+            ids = list(prompt_token_ids)
+            self._check_token_ids("prompt_token_ids", ids)
+        elif isinstance(prompt, str):
+            ids = self._tokenize(prompt) if prompt else []
+        else:
+            raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
+        if not ids:
+            raise InputError("the prompt is empty")
+        return ids
+
+    def _tokenize(self, prompt: str) -> list[int]:
+        """Token ids exactly as `AutoTokenizer(prompt).input_ids` (special tokens such as BOS
+        added the checkpoint's way)."""
+        with self._tokenizer_lock:
+            return self.tokenizer(prompt)["input_ids"]
+
+    def _check_token_ids(self, name: str, ids: list[int]) -> None:
+        for token in ids:
+            if (
+                not isinstance(token, int)
+                or isinstance(token, bool)
+                or not 0 <= token < self.vocab_size
+            ):
+                raise InputError(
+                    f"{name} must hold token ids in [0, {self.vocab_size}), got {token!r}"
+                )
+
+
+def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
+    """The checkpoint's fast tokenizer, configured as HF configures it (BOS and all)."""
+    return AutoTokenizer.from_pretrained(str(model_dir), **HF_OFFLINE_KWARGS)

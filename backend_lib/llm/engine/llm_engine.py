@@ -1,0 +1,332 @@
+"""LLMEngine: synchronous, step-based generation over one model replica.
+
+Three jobs, three units: the `InputProcessor` validates and tokenizes a request on the caller's
+thread; `step()` schedules, executes and updates; the `OutputProcessor` turns the new tokens into
+text and `RequestOutput`s. Not thread-safe apart from `prepare_request`: one thread drives the
+engine (serving/engine_loop.py).
+
+Failures are contained: an exception tied to one request (detokenization, the fault-injection
+seam) fails only that request; an exception in the forward (or anywhere in execute/update)
+fails every request of that step. Failed requests finish with reason "error", the message in
+`RequestOutput.error`, and their KV blocks freed; the engine keeps serving the others.
+
+Structured outputs: the constraint is compiled while the request is prepared; each constrained
+sequence keeps an xgrammar matcher (structured/), whose next-token bitmask the runner fills during
+the forward and applies before sampling (grammar_step.py advances it after). LoRA: a request names
+its adapter with `lora_name`, resolved through the LoRARegistry while it is prepared; the
+scheduler keeps at most max_loras adapters running; the runner maps rows to adapter slots.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from backend_lib.checkpoint import resolve_model_path
+from backend_lib.config import require
+from backend_lib.errors import InputError
+from backend_lib.llm.config import LLMConfig
+from backend_lib.llm.core.outputs import RequestOutput
+from backend_lib.llm.core.sampling_params import SamplingParams
+from backend_lib.llm.core.scheduler import Scheduler
+from backend_lib.llm.core.sequence import Sequence
+from backend_lib.llm.core.stats import EngineStats, StatsCollector
+from backend_lib.llm.engine.fault_injection import FaultHook
+from backend_lib.llm.engine.grammar_step import DEAD_END_ERROR, advance_grammars, dead_ends
+from backend_lib.llm.engine.input_processor import InputProcessor, PreparedRequest, load_tokenizer
+from backend_lib.llm.engine.output_processor import OutputProcessor
+from backend_lib.llm.engine.parallel_sampling import ParallelSampling
+from backend_lib.llm.execution.loader import read_checkpoint_info
+from backend_lib.llm.execution.model_runner import ModelOutput, ModelRunner
+from backend_lib.llm.lora.registry import LoRARegistry
+from backend_lib.llm.lora.request import LoRARequest
+from backend_lib.llm.structured.compiler import GrammarCompiler
+from backend_lib.llm.structured.manager import StructuredOutputManager
+
+logger = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    """Continuous-batching generation over one model replica (see module docstring)."""
+
+    def __init__(
+        self,
+        config: LLMConfig,
+        model_dir: str | Path,
+        device: torch.device,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        lora_modules: Mapping[str, str | Path] | None = None,
+    ) -> None:
+        """Load the checkpoint in `model_dir` (already resolved; see `from_config`) on `device`.
+        Request limits (max_n, max_logprobs, max_queue_size, ...) all come from `config`.
+        `lora_modules`: adapter name -> PEFT adapter directory (needs `config.enable_lora`)."""
+        self.config = config
+        self.device = torch.device(device)
+        checkpoint = read_checkpoint_info(model_dir)
+        self.runner = ModelRunner(config, self.device, checkpoint)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
+        self.max_model_len = self.runner.max_model_len
+        self.vocab_size = self.runner.model.args.vocab_size
+        require(
+            config.max_logprobs <= self.vocab_size,
+            "max_logprobs",
+            config.max_logprobs,
+            f"exceeds the checkpoint's vocabulary ({self.vocab_size} tokens)",
+        )
+        self.scheduler = Scheduler(
+            config,
+            self.runner.num_blocks,
+            self.runner.num_host_blocks,
+            self.max_model_len,
+            checkpoint.eos_token_ids,
+        )
+        self._stats = StatsCollector()
+        self.grammar_compiler = GrammarCompiler(
+            self.tokenizer, self.vocab_size, checkpoint.eos_token_ids
+        )
+        self.structured = StructuredOutputManager(self.vocab_size)
+        self.lora_registry = self._lora_registry(lora_modules)
+        """The servable adapters (None: LoRA disabled)."""
+        self.inputs = InputProcessor(
+            config,
+            self.tokenizer,
+            self.vocab_size,
+            self.max_model_len,
+            self.grammar_compiler,
+            self.lora_registry,
+            self._stats,
+        )
+        self.outputs = OutputProcessor(self.tokenizer, self.scheduler, self.structured, self._stats)
+        self._seq_ids = itertools.count()
+        self.sampling = ParallelSampling(self.device, self._seq_ids)
+        self._generate_ids = itertools.count()
+
+    @classmethod
+    def from_config(
+        cls,
+        config: LLMConfig,
+        base_dir: str | Path,
+        device: torch.device,
+        lora_modules: Mapping[str, str | Path] | None = None,
+    ) -> LLMEngine:
+        """Engine on the checkpoint `config.model` (resolved against `base_dir`)."""
+        model_dir = resolve_model_path(config.model, Path(base_dir))
+        return cls(config, model_dir, device, lora_modules=lora_modules)
+
+    def _lora_registry(self, lora_modules: Mapping[str, str | Path] | None) -> LoRARegistry | None:
+        config = self.config
+        require(
+            config.enable_lora or not lora_modules,
+            "enable_lora",
+            config.enable_lora,
+            "LoRA adapters are listed, but enable_lora is off",
+        )
+        if not config.enable_lora:
+            return None
+        return LoRARegistry(
+            lora_modules or {},
+            self.runner.lora_spec,
+            config.max_lora_rank,
+            config.cpu_lora_capacity,
+        )
+
+    @property
+    def fault_injector(self) -> FaultHook | None:
+        """The fault-injection seam (engine/fault_injection.py; TEST-ONLY)."""
+        return self.outputs.fault_hook
+
+    @fault_injector.setter
+    def fault_injector(self, hook: FaultHook | None) -> None:
+        self.outputs.fault_hook = hook
+
+    # --- requests ----------------------------------------------------------------------------
+
+    def prepare_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        params: SamplingParams,
+        prompt_token_ids: Seq[int] | None = None,
+        arrival_time: float | None = None,
+        lora_name: str | None = None,
+    ) -> PreparedRequest:
+        """Validate and tokenize without touching engine state (safe from any thread);
+        InputError for a bad request (see `InputProcessor.prepare`)."""
+        return self.inputs.prepare(
+            request_id, prompt, params, prompt_token_ids, arrival_time, lora_name
+        )
+
+    def resolve_lora(self, lora_name: str | None) -> LoRARequest | None:
+        return self.inputs.resolve_lora(lora_name)
+
+    def add_prepared(self, prepared: PreparedRequest) -> None:
+        """Queue a prepared request. Raises InputError (duplicate id) or QueueFullError."""
+        if prepared.request_id in self.outputs.requests:
+            raise InputError(f"request id {prepared.request_id!r} is already running")
+        seq = Sequence(
+            next(self._seq_ids),
+            prepared.request_id,
+            list(prepared.prompt_token_ids),
+            len(prepared.prompt_token_ids),
+            prepared.params,
+            prepared.arrival_time,
+            lora_request=prepared.lora_request,
+        )
+        self.scheduler.add(seq)
+        if prepared.grammar is not None:
+            self.structured.add(seq.seq_id, prepared.grammar)
+            self._stats.constrained_requests += 1
+        if prepared.lora_request is not None:
+            self._stats.lora_request(prepared.lora_request.lora_name)
+        self.outputs.add(prepared, seq)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        params: SamplingParams,
+        prompt_token_ids: Seq[int] | None = None,
+        arrival_time: float | None = None,
+        lora_name: str | None = None,
+    ) -> None:
+        """Validate, tokenize (unless `prompt_token_ids` is given) and queue a request."""
+        self.add_prepared(
+            self.prepare_request(
+                request_id, prompt, params, prompt_token_ids, arrival_time, lora_name
+            )
+        )
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Finish the request now with reason "abort", freeing its blocks; returns its final
+        output (None when the id is unknown or already finished)."""
+        request = self.outputs.requests.get(request_id)
+        if request is None:
+            return None
+        for state in request.seqs:
+            if not state.seq.is_finished:
+                self.scheduler.finish(state.seq, "abort")
+        return self.outputs.finish(request)
+
+    def fail_request(self, request_id: str, error: str) -> RequestOutput | None:
+        """Like `abort_request`, but the request finishes with reason "error" and `error`."""
+        request = self.outputs.requests.get(request_id)
+        return None if request is None else self.outputs.fail(request, error)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.outputs.requests)
+
+    def stats(self) -> EngineStats:
+        """Gauges and counters now, plus the observations since the previous call (drained)."""
+        return self._stats.snapshot(self.scheduler.stats)
+
+    # --- stepping ----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """One step: schedule -> execute -> update -> process outputs. Returns the outputs of every
+        request that produced tokens or finished."""
+        sched_out = self.scheduler.schedule()
+        self.outputs.mark_scheduled(sched_out, time.monotonic())
+        samples_due = self.sampling.samples_due(sched_out, self._is_forked)
+        failed: list[RequestOutput] = []
+        try:
+            model_out = self.runner.execute(sched_out, samples_due or None, self.structured)
+            self.outputs.record_prompt_logprobs(model_out.prompt_logprobs)
+            failed += self._fail_dead_ends(model_out, samples_due)
+            sampled, forks = self.sampling.split(sched_out, model_out, samples_due)
+            self.scheduler.update(sched_out, sampled, forks)
+            errors = advance_grammars(self.structured, self.scheduler, sched_out, sampled, forks)
+            for request_id, error in errors.items():
+                failed += self._fail_constrained(request_id, error, model_out, samples_due)
+        except Exception as exc:
+            logger.exception("engine step failed; failing the requests of this step")
+            return failed + self.outputs.fail_step(sched_out, exc)
+        return failed + self.outputs.process(sched_out, model_out, forks, time.monotonic())
+
+    def generate(
+        self,
+        prompts: Seq[str | Seq[int]],
+        params: SamplingParams | Seq[SamplingParams],
+        lora_names: Seq[str | None] | None = None,
+    ) -> list[RequestOutput]:
+        """Run `prompts` (texts or token id lists) to completion; final outputs in order.
+        `lora_names`: each prompt's adapter (None: the base model)."""
+        request_ids = self._add_all(prompts, params, lora_names)
+        finals: dict[str, RequestOutput] = {}
+        wanted = set(request_ids)
+        while len(finals) < len(request_ids):
+            for out in self.step():
+                if out.finished and out.request_id in wanted:
+                    finals[out.request_id] = out
+        return [finals[r] for r in request_ids]
+
+    def _add_all(
+        self,
+        prompts: Seq[str | Seq[int]],
+        params: SamplingParams | Seq[SamplingParams],
+        lora_names: Seq[str | None] | None,
+    ) -> list[str]:
+        """Queue `generate`'s prompts, all or nothing (a bad prompt or a full queue adds none)."""
+        params_list = (
+            [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        )
+        if len(params_list) != len(prompts):
+            raise ValueError("need one SamplingParams per prompt")
+        loras = [None] * len(prompts) if lora_names is None else list(lora_names)
+        if len(loras) != len(prompts):
+            raise ValueError("need one lora name (or None) per prompt")
+        request_ids: list[str] = []
+        try:
+            for prompt, sp, lora in zip(prompts, params_list, loras, strict=True):
+                request_id = f"generate-{next(self._generate_ids)}"
+                if isinstance(prompt, str):
+                    self.add_request(request_id, prompt, sp, lora_name=lora)
+                else:
+                    self.add_request(request_id, None, sp, prompt_token_ids=prompt, lora_name=lora)
+                request_ids.append(request_id)
+                self.outputs.requests[request_id].final_only = True
+        except Exception:
+            for request_id in request_ids:
+                self.abort_request(request_id)
+            raise
+        return request_ids
+
+    # --- step internals ----------------------------------------------------------------------
+
+    def _is_forked(self, seq: Sequence) -> bool:
+        return self.outputs.requests[seq.request_id].forked
+
+    def _fail_dead_ends(
+        self, model_out: ModelOutput, samples_due: dict[int, int]
+    ) -> list[RequestOutput]:
+        """Fail the requests whose grammar allowed no token in this step's bitmask."""
+        if model_out.bitmask is not None:
+            self._stats.bitmask_filled(model_out.bitmask.fill_seconds)
+        failed: list[RequestOutput] = []
+        for seq_id in dead_ends(model_out):
+            request_id = self.outputs.request_of(seq_id).prepared.request_id
+            failed += self._fail_constrained(request_id, DEAD_END_ERROR, model_out, samples_due)
+        return failed
+
+    def _fail_constrained(
+        self,
+        request_id: str,
+        error: str,
+        model_out: ModelOutput,
+        samples_due: dict[int, int],
+    ) -> list[RequestOutput]:
+        """Fail the request now; its sequences' tokens of this step are dropped."""
+        request = self.outputs.requests.get(request_id)
+        if request is None:
+            return []  # already failed this step (a sibling)
+        for state in request.seqs:
+            model_out.sampled.pop(state.seq.seq_id, None)
+            model_out.logprobs.pop(state.seq.seq_id, None)
+            samples_due.pop(state.seq.seq_id, None)
+        return [self.outputs.fail(request, error)]

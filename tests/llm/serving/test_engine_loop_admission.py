@@ -1,0 +1,71 @@
+"""EngineLoop admission: a request `submit` accepted is never refused later. `submit` counts the queue
+as of the previous step; when the engine's own queue has filled meanwhile (sequences preempted back
+into it), the request waits for a later step instead of failing with "queue full" (found by the
+overload scenario of tests/e2e/test_reliability.py). Aborting it while it waits ends it at once."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from backend_lib.llm.serving.engine_loop import EngineLoop
+from tests.llm.engine_helpers import (
+    assert_pool_released,
+    engine_checkpoint,
+    greedy,
+    make_engine,
+    random_prompt,
+)
+from tests.llm.serving.engine_loop_helpers import collect
+
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+QUEUE = 2
+
+
+def loop_with_engine_queue_refilled_after_submit(prompt: list[int]):
+    """(loop, engine, stream of "late"): "late" is accepted by submit, then the engine's queue is
+    filled directly (the loop thread is not started yet, so nothing else touches the engine)."""
+    model_dir, _ = engine_checkpoint("LlamaForCausalLM")
+    engine = make_engine(model_dir, max_queue_size=QUEUE)
+    loop = EngineLoop(engine)
+    stream = loop.submit("late", None, greedy(6), prompt_token_ids=prompt)
+    for i in range(QUEUE):
+        engine.add_request(f"filler-{i}", None, greedy(6), prompt_token_ids=random_prompt(5, i))
+    return loop, engine, stream
+
+
+def stop_when_fillers_finished(loop: EngineLoop, engine) -> None:
+    """The fillers bypassed the loop, so `stop` would not abort them: let them finish first."""
+    deadline = time.monotonic() + 60
+    while engine.has_unfinished_requests() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    loop.stop(timeout=60)
+
+
+def test_a_submitted_request_enters_after_the_queue_drains_instead_of_failing():
+    prompt = random_prompt(7, 42)
+    model_dir, _ = engine_checkpoint("LlamaForCausalLM")
+    (expected,) = make_engine(model_dir).generate([prompt], greedy(6))
+    loop, engine, stream = loop_with_engine_queue_refilled_after_submit(prompt)
+    loop.start()
+    try:
+        final = collect(stream)[-1]
+        assert final.error is None
+        assert final.outputs[0].finish_reason == "length"
+        assert final.outputs[0].token_ids == expected.outputs[0].token_ids
+    finally:
+        stop_when_fillers_finished(loop, engine)
+    assert_pool_released(engine)
+
+
+def test_aborting_a_request_that_waits_for_admission_ends_it():
+    loop, engine, stream = loop_with_engine_queue_refilled_after_submit(random_prompt(7, 43))
+    loop.abort("late")  # handled in the same iteration that finds the engine queue full
+    loop.start()
+    try:
+        final = collect(stream)[-1]
+        assert final.error is None and final.outputs[0].finish_reason == "abort"
+    finally:
+        stop_when_fillers_finished(loop, engine)
+    assert_pool_released(engine)
