@@ -9,7 +9,9 @@ import httpx
 import openai
 import pytest
 from langchain_openai import ChatOpenAI
+from transformers import AutoTokenizer
 
+from tests.openai.frontend_helpers import REPO_ROOT
 from tests.openai.references import (
     CHAT_MESSAGES,
     SHAKESPEARE_CHAT,
@@ -20,6 +22,7 @@ from tests.openai.references import (
 
 pytestmark = pytest.mark.e2e
 GREEDY = {"temperature": 0, "max_tokens": 24}
+SHAKESPEARE_TOKENIZER = AutoTokenizer.from_pretrained(REPO_ROOT / "models" / "shakespeare-llama")
 
 
 @pytest.fixture(scope="module")
@@ -124,10 +127,17 @@ def test_completions_prompts_echo_logprobs_and_stop(sdk, server):
     )
     assert [c.index for c in reply.choices] == [0, 1]
     for prompt, choice in zip(["ROMEO:", "JULIET:"], reply.choices, strict=True):
-        assert choice.text == prompt + llm_generate(server, prompt, GREEDY)[0][0]
-        assert len(choice.logprobs.tokens) == 24
-        assert choice.logprobs.text_offset[0] == len(prompt)
-        assert all(len(top) == 2 for top in choice.logprobs.top_logprobs)
+        generated = llm_generate(server, prompt, GREEDY)[0][0]
+        assert choice.text == prompt + generated
+        # echo: the prompt's tokens first (BOS included; the first without a logprob), then
+        # the 24 generated ones, offsets counted from the first token.
+        logprobs = choice.logprobs
+        num_prompt = len(SHAKESPEARE_TOKENIZER(prompt).input_ids)
+        assert len(logprobs.tokens) == num_prompt + 24
+        assert "".join(logprobs.tokens[num_prompt:]) == generated
+        assert logprobs.text_offset[0] == 0
+        assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+        assert all(len(top) == 2 for top in logprobs.top_logprobs[1:])
     full = llm_generate(server, "ROMEO:", GREEDY)[0][0]
     stop = full.strip().split()[1]
     stopped = sdk.completions.create(model="llm", prompt="ROMEO:", stop=[stop], **GREEDY)

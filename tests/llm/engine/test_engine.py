@@ -182,6 +182,11 @@ def test_logprobs_match_hf_log_softmax(temperature):
     for j, (token, entry) in enumerate(zip(completion.token_ids, completion.logprobs, strict=True)):
         top = ref[j].topk(3)
         assert set(top.indices.tolist()) | {token} == set(entry)
+        # The sampled token first (vLLM's order; the OpenAI frontend reads it from there), then
+        # the top ones by rank.
+        assert next(iter(entry)) == token
+        others = [t for t in entry if t != token]
+        assert others == [t for t in top.indices.tolist() if t != token]
         for token_id, logprob in entry.items():
             assert math.isclose(logprob.logprob, ref[j, token_id].item(), abs_tol=1e-4)
             assert logprob.rank == 1 + int((ref[j] > ref[j, token_id] + 1e-6).sum())
