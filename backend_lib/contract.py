@@ -13,6 +13,8 @@ every fact both sides use. Standard library only, so the frontend imports it wit
 - The facts a served llm version publishes about itself (`ModelFacts`): a request with
   `describe` set is answered with one final response whose `model_facts` output holds them as
   JSON; nothing is generated. The frontend asks each version it serves once and caches the answer.
+  Among them the names of its output parsers (`TOOL_CALL_PARSERS`, `REASONING_PARSERS`: vLLM's
+  names, the config checks them at load and the frontend implements each).
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ PROMPT_LOGPROBS = "prompt_logprobs"
 `prompt_logprobs`: per prompt token {token_id: {logprob, rank, decoded_token}}, the prompt token
 first, then the top ones; the first prompt token's logprob and rank are null (nothing precedes it).
 `logprobs` entries have the same shape, the sampled token first."""
+STOP_REASON = "stop_reason"
+"""[-1] JSON per choice, with `finish_reason` in a response where a choice finished: vLLM's
+`stop_reason`, the stop string or stop token id that finished it (null for EOS, length, or a
+choice still running)."""
 LLM_OUTPUTS = (
     TEXT_OUTPUT,
     FINISH_REASON,
@@ -65,6 +71,7 @@ LLM_OUTPUTS = (
     NUM_INPUT_TOKENS,
     NUM_OUTPUT_TOKENS,
     PROMPT_LOGPROBS,
+    STOP_REASON,
 )
 
 PROMPT_TOKEN_IDS = "prompt_token_ids"
@@ -174,19 +181,36 @@ def decode_error(text: str) -> tuple[ErrorCode | None, str]:
 # --- published facts -------------------------------------------------------------------------
 
 
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "qwen3_xml")
+"""The llm's `tool_call_parser` values (vLLM's `--tool-call-parser` names): how the frontend finds
+tool calls in a model's text for `tool_choice` "auto"."""
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
+"""The llm's `reasoning_parser` values (vLLM's `--reasoning-parser` names): how the frontend splits
+a model's reasoning (`<think>...</think>`) from its answer."""
+
+
 @dataclass(frozen=True)
 class ModelFacts:
     """What a served llm version decided about itself at load, for the frontend to use as is.
 
     `max_model_len`: the engine's limit of prompt plus output tokens (None: not published).
-    `lora_adapters`: the adapter names its LoRA registry serves (empty when LoRA is off)."""
+    `lora_adapters`: the adapter names its LoRA registry serves (empty when LoRA is off).
+    `tool_call_parser`: one of `TOOL_CALL_PARSERS`, the format of its tool calls (None: none).
+    `reasoning_parser`: one of `REASONING_PARSERS`, the format of its reasoning (None: none)."""
 
     max_model_len: int | None = None
     lora_adapters: tuple[str, ...] = ()
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(
-            {"max_model_len": self.max_model_len, "lora_adapters": list(self.lora_adapters)}
+            {
+                "max_model_len": self.max_model_len,
+                "lora_adapters": list(self.lora_adapters),
+                "tool_call_parser": self.tool_call_parser,
+                "reasoning_parser": self.reasoning_parser,
+            }
         )
 
     @classmethod
@@ -201,4 +225,14 @@ class ModelFacts:
             raise ValueError(f"max_model_len must be an integer, got {length!r}")
         if not isinstance(adapters, list) or not all(isinstance(a, str) for a in adapters):
             raise ValueError(f"lora_adapters must be a list of names, got {adapters!r}")
-        return cls(length, tuple(adapters))
+        tool_call_parser = _known(data, "tool_call_parser", TOOL_CALL_PARSERS)
+        reasoning_parser = _known(data, "reasoning_parser", REASONING_PARSERS)
+        return cls(length, tuple(adapters), tool_call_parser, reasoning_parser)
+
+
+def _known(data: Mapping[str, Any], key: str, names: tuple[str, ...]) -> str | None:
+    """`data[key]`: None (absent or null) or one of `names`."""
+    value = data.get(key)
+    if value is not None and value not in names:
+        raise ValueError(f"{key} must be null or one of {', '.join(names)}, got {value!r}")
+    return value

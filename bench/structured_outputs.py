@@ -26,8 +26,16 @@ back to back (in alternating order), so that load from elsewhere on a shared mac
 Grammar compile time per schema: cold (a new compiler: the tokenizer's xgrammar vocabulary table,
 then the schema), a new schema on a warm compiler, and the same schema again (cached).
 
+Free requests beside constraint compilation (`free_request_latency_during_compile_ratio`): through
+the engine loop (serving/engine_loop.py, as the served model runs it), the wall time of
+`--free-requests` unconstrained requests submitted together (greedy, `--max-tokens` each), alone
+and while three requests whose schema `pattern`s cost seconds to compile (`^(x|y|xy|yx){1,N}$`,
+each new to the cache) wait for their grammars; the ratio is the median over repeats of
+during / alone, 1 when compiling holds nothing up.
+
     python -m bench.structured_outputs [--quick] [--requests 64] [--max-tokens 96]
                                        [--repeats 3] [--profile structured.txt]
+                                       [--free-requests 4] [--costly-n 2500]
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ MODEL_DIR = REPO_ROOT / "models" / "shakespeare-llama"
 SCENES = ("A street in Verona.", "A hall in Capulet's house.", "Friar Laurence's cell.")
 LINES = ("Who goes there?", "What news, my lord?", "Where is Romeo?", "Speak again.")
 COMPACT = {"disable_any_whitespace": True}
+COSTLY_REQUESTS = 3
 
 
 @dataclass(frozen=True)
@@ -190,6 +199,79 @@ def compile_times(engine, schemas: list[dict[str, Any]]) -> dict[str, list[float
     return times
 
 
+def costly_schema(n: int, index: int) -> dict[str, Any]:
+    """A string schema whose `pattern` costs seconds to compile at n in the thousands (its
+    regex-to-grammar conversion is quadratic in n); `index` picks letters of its own."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    a, b = letters[(2 * index + 2) % 26], letters[(2 * index + 3) % 26]
+    return {"type": "string", "pattern": f"^({a}|{b}|{a}{b}|{b}{a}){{1,{n + index // 13}}}$"}
+
+
+def compile_interference(engine, prompts: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """Wall time of free requests through an EngineLoop, alone and beside costly compiles."""
+    from backend_lib.llm.core.sampling_params import SamplingParams
+    from backend_lib.llm.serving.engine_loop import EngineLoop
+
+    def free_batch(loop, tag: str) -> float:
+        started = time.perf_counter()
+        streams = [
+            loop.submit(f"{tag}-{i}", prompts[i % len(prompts)], free_params([args.max_tokens])[0])
+            for i in range(args.free_requests)
+        ]
+        for stream in streams:
+            final = list(stream)[-1]
+            if final.error is not None or len(final.outputs[0].token_ids) != args.max_tokens:
+                raise SystemExit(f"free request {final.request_id} failed: {final.error}")
+        return time.perf_counter() - started
+
+    loop = EngineLoop(engine)
+    loop.start()
+    schemas = iter(costly_schema(args.costly_n, i) for i in range(10_000))
+    alone, during, still_compiling, costly_seconds = [], [], [], []
+    try:
+        warm = SamplingParams(temperature=0.0, max_tokens=4, structured_outputs={"regex": "[ab]"})
+        list(loop.submit("warm-compile", prompts[0], warm))  # compile workers started
+        free_batch(loop, "warm")
+        for rep in range(args.repeats):
+            alone.append(free_batch(loop, f"alone-{rep}"))
+            started = time.perf_counter()
+            costly = [
+                loop.submit(
+                    f"costly-{rep}-{i}",
+                    prompts[i % len(prompts)],
+                    SamplingParams(
+                        temperature=0.0,
+                        max_tokens=args.max_tokens,
+                        structured_outputs={"json": next(schemas)},
+                    ),
+                )
+                for i in range(COSTLY_REQUESTS)
+            ]
+            during.append(free_batch(loop, f"during-{rep}"))
+            still_compiling.append(engine.grammar_compiler.workers.num_busy)
+            for stream in costly:
+                final = list(stream)[-1]
+                if final.error is not None:
+                    raise SystemExit(f"costly request {final.request_id}: {final.error}")
+            costly_seconds.append(time.perf_counter() - started)
+            progress(
+                f"free requests: {alone[-1]:.3f} s alone, {during[-1]:.3f} s beside "
+                f"{COSTLY_REQUESTS} compiles ({costly_seconds[-1]:.1f} s until they finished)"
+            )
+    finally:
+        loop.stop(timeout=120)
+    return {
+        "free_requests": args.free_requests,
+        "costly_requests": COSTLY_REQUESTS,
+        "costly_pattern": costly_schema(args.costly_n, 0)["pattern"],
+        "alone_seconds": alone,
+        "during_compile_seconds": during,
+        "costly_until_finished_seconds": costly_seconds,
+        "compiles_still_running_after_free": still_compiling,
+        "ratio_per_repeat": [d / a for d, a in zip(during, alone, strict=True)],
+    }
+
+
 def run(args: argparse.Namespace, _scratch: Path) -> dict:
     import torch
 
@@ -248,6 +330,7 @@ def run(args: argparse.Namespace, _scratch: Path) -> dict:
 
     if args.profile:
         write_profile(engine, prompts, params["structured"], args.profile)
+    interference = compile_interference(engine, prompts, args)
     rates = {name: [r.output_tokens / r.seconds for r in results] for name, results in runs.items()}
     median = {name: statistics.median(values) for name, values in rates.items()}
     ratios = [c / f for c, f in zip(rates["structured"], rates["free"], strict=True)]
@@ -279,6 +362,10 @@ def run(args: argparse.Namespace, _scratch: Path) -> dict:
         },
         "structured_vs_free_per_repeat": ratios,
         "structured_vs_free_full": median["structured"] / median["free_full"],
+        "compile_interference": interference,
+        "free_request_latency_during_compile_ratio": statistics.median(
+            interference["ratio_per_repeat"]
+        ),
         "fidelity": fidelity,
         "summary": {"structured_vs_free": statistics.median(ratios)},
     }
@@ -296,6 +383,7 @@ def write_profile(engine, prompts: list[str], params: list, path: Path) -> None:
 
 def report(result: dict) -> list[str]:
     w, rates, ms = result["workload"], result["output_tokens_per_second"], result["compile_ms"]
+    c = result.get("compile_interference")  # absent from results older than it
     ratio = result["summary"]["structured_vs_free"]
     check = result["fidelity"]["constrained_outputs"]
     names = {
@@ -341,6 +429,20 @@ def report(result: dict) -> list[str]:
         f"{result['structured_vs_free_full']:.3f}.",
         summary_line("structured_vs_free", ratio, f">= {TARGET}", ratio >= TARGET),
     ]
+    if c is not None:
+        lines[-1:-1] = [
+            "",
+            f"Free requests beside constraint compilation (engine loop): {c['free_requests']} "
+            f"free requests of {w['max_tokens']} tokens took "
+            f"{statistics.median(c['alone_seconds']):.3f} s alone and "
+            f"{statistics.median(c['during_compile_seconds']):.3f} s while "
+            f"{c['costly_requests']} requests waited for costly grammars (`{c['costly_pattern']}`, "
+            "compiled in worker processes; "
+            f"{statistics.median(c['costly_until_finished_seconds']):.1f} s until they finished): "
+            "ratio "
+            f"{result['free_request_latency_during_compile_ratio']:.2f} "
+            "(`free_request_latency_during_compile_ratio`, 1 = compiling holds nothing up).",
+        ]
     return lines
 
 
@@ -362,7 +464,19 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "--max-tokens", type=int, help="most tokens per request (default: %(default)s)"
     )
     parser.add_argument("--profile", type=Path, help="write a pyinstrument profile here")
+    parser.add_argument(
+        "--free-requests",
+        type=int,
+        help="free requests timed beside the costly compiles (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--costly-n",
+        type=int,
+        help="N of the costly patterns ^(x|y|xy|yx){1,N}$ (default: %(default)s)",
+    )
     parser.set_defaults(
+        free_requests=4,
+        costly_n=2500,
         requests=cli.ByMode(quick=8, cpu=64, cuda=256),
         max_tokens=cli.ByMode(quick=24, cpu=96, cuda=128),
     )

@@ -8,7 +8,11 @@ from pathlib import Path
 import uvicorn
 
 from openai_frontend.app import create_app
-from openai_frontend.config import DEFAULT_MAX_BODY_BYTES, FrontendConfig
+from openai_frontend.config import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_RESPONSES_STORE_SIZE,
+    FrontendConfig,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> FrontendConfig:
@@ -24,6 +28,12 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
     parser.add_argument("--chat-template", type=Path, help="a jinja2 chat template for every llm")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     parser.add_argument("--index-ttl", type=float, default=2.0, help="seconds")
+    parser.add_argument(
+        "--responses-store-size",
+        type=int,
+        default=DEFAULT_RESPONSES_STORE_SIZE,
+        help="responses kept in memory for previous_response_id (LRU; 0: none)",
+    )
     args = parser.parse_args(argv)
     return FrontendConfig.with_env_defaults(
         triton_url=args.triton_url,
@@ -35,6 +45,7 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
         chat_template=args.chat_template,
         max_body_bytes=args.max_body_bytes,
         index_ttl_s=args.index_ttl,
+        responses_store_size=args.responses_store_size,
     )
 
 

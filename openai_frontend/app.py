@@ -1,5 +1,5 @@
-"""The FastAPI app: routes, OpenAI-shaped error handlers, and one ASGI middleware for the API key,
-the body size limit and the request metrics."""
+"""The FastAPI app: routes, error handlers (OpenAI's shape; Anthropic's on /v1/messages*), and one
+ASGI middleware for the API key, the body size limit and the request metrics."""
 
 from __future__ import annotations
 
@@ -16,17 +16,21 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from openai_frontend.anthropic import errors as anthropic_errors
 from openai_frontend.config import FrontendConfig
 from openai_frontend.discovery import ModelRegistry
 from openai_frontend.errors import APIError, internal, invalid_request
 from openai_frontend.metrics import FrontendMetrics
+from openai_frontend.responses.store import ResponseStore
 from openai_frontend.routes import (
     chat,
     completions,
     embeddings,
     health,
+    messages,
     models,
     rerank,
+    responses,
     score,
     tokenize,
 )
@@ -37,8 +41,10 @@ log = logging.getLogger(__name__)
 OPEN_PATHS = ("/health", "/health/ready", "/metrics")  # no API key needed
 
 
-def _json_error(error: APIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+def _json_error(error: APIError, path: str) -> JSONResponse:
+    """The error in the shape of the API `path` belongs to."""
+    body = anthropic_errors.body(error) if anthropic_errors.serves(path) else error.body()
+    return JSONResponse(body, status_code=error.status, headers=error.headers)
 
 
 def _param(loc: tuple[Any, ...]) -> str | None:
@@ -46,28 +52,29 @@ def _param(loc: tuple[Any, ...]) -> str | None:
     return ".".join(parts) or None
 
 
-async def _on_api_error(_: Request, exc: APIError) -> JSONResponse:
-    return _json_error(exc)
+async def _on_api_error(request: Request, exc: APIError) -> JSONResponse:
+    return _json_error(exc, request.url.path)
 
 
-async def _on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
     if first.get("type") == "json_invalid":
-        return _json_error(invalid_request(f"the body is not valid JSON: {first.get('ctx', '')}"))
+        error = invalid_request(f"the body is not valid JSON: {first.get('ctx', '')}")
+        return _json_error(error, request.url.path)
     param = _param(tuple(first.get("loc", ())))
     message = "; ".join(f"{_param(tuple(e['loc'])) or 'body'}: {e['msg']}" for e in errors[:5])
-    return _json_error(invalid_request(message, param))
+    return _json_error(invalid_request(message, param), request.url.path)
 
 
-async def _on_http_error(_: Request, exc: HTTPException) -> JSONResponse:
+async def _on_http_error(request: Request, exc: HTTPException) -> JSONResponse:
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return _json_error(APIError(exc.status_code, str(exc.detail), kind))
+    return _json_error(APIError(exc.status_code, str(exc.detail), kind), request.url.path)
 
 
-async def _on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("request failed")
-    return _json_error(internal(f"{type(exc).__name__}: {exc}"))
+    return _json_error(internal(f"{type(exc).__name__}: {exc}"), request.url.path)
 
 
 class FrontendMiddleware:
@@ -93,7 +100,7 @@ class FrontendMiddleware:
             if error is None:
                 body, error = await self._read_body(scope, receive)
             if error is not None:
-                await _json_error(error)(scope, receive, send_and_record)
+                await _json_error(error, scope["path"])(scope, receive, send_and_record)
             else:
                 await self.app(scope, _replay(body, receive), send_and_record)
         finally:
@@ -109,6 +116,10 @@ class FrontendMiddleware:
         given = headers.get(b"authorization", b"").decode("latin-1")
         scheme, _, token = given.partition(" ")
         if scheme.lower() == "bearer" and secrets.compare_digest(token.strip(), key):
+            return None
+        # Anthropic's clients send the key as `x-api-key`.
+        api_key = headers.get(b"x-api-key", b"").strip()
+        if api_key and secrets.compare_digest(api_key, key.encode()):
             return None
         return APIError(401, "invalid or missing API key", "authentication_error", "api_key")
 
@@ -163,9 +174,22 @@ def create_app(config: FrontendConfig) -> FastAPI:
         await triton.close()
 
     app = FastAPI(title="OpenAI-compatible API for tritonserver", lifespan=lifespan)
-    app.state.frontend = FrontendState(config, triton, registry)
+    app.state.frontend = FrontendState(
+        config, triton, registry, ResponseStore(config.responses_store_size)
+    )
     app.state.metrics = FrontendMetrics()
-    for module in (models, chat, completions, embeddings, rerank, score, tokenize, health):
+    for module in (
+        models,
+        chat,
+        responses,
+        completions,
+        embeddings,
+        rerank,
+        score,
+        tokenize,
+        health,
+        messages,
+    ):
         app.include_router(module.router)
     app.add_exception_handler(APIError, _on_api_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)

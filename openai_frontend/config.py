@@ -9,6 +9,7 @@ from pathlib import Path
 API_KEY_ENV = "OPENAI_API_KEY"
 ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_RESPONSES_STORE_SIZE = 1000
 
 
 class FrontendConfigError(ValueError):
@@ -34,6 +35,8 @@ class FrontendConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     index_ttl_s: float = 2.0
     request_timeout_s: float = 600.0
+    # Responses kept in memory for previous_response_id and GET /v1/responses/{id} (LRU; 0: none).
+    responses_store_size: int = DEFAULT_RESPONSES_STORE_SIZE
 
     def __post_init__(self) -> None:
         self.validate()
@@ -53,6 +56,10 @@ class FrontendConfig:
             raise FrontendConfigError("index_ttl_s", self.index_ttl_s, "must be >= 0")
         if self.request_timeout_s <= 0:
             raise FrontendConfigError("request_timeout_s", self.request_timeout_s, "must be > 0")
+        if self.responses_store_size < 0:
+            raise FrontendConfigError(
+                "responses_store_size", self.responses_store_size, "must be >= 0"
+            )
 
     @classmethod
     def with_env_defaults(cls, **values) -> FrontendConfig:

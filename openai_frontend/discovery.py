@@ -3,8 +3,9 @@
 The repository index is read over gRPC and cached for a short TTL (and re-read on a miss), so a
 model loaded or unloaded in Triton appears or disappears without restarting the frontend. Each
 served version's config and, for an llm, the facts it publishes (`contract.ModelFacts`: the
-engine's max_model_len and the LoRA adapters its registry serves) are asked once and kept while
-that version stays READY: the frontend recomputes no limit of its own.
+engine's max_model_len, the LoRA adapters its registry serves, its tool-call and reasoning
+parsers) are asked once and kept while that version stays READY: the frontend recomputes no limit
+of its own and reads no parser setting from config.pbtxt.
 
 An llm serving LoRA adapters serves each as a model of its own, as vLLM does: under the adapter's
 name (unless another model has that name) and always as `<llm>:<adapter>`; a request for it goes
@@ -66,6 +67,18 @@ class ModelInfo:
     def max_model_len(self) -> int | None:
         """The engine's max_model_len, as the llm published it (None for the other kinds)."""
         return self.facts.max_model_len
+
+    @property
+    def tool_call_parser(self) -> str | None:
+        """The format of this llm's tool calls, as it published it (`contract.TOOL_CALL_PARSERS`;
+        None: no parser, tool_choice "auto" is refused)."""
+        return self.facts.tool_call_parser
+
+    @property
+    def reasoning_parser(self) -> str | None:
+        """The format of this llm's reasoning, as it published it (`contract.REASONING_PARSERS`;
+        None: its text is all content)."""
+        return self.facts.reasoning_parser
 
     def checkpoint(self) -> Path:
         """The checkpoint directory, resolved as the backend does (`{version}`, relative paths,

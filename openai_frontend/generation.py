@@ -51,6 +51,8 @@ class Choice:
     logprobs: list[LogprobEntry] = field(default_factory=list)
     prompt_logprobs: list[LogprobEntry] | None = None
     """The prompt tokens' entries, when the request asked for them (echo with logprobs)."""
+    stop_reason: int | str | None = None
+    """vLLM's `stop_reason`: the stop string or stop token id that finished the choice."""
 
 
 @dataclass
@@ -97,16 +99,18 @@ class Generation:
                 if response.prompt_logprobs is not None:
                     for choice in choices:
                         choice.prompt_logprobs = response.prompt_logprobs
-                for choice, text, reason, lps in zip(
+                for choice, text, reason, lps, stop in zip(
                     choices,
                     response.texts,
                     response.finish_reasons,
                     response.logprobs,
+                    response.stop_reasons,
                     strict=True,
                 ):
                     choice.text += text
                     choice.finish_reason = reason or choice.finish_reason
                     choice.logprobs += lps or []
+                    choice.stop_reason = stop if stop is not None else choice.stop_reason
         return choices
 
 

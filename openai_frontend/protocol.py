@@ -43,6 +43,9 @@ class ChatMessage(BaseModel):
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+    """vLLM's: with `include_usage`, every chunk carries the usage so far (the first chunk: the
+    prompt's tokens)."""
 
 
 class JsonSchemaFormat(BaseModel):
@@ -116,6 +119,10 @@ class SamplingFields(_Body):
 
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def continuous_usage(self) -> bool:
+        """Every chunk carries the usage so far (vLLM's `continuous_usage_stats`)."""
+        return self.include_usage() and bool(self.stream_options.continuous_usage_stats)
 
 
 class ChatCompletionRequest(SamplingFields):

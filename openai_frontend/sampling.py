@@ -26,8 +26,9 @@ def sampling_parameters(
 ) -> dict[str, Any]:
     """The `sampling_parameters` of one generate request for `body`; `constraint`: its output
     constraint (structured.py), sent as `structured_outputs`; `lora_name`: the LoRA adapter the
-    requested model id names (discovery.py). Without `max_tokens` none is sent: the engine then
-    generates up to its max_model_len (vLLM's default), so the frontend never counts the prompt."""
+    requested model id names (discovery.py). Without `max_tokens`, `max_tokens: null` is sent: the
+    engine then generates up to its max_model_len (vLLM's default), so the frontend never counts
+    the prompt."""
     params: dict[str, Any] = {
         name: getattr(body, name) for name in _PASSTHROUGH if getattr(body, name) is not None
     }
@@ -38,8 +39,10 @@ def sampling_parameters(
         max_tokens = body.max_completion_tokens
     if isinstance(body, CompletionRequest) and body.echo_only:
         max_tokens = 1  # vLLM's echo without generation: one token is sampled, none answered
-    if max_tokens is not None:
-        params["max_tokens"] = max_tokens
+    # Always sent: None asks the engine for everything up to its max_model_len (vLLM's chat
+    # default, and this frontend's for completions too); left out, the engine would apply
+    # SamplingParams' own default of 16.
+    params["max_tokens"] = max_tokens
     if body.stop is not None:
         params["stop"] = [body.stop] if isinstance(body.stop, str) else list(body.stop)
     if body.ignore_eos:

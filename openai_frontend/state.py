@@ -1,14 +1,16 @@
-"""What every route needs: the settings, the Triton client and the model registry."""
+"""What every route needs: the settings, the Triton client and the model registry (and the
+Responses API's store of responses)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from openai_frontend.config import FrontendConfig
 from openai_frontend.discovery import ModelRegistry
+from openai_frontend.responses.store import ResponseStore
 from openai_frontend.triton import TritonClient
 
 
@@ -17,6 +19,7 @@ class FrontendState:
     config: FrontendConfig
     triton: TritonClient
     registry: ModelRegistry
+    responses: ResponseStore = field(default_factory=ResponseStore)
 
 
 def get_state(request: Request) -> FrontendState:

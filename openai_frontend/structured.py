@@ -6,10 +6,11 @@ forced tool call (tools.py), vLLM's `structured_outputs` extra and its older `gu
 `guided_regex`, `guided_choice` and `guided_grammar`. As vLLM does, `structured_outputs` may carry
 only options (`disable_any_whitespace`) for a constraint from another field.
 
-JSON constraints default to compact JSON (`disable_any_whitespace: true`) unless the request sets
-that option: with free whitespace a small model tends to emit whitespace until `max_tokens`.
-The llm model checks and compiles the constraint; its errors name `structured_outputs.<kind>`,
-and `Constraint.param` names the request field it came from.
+`disable_any_whitespace` goes to the llm as the client set it, and unset when the client did not:
+the llm's own default (bounded whitespace between JSON tokens) then applies, as for its Triton
+clients. The llm model checks and compiles the constraint; its errors name
+`structured_outputs.<kind>`, and `Constraint.param` names the request field it came from. Nothing
+here parses or compiles a schema (no costly work on the event loop).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ GUIDED = {
     "guided_grammar": "grammar",
 }
 """vLLM's older extras -> the kind each sets."""
-_JSON_KINDS = ("json", "json_object")
 
 
 @dataclass(frozen=True)
@@ -75,10 +75,7 @@ def output_constraint(
         names = " and ".join(f"`{name}`" for name, _ in sources)
         raise invalid_request(f"only one output constraint per request: got {names}", sources[1][0])
     param, kinds = sources[0]
-    value = {**kinds, **extra}
-    if next(iter(kinds)) in _JSON_KINDS:
-        value.setdefault("disable_any_whitespace", True)
-    return Constraint(value, param)
+    return Constraint({**kinds, **extra}, param)
 
 
 def _response_format(body: SamplingFields) -> list[tuple[str, dict[str, Any]]]:

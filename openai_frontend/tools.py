@@ -1,38 +1,41 @@
-"""Forced tool calls: `tools` + `tool_choice` -> a JSON schema on the output, and the output ->
-`tool_calls`, whole or as stream deltas.
+"""`tools` + `tool_choice` -> how the output becomes tool calls.
 
 `tool_choice`:
-- `"none"`: the tools are ignored (free text);
+- `"none"`: the tools go to the chat template but the output is free text, never parsed;
+- `"auto"` (the default with tools): free generation, the model's own tool-call text found by the
+  parser its llm publishes (`tool_call_parser`, openai_frontend/tool_parsers/); refused with a
+  400 naming `tool_choice` for an llm without one (vLLM without `--enable-auto-tool-choice`);
 - `{"type": "function", "function": {"name": N}}`: the output is N's arguments, constrained to its
   `parameters` schema;
 - `"required"`: the output is a JSON array of calls `[{"name": ..., "arguments": {...}}]`, each
   one of the tools (anyOf over the tools: the name as a const, the arguments as its parameters
-  schema); one call when `parallel_tool_calls` is false;
-- `"auto"` (the default with tools) is refused: letting the model decide needs a model trained to
-  call tools and a parser for its format, and the default Shakespeare model is neither.
+  schema); one call when `parallel_tool_calls` is false.
 
-The answer is `message.tool_calls` [{id, type: "function", function: {name, arguments}}] with
-`arguments` the generated JSON text, content null, and finish_reason "tool_calls" once the
-grammar completed (the engine's "stop"; "length" stays: the arguments are cut). Streamed, a call's
-first delta carries its index, id, type and name, the next ones more of its arguments text.
+A forced call (named, required) answers `message.tool_calls` [{id, type: "function", function:
+{name, arguments}}] with `arguments` the generated JSON text, content null, and finish_reason
+"tool_calls" once the grammar completed (the engine's "stop"; "length" stays: the arguments are
+cut). Streamed, a call's first delta carries its index, id, type and name, the next ones more of
+its arguments text.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from openai_frontend.errors import invalid_request
 from openai_frontend.protocol import ChatCompletionRequest, FunctionDefinition
+from openai_frontend.tool_parsers.base import CallStream, ToolCallFormat, new_call_id
+from openai_frontend.tool_parsers.registry import tool_call_format
 
 NO_PARAMETERS = {"type": "object", "properties": {}}
 """A function without `parameters` takes none (OpenAI's meaning)."""
 AUTO_REFUSED = (
-    '`tool_choice` "auto" (the default when `tools` are given) is not supported: this server '
-    'cannot let the model decide whether to call a tool. Send `tool_choice` "required", '
-    '{"type": "function", "function": {"name": ...}} or "none"'
+    '`tool_choice` "auto" (the default when `tools` are given) needs a model whose llm sets '
+    "`tool_call_parser`, and model `{model}` has none, so its tool calls cannot be found in its "
+    'text. Send `tool_choice` "required", {{"type": "function", "function": {{"name": ...}}}} or '
+    '"none", or serve the model with a `tool_call_parser`'
 )
 _CHOICE_SHAPE = (
     '`tool_choice` must be "none", "auto", "required" or '
@@ -40,13 +43,9 @@ _CHOICE_SHAPE = (
 )
 
 
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
 @dataclass(frozen=True)
 class ToolPlan:
-    """How a request's output becomes tool calls."""
+    """A forced call (a named function or "required"): a schema on the output, read as calls."""
 
     schema: dict[str, Any]
     """The JSON schema on the output."""
@@ -58,8 +57,25 @@ class ToolPlan:
         return NamedCallParser(self.function) if self.function else CallArrayParser()
 
 
-def tool_plan(body: ChatCompletionRequest) -> ToolPlan | None:
-    """The request's forced tool call; None when the output is free of tools."""
+@dataclass(frozen=True)
+class AutoTools:
+    """`tool_choice` "auto": free generation; the model's tool calls are found in its text."""
+
+    format: ToolCallFormat
+    """The llm's parser, knowing the request's tools."""
+    parallel: bool
+    """False (`parallel_tool_calls` false): the first call only."""
+
+    def stream(self) -> CallStream:
+        """A parser for one choice's text."""
+        return CallStream(self.format, None if self.parallel else 1)
+
+
+def tool_plan(
+    body: ChatCompletionRequest, parser: str | None = None, model: str = ""
+) -> ToolPlan | AutoTools | None:
+    """How the request's output becomes tool calls: forced (ToolPlan), found by the parser
+    `parser` (the llm's `tool_call_parser`, for "auto"), or never (None: free text)."""
     tools = body.tools or []
     choice = body.tool_choice
     if choice is None:
@@ -72,7 +88,10 @@ def tool_plan(body: ChatCompletionRequest) -> ToolPlan | None:
     if len(functions) != len(tools):
         raise invalid_request("`tools` has two functions with the same name", "tools")
     if choice == "auto":
-        raise invalid_request(AUTO_REFUSED, "tool_choice")
+        if parser is None:
+            raise invalid_request(AUTO_REFUSED.format(model=model), "tool_choice")
+        schemas = {name: _parameters(function) for name, function in functions.items()}
+        return AutoTools(tool_call_format(parser)(schemas), body.parallel_tool_calls is not False)
     if choice == "required":
         return ToolPlan(_calls_schema(functions, body.parallel_tool_calls is not False), None)
     name = _named(choice)

@@ -48,6 +48,13 @@ class LLMResponse:
     prompt_logprobs: list[dict[str, dict[str, Any]]] | None = None
     """Per prompt token, the prompt token first (contract.PROMPT_LOGPROBS); in the first response
     after the prefill of a request that asked for them, else None."""
+    stop_reasons: list[int | str | None] = field(default_factory=list)
+    """Per choice, vLLM's `stop_reason` (contract.STOP_REASON): the stop string or stop token id
+    that finished it; None for EOS, length, or a choice still running."""
+
+    def __post_init__(self) -> None:
+        if not self.stop_reasons:
+            self.stop_reasons = [None] * len(self.texts)
 
 
 def _tensor(name: str, value: np.ndarray) -> InferInput:
@@ -106,7 +113,10 @@ def parse_llm_response(result: Any) -> LLMResponse:
     final = response.parameters["triton_final_response"].bool_param
     scored = outputs.get(contract.PROMPT_LOGPROBS)
     prompt_logprobs = json.loads(scored[0]) if scored else None
-    return LLMResponse(texts, reasons, out_tokens, in_tokens, logprobs, final, prompt_logprobs)
+    stops = [json.loads(v) for v in outputs.get(contract.STOP_REASON, [])]
+    return LLMResponse(
+        texts, reasons, out_tokens, in_tokens, logprobs, final, prompt_logprobs, stops
+    )
 
 
 class TritonClient:

@@ -15,6 +15,7 @@ engine/                   Above core/ and execution/ (as vLLM v1's engine/ above
   detokenizer.py          IncrementalDetokenizer: streamed text deltas, stop strings.
   parallel_sampling.py    n > 1: one prefill, then forked child sequences.
   grammar_step.py         Advancing each constrained sequence's grammar after a step.
+  grammar_wait.py         Requests held outside the scheduler while their grammar compiles.
   fault_injection.py      The one TEST-ONLY seam for injecting per-request faults.
 core/                     Scheduling state, device-independent (imports no engine/execution):
   scheduler.py            Scheduler: admission, chunked prefill, preemption, token-level stops.
@@ -35,7 +36,8 @@ execution/                What runs on the device:
   kv_pool.py              KVPool: the preallocated K/V tensor, its sizing, swaps and copies.
   sampler.py              Sampler: penalties, temperature, top-k/p, min-p, seeds, logprobs.
 lora/                     LoRA adapters: loading, device slots, per-row batches.
-structured/               Structured outputs: params, grammar compiler, matchers, bitmasks.
+structured/               Structured outputs: params, grammar compiler (worker processes),
+                          matchers, bitmasks.
 
 A request's path: model.py hands the request tensors to `LLMService.start`, which parses them
 (`parse_generate_request`) and submits them to the `EngineLoop`; the engine's `InputProcessor`

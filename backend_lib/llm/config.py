@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from backend_lib import contract
 from backend_lib.config import require
 
 
@@ -57,6 +58,19 @@ class LLMConfig:
     """Largest `logprobs` (top log-probabilities per token) a request may ask for (the request
     parser and the engine both check this value). At most the checkpoint's vocabulary size,
     checked when the engine loads."""
+    structured_outputs_compile_timeout_s: float = 10.0
+    """Most seconds one structured_outputs constraint may take to compile (in a worker process,
+    off the engine's path); past it that request fails with an error naming the constraint and
+    the compile is stopped (its worker killed)."""
+    tool_call_parser: str | None = None
+    """How the OpenAI frontend finds tool calls in this model's text for `tool_choice` "auto"
+    (vLLM's `--tool-call-parser` names, `contract.TOOL_CALL_PARSERS`): hermes, llama3_json,
+    mistral or qwen3_xml. None: no parser, and "auto" with tools is refused. Published in the
+    model's facts; the engine itself never reads it."""
+    reasoning_parser: str | None = None
+    """How the OpenAI frontend splits this model's reasoning from its answer (vLLM's
+    `--reasoning-parser` names, `contract.REASONING_PARSERS`): deepseek_r1 or qwen3 (`<think>`
+    tags). None: the text is all content. Published in the model's facts."""
 
     enable_lora: bool = False
     """Serve the LoRA adapters listed in `<version>/multi_lora.json` (requests pick one with
@@ -116,6 +130,23 @@ class LLMConfig:
         )
         require(self.max_n >= 1, "max_n", self.max_n, "must be >= 1")
         require(self.max_logprobs >= 0, "max_logprobs", self.max_logprobs, "must be >= 0")
+        require(
+            self.structured_outputs_compile_timeout_s > 0,
+            "structured_outputs_compile_timeout_s",
+            self.structured_outputs_compile_timeout_s,
+            "must be > 0",
+        )
+        for key, names in (
+            ("tool_call_parser", contract.TOOL_CALL_PARSERS),
+            ("reasoning_parser", contract.REASONING_PARSERS),
+        ):
+            value = getattr(self, key)
+            require(
+                value is None or value in names,
+                key,
+                value,
+                f"expected one of {', '.join(names)} (or none)",
+            )
         require(
             self.preemption_mode != "swap" or self.swap_space > 0,
             "swap_space",

@@ -1,5 +1,6 @@
-"""`POST /v1/chat/completions`: text, constrained output (structured.py), forced tool calls
-(tools.py)."""
+"""`POST /v1/chat/completions`: text, constrained output (structured.py), tool calls (tools.py:
+forced, or found by the llm's parser), reasoning (reasoning.py); chat_output.py reads each
+choice."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from openai_frontend import tools
+from openai_frontend.chat_output import ChoiceOutput, OutputPlan
 from openai_frontend.generation import (
     Generation,
     Usage,
@@ -29,53 +31,70 @@ router = APIRouter()
 
 async def prepare(
     body: ChatCompletionRequest, state: FrontendState
-) -> tuple[Generation, tools.ToolPlan | None]:
+) -> tuple[Generation, OutputPlan]:
     body.check_supported()
-    plan = tools.tool_plan(body)
-    constraint = output_constraint(body, plan.schema if plan else None)
     info = await state.registry.get(body.model, "llm")
+    plan = tools.tool_plan(body, info.tool_call_parser, info.name)
+    forced = plan if isinstance(plan, tools.ToolPlan) else None
+    constraint = output_constraint(body, forced.schema if forced else None)
     tokenizer = state.registry.tokenizer(info)
     messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in body.messages]
     listed = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     prompt = tokenizer.render_chat(messages, info.name, listed)
     params = sampling_parameters(body, constraint, info.lora_name)
+    if isinstance(plan, tools.AutoTools) and plan.format.keeps_special_tokens:
+        params["skip_special_tokens"] = False  # the parser looks for a special token
     generation = Generation(
         state.triton, info.triton_name, prompt, params, body.logprobs, constraint, info.name
     )
-    return generation, plan
-
-
-def _message(text: str, plan: tools.ToolPlan | None) -> dict[str, Any]:
-    if plan is None:
-        return {"role": "assistant", "content": text}
-    parser = plan.parser()
-    parser.feed(text)
-    return {"role": "assistant", "content": None, "tool_calls": parser.calls()}
+    return generation, OutputPlan(plan, info.reasoning_parser, constraint is not None)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, state: State):
-    generation, plan = await prepare(body, state)
-    request_id, created = new_id("chatcmpl"), now()
-    header = {"id": request_id, "created": created, "model": generation.model_id}
-    top = requested_logprobs(body) or 0
     if body.stream:
-        responses = generation.stream()
-        first = await anext(responses)  # errors before the first byte are plain HTTP errors
-        return sse_response(_chunks(header, first, responses, body, top, plan))
+        return sse_response(await create_stream(body, state))
+    return await create(body, state)
+
+
+def _header(generation: Generation) -> dict[str, Any]:
+    return {"id": new_id("chatcmpl"), "created": now(), "model": generation.model_id}
+
+
+async def create_stream(
+    body: ChatCompletionRequest, state: FrontendState
+) -> AsyncIterator[dict[str, Any]]:
+    """The `chat.completion.chunk` objects of `body` (the seam the other chat-shaped APIs
+    translate over: routes/responses.py); an error before the first chunk raises APIError here,
+    before the iterator is returned."""
+    generation, plan = await prepare(body, state)
+    header = _header(generation)
+    top = requested_logprobs(body) or 0
+    responses = generation.stream()
+    first = await anext(responses)  # errors before the first byte are plain HTTP errors
+    return _chunks(header, first, responses, body, top, plan)
+
+
+async def create(body: ChatCompletionRequest, state: FrontendState) -> dict[str, Any]:
+    """The non-streaming `chat.completion` object of `body` (its `stream` is not read)."""
+    generation, plan = await prepare(body, state)
+    header = _header(generation)
+    top = requested_logprobs(body) or 0
     usage = Usage()
     choices = await generation.run(usage)
+    outputs = [plan.choice() for _ in choices]
     return {
         **header,
         "object": "chat.completion",
         "choices": [
             {
                 "index": i,
-                "message": _message(c.text, plan),
+                "message": output.message(c.text),
                 "logprobs": chat_logprobs(c.logprobs, top) if body.logprobs else None,
-                "finish_reason": tools.finish_reason(c.finish_reason) if plan else c.finish_reason,
+                "finish_reason": output.finish_reason(c.finish_reason),
+                "stop_reason": c.stop_reason,
             }
-            for i, c in enumerate(choices)
+            for i, (c, output) in enumerate(zip(choices, outputs, strict=True))
         ],
         "usage": usage.as_dict(),
     }
@@ -87,51 +106,66 @@ async def _chunks(
     responses: AsyncIterator[LLMResponse],
     body: ChatCompletionRequest,
     top: int,
-    plan: tools.ToolPlan | None,
+    plan: OutputPlan,
 ) -> AsyncIterator[dict[str, Any]]:
+    usage = Usage(prompt_tokens=first.num_input_tokens)
+    continuous = body.continuous_usage()
+
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        if continuous:
+            extra.setdefault("usage", usage.as_dict())
         return {**header, "object": "chat.completion.chunk", "choices": choices, **extra}
 
     n = len(first.texts)
-    parsers = [plan.parser() for _ in range(n)] if plan else None
-
-    def delta(i: int, text: str) -> dict[str, Any]:
-        if parsers is None:
-            return {"content": text} if text else {}
-        calls = parsers[i].feed(text)
-        return {"tool_calls": calls} if calls else {}
-
+    outputs = [plan.choice() for _ in range(n)]
     yield chunk(
         [
             {
                 "index": i,
-                "delta": {"role": "assistant", "content": None if plan else ""},
+                "delta": {"role": "assistant", "content": None if plan.forced else ""},
                 "finish_reason": None,
             }
             for i in range(n)
         ]
     )
-    usage = Usage()
     async with contextlib.aclosing(responses):
         response: LLMResponse | None = first
         while response is not None:
-            usage.add(response, first=response is first)
-            choices = []
-            for i, (text, reason, lps) in enumerate(
-                zip(response.texts, response.finish_reasons, response.logprobs, strict=True)
-            ):
-                change = delta(i, text)
-                if change or reason or lps:
-                    choices.append(
-                        {
-                            "index": i,
-                            "delta": change,
-                            "logprobs": chat_logprobs(lps or [], top) if body.logprobs else None,
-                            "finish_reason": tools.finish_reason(reason) if plan else reason,
-                        }
-                    )
-            if choices:
+            usage.add(response, first=False)  # the prompt is counted above
+            for choices in _response_chunks(response, outputs, body.logprobs, top):
                 yield chunk(choices)
             response = await anext(responses, None)
     if body.include_usage():
         yield chunk([], usage=usage.as_dict())
+
+
+def _response_chunks(
+    response: LLMResponse, outputs: list[ChoiceOutput], logprobs: bool, top: int
+) -> list[list[dict[str, Any]]]:
+    """The `choices` of the chunks one llm response makes: usually one chunk; more when a choice
+    has several deltas (a found tool call: its header, then its arguments). A choice's logprobs
+    go in its first entry, its finish_reason in its last."""
+    entries: list[list[dict[str, Any]]] = []
+    for i, (text, reason, lps) in enumerate(
+        zip(response.texts, response.finish_reasons, response.logprobs, strict=True)
+    ):
+        output = outputs[i]
+        deltas = output.feed(text) if text else []
+        if reason:
+            deltas += output.finish()
+        if not deltas and (reason or lps):
+            deltas = [{}]
+        entries.append(
+            [
+                {
+                    "index": i,
+                    "delta": delta,
+                    "logprobs": chat_logprobs(lps or [], top) if logprobs and k == 0 else None,
+                    "finish_reason": output.finish_reason(reason) if k == len(deltas) - 1 else None,
+                    "stop_reason": response.stop_reasons[i] if k == len(deltas) - 1 else None,
+                }
+                for k, delta in enumerate(deltas)
+            ]
+        )
+    rounds = max((len(choice) for choice in entries), default=0)
+    return [[choice[k] for choice in entries if k < len(choice)] for k in range(rounds)]

@@ -1,5 +1,6 @@
 """The structured-outputs benchmark in the quick suite: its constrained outputs validated, the
-free run matched the structured run token for token, and its figures agree with its runs."""
+free run matched the structured run token for token, and its figures (free requests' latency
+beside costly compiles included) agree with its runs."""
 
 from __future__ import annotations
 
@@ -41,6 +42,18 @@ def test_structured_outputs(quick_suite):
     assert 0 < compile_ms["cached"]["median"] < compile_ms["cold"]["median"]
     assert all(len(v) == workload["schemas"] for v in result["compile_seconds"].values())
     assert 0 <= result["bitmask_fill_share"] < 1
+    # Free requests beside costly compiles: raw seconds per repeat and their ratio.
+    beside = result["compile_interference"]
+    alone, during = beside["alone_seconds"], beside["during_compile_seconds"]
+    assert len(alone) == len(during) == repeats and all(s > 0 for s in alone + during)
+    assert beside["ratio_per_repeat"] == pytest.approx(
+        [d / a for d, a in zip(during, alone, strict=True)]
+    )
+    ratio = result["free_request_latency_during_compile_ratio"]
+    assert ratio == pytest.approx(statistics.median(beside["ratio_per_repeat"])) and ratio > 0
+    assert (
+        beside["costly_requests"] == 3 and len(beside["costly_until_finished_seconds"]) == repeats
+    )
 
 
 def test_structured_outputs_in_summary(quick_suite):

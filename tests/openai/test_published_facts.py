@@ -19,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from backend_lib import contract
 from backend_lib.errors import InputError, QueueFullError, RequestCancelled, response_error
+from backend_lib.llm.core.sampling_params import SamplingParams
 from openai_frontend.app import create_app
 from openai_frontend.config import FrontendConfig
 from openai_frontend.errors import APIError, from_triton_exception
@@ -197,8 +198,11 @@ def test_completions_and_chat_never_tokenize_the_prompt(repository, no_tokenizin
             "/v1/completions", json={"model": "llm", "prompt": "a", "max_tokens": 5}
         )
         assert capped.status_code == 200, capped.text
-    # No default max_tokens: the engine generates up to its own max_model_len.
-    assert [p.get("max_tokens") for p in fake.generated] == [None, None, None, 5]
+    # No default computed here: `max_tokens: null` is sent, and the engine generates up to its
+    # own max_model_len (left out, SamplingParams' default of 16 would apply).
+    assert [p["max_tokens"] for p in fake.generated] == [None, None, None, 5]
+    assert SamplingParams.from_dict(fake.generated[0]).max_tokens is None
+    assert SamplingParams.from_dict({}).max_tokens == 16
 
 
 def test_encoder_usage_is_what_the_model_reports(repository):
@@ -361,6 +365,7 @@ def test_malformed_facts_are_an_error():
 
 def test_the_llm_answers_describe_with_its_facts_json():
     """The backend side of `describe`, without an engine: LLMService.start sends the facts."""
+    from backend_lib.llm.config import LLMConfig
     from backend_lib.llm.serving.service import LLMService
 
     class Registry:
@@ -369,6 +374,7 @@ def test_the_llm_answers_describe_with_its_facts_json():
     class Engine:
         max_model_len = 2048
         lora_registry = Registry()
+        config = LLMConfig(tool_call_parser="hermes")
 
     service = LLMService.__new__(LLMService)
     service.engine, service.metrics = Engine(), None
@@ -383,6 +389,8 @@ def test_the_llm_answers_describe_with_its_facts_json():
     assert json.loads(tensors[contract.MODEL_FACTS][0]) == {
         "max_model_len": 2048,
         "lora_adapters": ["b", "a"],
+        "tool_call_parser": "hermes",
+        "reasoning_parser": None,
     }
     Engine.lora_registry = None  # LoRA off: no adapters
     sent.clear()

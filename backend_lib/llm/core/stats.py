@@ -91,6 +91,8 @@ class EngineStats:
     """Adapter name -> waiting (or swapped) sequences under it."""
     lora_requests: list[str] = field(default_factory=list)
     """The adapter name of each request admitted with one since the previous snapshot."""
+    num_waiting_for_grammar: int = 0
+    """Of num_waiting, the requests held outside the scheduler while their grammar compiles."""
 
 
 class StatsCollector:

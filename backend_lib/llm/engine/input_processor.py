@@ -1,8 +1,11 @@
 """Input processing: a raw request -> a validated, tokenized `PreparedRequest`.
 
 Runs on the caller's thread (Triton's, in the served model) and touches no engine state, so a
-slow tokenization, adapter load or grammar compile of one request never holds the step. Every
-problem is an InputError for that request only.
+slow tokenization or adapter load of one request never holds the step. A structured_outputs
+constraint is handed to the GrammarCompiler, which compiles it in a worker process: the caller
+waits at most `grammar_wait` seconds for it (a cache hit, a quick compile or a quick failure:
+then an InputError here), else the request goes on with its `GrammarJob` pending and the engine
+holds it until the grammar is ready. Every problem is an InputError for that request only.
 
 Length policy: `max_tokens=None` generates up to max_model_len; a `max_tokens` beyond what fits
 (max_model_len - prompt) is not an error, the output just stops at max_model_len with "length"
@@ -25,10 +28,15 @@ from backend_lib.errors import InputError
 from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.core.scheduler import check_prompt_fits
-from backend_lib.llm.core.stats import StatsCollector
 from backend_lib.llm.lora.registry import LORA_DISABLED_ERROR, LoRARegistry
 from backend_lib.llm.lora.request import LoRARequest
-from backend_lib.llm.structured.compiler import GrammarCompiler
+from backend_lib.llm.structured.compiler import GrammarCompiler, GrammarJob
+
+
+class InputErrorMessage(str):
+    """The error text of a request that failed inside the engine through its own input (a
+    constraint that does not compile, found after submission): the service answers it as an
+    InputError, like one raised at submission."""
 
 
 @dataclass
@@ -42,9 +50,13 @@ class PreparedRequest:
     arrival_time: float
     """Seconds on `time.monotonic()`."""
     grammar: xgr.CompiledGrammar | None = None
-    """params.structured_outputs compiled for this engine's tokenizer (None: unconstrained)."""
+    """params.structured_outputs compiled for this engine's tokenizer (None: unconstrained, or
+    still compiling)."""
     lora_request: LoRARequest | None = None
     """The adapter it runs under (None: the base model)."""
+    grammar_job: GrammarJob | None = None
+    """The constraint still compiling (None: `grammar` is final); the engine holds the request
+    outside the scheduler until it is done."""
 
 
 class InputProcessor:
@@ -58,7 +70,6 @@ class InputProcessor:
         max_model_len: int,
         grammar_compiler: GrammarCompiler,
         lora_registry: LoRARegistry | None,
-        stats: StatsCollector,
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
@@ -66,7 +77,6 @@ class InputProcessor:
         self.max_model_len = max_model_len
         self.grammar_compiler = grammar_compiler
         self.lora_registry = lora_registry
-        self._stats = stats
         # transformers may reconfigure the Rust tokenizer inside a call (truncation, padding);
         # concurrent callers must not interleave there.
         self._tokenizer_lock = threading.Lock()
@@ -79,13 +89,16 @@ class InputProcessor:
         prompt_token_ids: Seq[int] | None = None,
         arrival_time: float | None = None,
         lora_name: str | None = None,
+        grammar_wait: float | None = None,
     ) -> PreparedRequest:
-        """Validate and tokenize (unless `prompt_token_ids` is given).
+        """Validate and tokenize (unless `prompt_token_ids` is given); submit the constraint.
 
-        Raises InputError for bad parameters (a structured_outputs constraint that does not
-        compile included), an empty prompt, token ids outside the vocabulary, a prompt that
-        leaves no room for output within max_model_len, or a `lora_name` that cannot be served
-        (LoRA disabled, unknown name, bad adapter directory; loads the adapter otherwise).
+        Raises InputError for bad parameters, an empty prompt, token ids outside the vocabulary,
+        a prompt that leaves no room for output within max_model_len, a `lora_name` that cannot
+        be served (LoRA disabled, unknown name, bad adapter directory; loads the adapter
+        otherwise), or a structured_outputs constraint that failed to compile within
+        `grammar_wait` seconds (None: waits for the compile; past it the request comes back
+        with its `grammar_job` pending).
         """
         arrival_time = time.monotonic() if arrival_time is None else arrival_time
         if not isinstance(request_id, str) or not request_id:
@@ -97,12 +110,14 @@ class InputProcessor:
         ids = self._prompt_ids(prompt, prompt_token_ids)
         check_prompt_fits(len(ids), self.max_model_len)
         lora_request = self.resolve_lora(lora_name)
-        grammar = None
+        grammar, job = None, None
         if params.structured_outputs is not None:
-            grammar, seconds = self.grammar_compiler.compile(params.structured_outputs)
-            if seconds is not None:
-                self._stats.grammar_compiled(seconds)
-        return PreparedRequest(request_id, prompt, ids, params, arrival_time, grammar, lora_request)
+            job = self.grammar_compiler.submit(params.structured_outputs)
+            if job.wait(grammar_wait):
+                grammar, job = job.result(), None
+        return PreparedRequest(
+            request_id, prompt, ids, params, arrival_time, grammar, lora_request, job
+        )
 
     def resolve_lora(self, lora_name: str | None) -> LoRARequest | None:
         """The loaded adapter `lora_name` (None: the base model); InputError with the vLLM

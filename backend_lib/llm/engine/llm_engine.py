@@ -10,11 +10,16 @@ seam) fails only that request; an exception in the forward (or anywhere in execu
 fails every request of that step. Failed requests finish with reason "error", the message in
 `RequestOutput.error`, and their KV blocks freed; the engine keeps serving the others.
 
-Structured outputs: the constraint is compiled while the request is prepared; each constrained
-sequence keeps an xgrammar matcher (structured/), whose next-token bitmask the runner fills during
-the forward and applies before sampling (grammar_step.py advances it after). LoRA: a request names
-its adapter with `lora_name`, resolved through the LoRARegistry while it is prepared; the
-scheduler keeps at most max_loras adapters running; the runner maps rows to adapter slots.
+Structured outputs: the constraint is compiled in a worker process (structured/compiler.py). A
+request whose grammar is not ready when it is added waits outside the scheduler, holding no
+batch slot or KV block but counting toward max_queue_size; every `step()` polls the held
+requests (it never waits on a compile) and queues those whose grammar is ready, or fails those
+whose constraint did not compile. `on_grammar_ready` tells the driving thread that one finished.
+Each constrained sequence keeps an xgrammar matcher (structured/), whose next-token bitmask the
+runner fills during the forward and applies before sampling (grammar_step.py advances it after).
+LoRA: a request names its adapter with `lora_name`, resolved through the LoRARegistry while it
+is prepared; the scheduler keeps at most max_loras adapters running; the runner maps rows to
+adapter slots.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from pathlib import Path
 
@@ -31,7 +36,7 @@ from transformers import PreTrainedTokenizerBase
 
 from backend_lib.checkpoint import resolve_model_path
 from backend_lib.config import require
-from backend_lib.errors import InputError
+from backend_lib.errors import InputError, QueueFullError
 from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.outputs import RequestOutput
 from backend_lib.llm.core.sampling_params import SamplingParams
@@ -40,6 +45,7 @@ from backend_lib.llm.core.sequence import Sequence
 from backend_lib.llm.core.stats import EngineStats, StatsCollector
 from backend_lib.llm.engine.fault_injection import FaultHook
 from backend_lib.llm.engine.grammar_step import DEAD_END_ERROR, advance_grammars, dead_ends
+from backend_lib.llm.engine.grammar_wait import GrammarWait
 from backend_lib.llm.engine.input_processor import InputProcessor, PreparedRequest, load_tokenizer
 from backend_lib.llm.engine.output_processor import OutputProcessor
 from backend_lib.llm.engine.parallel_sampling import ParallelSampling
@@ -89,7 +95,11 @@ class LLMEngine:
         )
         self._stats = StatsCollector()
         self.grammar_compiler = GrammarCompiler(
-            self.tokenizer, self.vocab_size, checkpoint.eos_token_ids
+            self.tokenizer,
+            self.vocab_size,
+            checkpoint.eos_token_ids,
+            timeout_s=config.structured_outputs_compile_timeout_s,
+            on_compiled=self._stats.grammar_compiled,
         )
         self.structured = StructuredOutputManager(self.vocab_size)
         self.lora_registry = self._lora_registry(lora_modules)
@@ -101,12 +111,13 @@ class LLMEngine:
             self.max_model_len,
             self.grammar_compiler,
             self.lora_registry,
-            self._stats,
         )
         self.outputs = OutputProcessor(self.tokenizer, self.scheduler, self.structured, self._stats)
         self._seq_ids = itertools.count()
         self.sampling = ParallelSampling(self.device, self._seq_ids)
         self._generate_ids = itertools.count()
+        self.grammar_wait = GrammarWait(self._stats)
+        """Requests waiting for their grammar, outside the scheduler (grammar_wait.py)."""
 
     @classmethod
     def from_config(
@@ -156,20 +167,47 @@ class LLMEngine:
         prompt_token_ids: Seq[int] | None = None,
         arrival_time: float | None = None,
         lora_name: str | None = None,
+        grammar_wait: float | None = None,
     ) -> PreparedRequest:
         """Validate and tokenize without touching engine state (safe from any thread);
-        InputError for a bad request (see `InputProcessor.prepare`)."""
+        InputError for a bad request (see `InputProcessor.prepare`). A constraint is waited for
+        at most `grammar_wait` seconds (None: until compiled)."""
         return self.inputs.prepare(
-            request_id, prompt, params, prompt_token_ids, arrival_time, lora_name
+            request_id, prompt, params, prompt_token_ids, arrival_time, lora_name, grammar_wait
         )
 
     def resolve_lora(self, lora_name: str | None) -> LoRARequest | None:
         return self.inputs.resolve_lora(lora_name)
 
     def add_prepared(self, prepared: PreparedRequest) -> None:
-        """Queue a prepared request. Raises InputError (duplicate id) or QueueFullError."""
-        if prepared.request_id in self.outputs.requests:
-            raise InputError(f"request id {prepared.request_id!r} is already running")
+        """Queue a prepared request, or hold it while its grammar compiles. Raises InputError
+        (duplicate id) or QueueFullError (held requests count as waiting)."""
+        request_id = prepared.request_id
+        if request_id in self.outputs.requests or request_id in self.grammar_wait:
+            raise InputError(f"request id {request_id!r} is already running")
+        self._check_queue()
+        if prepared.grammar_job is None:
+            self._queue(prepared)
+        else:
+            self.grammar_wait.hold(prepared)
+
+    @property
+    def on_grammar_ready(self) -> Callable[[], None] | None:
+        """Called, on a compile thread, when a held request's grammar is done (grammar_wait.py)."""
+        return self.grammar_wait.on_ready
+
+    @on_grammar_ready.setter
+    def on_grammar_ready(self, callback: Callable[[], None] | None) -> None:
+        self.grammar_wait.on_ready = callback
+
+    def _check_queue(self) -> None:
+        waiting = len(self.scheduler.waiting) + len(self.grammar_wait)
+        limit = self.config.max_queue_size
+        if waiting >= limit:
+            raise QueueFullError(f"queue full: {waiting} requests waiting (max_queue_size={limit})")
+
+    def _queue(self, prepared: PreparedRequest) -> None:
+        """Into the scheduler's waiting queue (QueueFullError from the scheduler)."""
         seq = Sequence(
             next(self._seq_ids),
             prepared.request_id,
@@ -196,7 +234,8 @@ class LLMEngine:
         arrival_time: float | None = None,
         lora_name: str | None = None,
     ) -> None:
-        """Validate, tokenize (unless `prompt_token_ids` is given) and queue a request."""
+        """Validate, tokenize (unless `prompt_token_ids` is given) and queue a request; a
+        constraint is waited for (compiled in a worker), so a bad one is an InputError here."""
         self.add_prepared(
             self.prepare_request(
                 request_id, prompt, params, prompt_token_ids, arrival_time, lora_name
@@ -206,6 +245,8 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Finish the request now with reason "abort", freeing its blocks; returns its final
         output (None when the id is unknown or already finished)."""
+        if request_id in self.grammar_wait:
+            return self.grammar_wait.release(request_id, "abort", None)
         request = self.outputs.requests.get(request_id)
         if request is None:
             return None
@@ -216,21 +257,50 @@ class LLMEngine:
 
     def fail_request(self, request_id: str, error: str) -> RequestOutput | None:
         """Like `abort_request`, but the request finishes with reason "error" and `error`."""
+        if request_id in self.grammar_wait:
+            return self.grammar_wait.release(request_id, "error", error)
         request = self.outputs.requests.get(request_id)
         return None if request is None else self.outputs.fail(request, error)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.outputs.requests)
+        return bool(self.outputs.requests or len(self.grammar_wait))
+
+    def needs_step(self) -> bool:
+        """Whether `step()` has work now: requests in the scheduler, or a held request whose
+        grammar is done. False while the only unfinished requests wait for their grammar."""
+        return self.scheduler.has_unfinished() or self.grammar_wait.any_ready()
+
+    @property
+    def num_held(self) -> int:
+        """Requests waiting for their grammar outside the scheduler."""
+        return len(self.grammar_wait)
 
     def stats(self) -> EngineStats:
-        """Gauges and counters now, plus the observations since the previous call (drained)."""
-        return self._stats.snapshot(self.scheduler.stats)
+        """Gauges and counters now, plus the observations since the previous call (drained).
+        Requests waiting for their grammar count as waiting (as vLLM's WAITING_FOR_FSM)."""
+        stats = self._stats.snapshot(self.scheduler.stats)
+        stats.num_waiting += len(self.grammar_wait)
+        stats.num_waiting_for_grammar = len(self.grammar_wait)
+        return stats
+
+    def close(self) -> None:
+        """Release the grammar compile workers (the last engine on them stops them, failing the
+        constraints still compiling) and the bitmask thread; abort held requests first."""
+        self.grammar_compiler.close()
+        self.structured.close()
 
     # --- stepping ----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """One step: schedule -> execute -> update -> process outputs. Returns the outputs of every
-        request that produced tokens or finished."""
+        """One step: queue the held requests whose grammar is ready, then schedule -> execute ->
+        update -> process outputs. Returns the outputs of every request that produced tokens or
+        finished (held ones whose constraint failed to compile included)."""
+        admitted = self.grammar_wait.admit_ready(self._queue) if len(self.grammar_wait) else []
+        if not self.scheduler.has_unfinished():
+            return admitted
+        return admitted + self._step()
+
+    def _step(self) -> list[RequestOutput]:
         sched_out = self.scheduler.schedule()
         self.outputs.mark_scheduled(sched_out, time.monotonic())
         samples_due = self.sampling.samples_due(sched_out, self._is_forked)
@@ -261,6 +331,9 @@ class LLMEngine:
         finals: dict[str, RequestOutput] = {}
         wanted = set(request_ids)
         while len(finals) < len(request_ids):
+            if not self.needs_step():  # only held requests left: sleep until a grammar is done
+                self.grammar_wait.wait_any(timeout_s=1.0)
+                continue
             for out in self.step():
                 if out.finished and out.request_id in wanted:
                     finals[out.request_id] = out

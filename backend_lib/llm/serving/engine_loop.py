@@ -2,7 +2,9 @@
 
 The engine is not thread-safe, so only the loop thread touches it: callers hand requests and
 aborts over under a lock, and read each request's outputs from its own queue. The loop sleeps on
-a condition variable while there is nothing to do (no polling).
+a condition variable while there is nothing to do (no polling): no request in the engine's
+scheduler, or only requests waiting for their grammar, whose compile (in a worker process) wakes
+it when done. `submit` waits at most SUBMIT_GRAMMAR_WAIT_S for a constraint's grammar.
 
     loop = EngineLoop(engine, on_step=update_metrics)
     loop.start()
@@ -28,6 +30,11 @@ from backend_lib.llm.engine.input_processor import PreparedRequest
 from backend_lib.llm.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
+
+SUBMIT_GRAMMAR_WAIT_S = 0.05
+"""Longest `submit` waits for a constraint's grammar: a cache hit, a quick compile or a quick
+failure (then an InputError at once); past it the request is accepted and the engine holds it
+until its grammar is ready (a constraint that then fails to compile fails the request)."""
 
 
 class OutputStream:
@@ -76,6 +83,7 @@ class EngineLoop:
         """Engine's waiting sequences after the last step (for the queue-full check)."""
         self._stopping = False
         self._thread: threading.Thread | None = None
+        engine.on_grammar_ready = self._wake
 
     def start(self) -> None:
         if self._thread is not None:
@@ -95,11 +103,18 @@ class EngineLoop:
         """Queue a request (under LoRA adapter `lora_name`, None: the base model); its outputs
         arrive on the returned stream.
 
-        Raises InputError (bad input, duplicate id, an adapter that cannot be served) or
-        QueueFullError in the caller's thread, before anything is queued.
+        Raises InputError (bad input, duplicate id, an adapter that cannot be served, a
+        constraint that failed to compile within SUBMIT_GRAMMAR_WAIT_S) or QueueFullError in the
+        caller's thread, before anything is queued.
         """
         prepared = self.engine.prepare_request(
-            request_id, prompt, params, prompt_token_ids, arrival_time, lora_name
+            request_id,
+            prompt,
+            params,
+            prompt_token_ids,
+            arrival_time,
+            lora_name,
+            grammar_wait=SUBMIT_GRAMMAR_WAIT_S,
         )
         with self._cond:
             if self._stopping:
@@ -136,17 +151,17 @@ class EngineLoop:
         else:
             self._thread.join(timeout)
 
+    def _wake(self) -> None:
+        """A held request's grammar is done (called on a compile thread)."""
+        with self._cond:
+            self._cond.notify()
+
     # --- loop thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (
-                    self._new
-                    or self._aborts
-                    or self._stopping
-                    or self.engine.has_unfinished_requests()
-                ):
+                while not (self._new or self._aborts or self._stopping or self.engine.needs_step()):
                     self._cond.wait()
                 if self._stopping:
                     break
@@ -182,7 +197,7 @@ class EngineLoop:
         if deferred:
             with self._cond:
                 self._new[:0] = deferred.values()
-        if engine.has_unfinished_requests():
+        if engine.needs_step():
             for output in engine.step():
                 self._deliver(output)
         stats = engine.stats()

@@ -29,6 +29,7 @@ from backend_lib.errors import InputError, RequestCancelled, error_code
 from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.outputs import CompletionOutput, Logprob, RequestOutput
 from backend_lib.llm.engine.fault_injection import PromptMarkerFaults
+from backend_lib.llm.engine.input_processor import InputErrorMessage
 from backend_lib.llm.engine.llm_engine import LLMEngine
 from backend_lib.llm.lora.registry import read_multi_lora
 from backend_lib.llm.serving.engine_loop import EngineLoop, OutputStream
@@ -137,12 +138,14 @@ class LLMService:
         return Job(request_id, request, stream)
 
     def facts(self) -> contract.ModelFacts:
-        """What this model publishes about itself: the engine's max_model_len and the adapters its
-        LoRA registry serves (none when LoRA is off)."""
+        """What this model publishes about itself: the engine's max_model_len, the adapters its
+        LoRA registry serves (none when LoRA is off) and its config's output parsers."""
         registry = self.engine.lora_registry
         return contract.ModelFacts(
             max_model_len=self.engine.max_model_len,
             lora_adapters=tuple(registry.names) if registry is not None else (),
+            tool_call_parser=self.engine.config.tool_call_parser,
+            reasoning_parser=self.engine.config.reasoning_parser,
         )
 
     def facts_tensors(self) -> Tensors:
@@ -213,6 +216,10 @@ class LLMService:
         """(tensors or error, final) for `output`, or None (a non-streaming request's partial)."""
         if output.finished and job.cancelled:
             return RequestCancelled(f"request {job.request_id} was cancelled"), True
+        if isinstance(output.error, InputErrorMessage):  # e.g. a constraint that did not compile
+            error = InputError(str(output.error))
+            self._record_failure(error)
+            return error, True
         if output.error is not None:
             error = RuntimeError(f"generation failed: {output.error}")
             self._record_failure(error)
@@ -247,6 +254,10 @@ class LLMService:
             tensors["finish_reason"] = np.array(
                 [str(c.finish_reason).encode() for c in completions], dtype=object
             )
+            if any(c.finished for c in completions):
+                tensors[contract.STOP_REASON] = np.array(
+                    [json.dumps(c.stop_reason).encode() for c in completions], dtype=object
+                )
         if flags["return_cumulative_logprob"]:
             tensors["cumulative_logprob"] = np.array(
                 [
@@ -311,6 +322,7 @@ class LLMService:
     def shutdown(self) -> None:
         self.loop.stop(timeout=30)  # running requests get their final (abort) outputs first
         self.responder.stop(timeout=30)
+        self.engine.close()  # the grammar compile workers end with the model
 
 
 def _newest(stream: OutputStream, output: RequestOutput) -> RequestOutput:

@@ -1,2 +1,3 @@
-"""Structured outputs: request constraints compiled to grammars (xgrammar), per-sequence matcher
-state, and the next-token bitmasks the model runner applies to the logits before sampling."""
+"""Structured outputs: request constraints compiled to grammars (xgrammar, in worker processes:
+compile_worker.py), per-sequence matcher state, and the next-token bitmasks the model runner
+applies to the logits before sampling."""

@@ -2,7 +2,10 @@
 
 Exactly one kind per request: `json` (a JSON schema, object or JSON text), `json_object` (any JSON
 object), `regex`, `choice` (one of these strings) or `grammar` (EBNF/GBNF with a `root` rule).
-`disable_any_whitespace` asks for compact JSON (no free whitespace between tokens).
+`disable_any_whitespace` sets the free whitespace JSON may hold between its tokens: `true` none
+(compact JSON), `false` any amount (vLLM's default), unset at most
+`compile_worker.BOUNDED_WHITESPACE` characters in a row (this engine's default: with unbounded
+whitespace an unsure model, sampling, tends to emit whitespace until `max_tokens`).
 This module only checks the shape of the request; compiling (and so the deeper syntax checks of
 schemas, regexes and grammars) is `backend_lib.llm.structured.compiler`'s job.
 """
@@ -33,11 +36,12 @@ class StructuredOutputsParams:
     text: str
     """The constraint as compiled: the schema's JSON text (key order kept), the regex, the EBNF
     grammar (a choice list becomes one), or "" for json_object. The grammar cache key."""
-    disable_any_whitespace: bool = False
-    """JSON kinds only: no optional whitespace (compact JSON)."""
+    disable_any_whitespace: bool | None = None
+    """JSON kinds only (None for the others): True no free whitespace (compact JSON), False any
+    (vLLM's default), None (unset) bounded runs of it."""
 
     @property
-    def cache_key(self) -> tuple[str, str, bool]:
+    def cache_key(self) -> tuple[str, str, bool | None]:
         return self.kind, self.text, self.disable_any_whitespace
 
     @classmethod
@@ -65,8 +69,8 @@ class StructuredOutputsParams:
                 f"{', '.join(given) if given else 'none'}"
             )
         (kind,) = given
-        compact = raw.get("disable_any_whitespace", False)
-        if not isinstance(compact, bool):
+        compact = raw.get("disable_any_whitespace")
+        if compact is not None and not isinstance(compact, bool):
             raise InputError(f"{_FIELD}.disable_any_whitespace must be a boolean, got {compact!r}")
         if raw.get("whitespace_pattern") is not None:
             raise InputError(
@@ -83,7 +87,7 @@ class StructuredOutputsParams:
                 f"{_FIELD}.{kind} is {len(text)} characters long; the limit is "
                 f"{MAX_CONSTRAINT_CHARS}"
             )
-        return cls(kind, text, compact)
+        return cls(kind, text, compact if kind in ("json", "json_object") else None)
 
 
 def _schema_text(value: Any) -> str:

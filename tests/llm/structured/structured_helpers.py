@@ -15,6 +15,7 @@ from typing import Any
 import transformers
 import xgrammar as xgr
 
+from backend_lib.llm.structured.compile_worker import BOUNDED_WHITESPACE
 from tests.llm.shakespeare_helpers import SHAKESPEARE
 from tooling.checkpoints import Sizes, build_checkpoint, build_random_llama
 
@@ -35,7 +36,14 @@ GRAMMAR = 'root ::= "ay" | "no" | ("my lord" [,.!])'
 
 # name -> (structured_outputs as a client sends it, the same grammar compiled by xgrammar directly)
 CONSTRAINTS: dict[str, tuple[dict[str, Any], Callable[[xgr.GrammarCompiler], Any]]] = {
-    "json": ({"json": SCHEMA}, lambda c: c.compile_json_schema(json.dumps(SCHEMA))),
+    "json": (  # disable_any_whitespace unset: the engine's bounded whitespace
+        {"json": SCHEMA},
+        lambda c: c.compile_json_schema(json.dumps(SCHEMA), max_whitespace_cnt=BOUNDED_WHITESPACE),
+    ),
+    "json_any_whitespace": (
+        {"json": SCHEMA, "disable_any_whitespace": False},
+        lambda c: c.compile_json_schema(json.dumps(SCHEMA)),
+    ),
     "json_compact": (
         {"json": json.dumps(SCHEMA), "disable_any_whitespace": True},
         lambda c: c.compile_json_schema(json.dumps(SCHEMA), any_whitespace=False),
@@ -46,7 +54,16 @@ CONSTRAINTS: dict[str, tuple[dict[str, Any], Callable[[xgr.GrammarCompiler], Any
         lambda c: c.compile_grammar('root ::= "Romeo" | "Juliet" | "Tybalt"'),
     ),
     "grammar": ({"grammar": GRAMMAR}, lambda c: c.compile_grammar(GRAMMAR)),
-    "json_object": ({"json_object": True}, lambda c: c.compile_builtin_json_grammar()),
+    "json_object": (
+        {"json_object": True},
+        lambda c: c.compile_json_schema(
+            '{"type": "object"}', max_whitespace_cnt=BOUNDED_WHITESPACE
+        ),
+    ),
+    "json_object_any_whitespace": (
+        {"json_object": True, "disable_any_whitespace": False},
+        lambda c: c.compile_json_schema('{"type": "object"}'),
+    ),
 }
 
 _BUILT: dict[str, tuple[Path, transformers.PreTrainedModel]] = {}
