@@ -16,11 +16,14 @@ import pytest
 from fastapi.testclient import TestClient
 
 from backend_lib import contract
-from openai_frontend.app import create_app
-from openai_frontend.config import FrontendConfig
-from openai_frontend.triton import LLMResponse
+from tests.openai.scripted_triton_helpers import (
+    ScriptedTriton,
+    scripted_client,
+    scripted_sdk,
+    write_scripted_repository,
+)
 from tests.openai.tool_parser_helpers import join_chat_deltas, sse_deltas
-from tooling.repository import REPO_ROOT, ModelSpec, read_config, render_config, write_model
+from tooling.repository import REPO_ROOT
 
 SHAKESPEARE = REPO_ROOT / "models" / "shakespeare-llama"
 TOOLS = [
@@ -45,74 +48,25 @@ PARSERS = {
 }
 
 
-class ScriptedTriton:
-    """The TritonClient calls the chat route makes; each llm writes `outputs` (one per choice),
-    a few characters per response, and finishes with `reason`."""
-
-    def __init__(self) -> None:
-        self.outputs = ["Good morrow."]
-        self.reason = "stop"
-        self.piece = 3
-        self.requests: list[dict[str, Any]] = []
-
-    async def repository_index(self) -> list[dict[str, Any]]:
-        return [{"name": name, "version": "1", "state": "READY"} for name in PARSERS]
-
-    async def model_config(self, name: str, version: str = "") -> dict[str, Any]:
-        return read_config(render_config(_llm(name)))
-
-    async def model_facts(self, name: str, version: str) -> contract.ModelFacts:
-        return PARSERS[name]
-
-    async def generate(self, model, prompt, sampling_parameters, *, stream, logprobs=False):
-        self.requests.append({"model": model, "prompt": prompt, "params": sampling_parameters})
-        outputs = list(self.outputs)
-        longest = max(len(text) for text in outputs)
-        steps = range(0, longest, self.piece) if stream else [0]
-        size = self.piece if stream else longest
-        for k, start in enumerate(steps):
-            last = k == len(steps) - 1
-            texts = [text[start : start + size] for text in outputs]
-            reasons = [self.reason if last else None for _ in outputs]
-            yield LLMResponse(texts, reasons, [1] * len(outputs), 7, [None] * len(outputs), last)
-
-    async def is_ready(self) -> bool:
-        return True
-
-    async def close(self) -> None:
-        pass
-
-
-def _llm(name: str) -> ModelSpec:
-    return ModelSpec(name, "llm", {"model": str(SHAKESPEARE)}, max_batch_size=0)
-
-
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("parsers-repo")
-    for name in PARSERS:
-        write_model(_llm(name), path)
-    return path
+    return write_scripted_repository(tmp_path_factory.mktemp("parsers-repo"), list(PARSERS))
 
 
 @pytest.fixture
 def triton() -> ScriptedTriton:
-    return ScriptedTriton()
+    return ScriptedTriton(PARSERS, piece=3)
 
 
 @pytest.fixture
 def client(repository: Path, triton: ScriptedTriton) -> Iterator[TestClient]:
-    app = create_app(FrontendConfig(triton_url="127.0.0.1:1", model_repository=repository))
-    app.state.frontend.triton = app.state.frontend.registry.triton = triton
-    with TestClient(app, raise_server_exceptions=False) as test_client:
+    with scripted_client(repository, triton) as test_client:
         yield test_client
 
 
 @pytest.fixture
 def sdk(client: TestClient) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url="http://testserver/v1", api_key="unused", http_client=client, max_retries=0
-    )
+    return scripted_sdk(client)
 
 
 def _chunks(client: TestClient, **body: Any) -> list[dict[str, Any]]:

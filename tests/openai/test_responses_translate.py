@@ -25,8 +25,12 @@ from openai_frontend.responses import translate
 from openai_frontend.responses.protocol import ResponsesRequest
 from openai_frontend.responses.store import ResponseStore, StoredResponse
 from openai_frontend.routes import chat
-from openai_frontend.triton import LLMResponse
-from tooling.repository import REPO_ROOT, ModelSpec, read_config, render_config, write_model
+from tests.openai.scripted_triton_helpers import (
+    ScriptedTriton,
+    scripted_client,
+    scripted_sdk,
+    write_scripted_repository,
+)
 from tooling.tritonserver import free_port
 
 EVENTS = TypeAdapter(ResponseStreamEvent)
@@ -430,7 +434,6 @@ def test_refused_fields_are_400s_in_openai_shape(fake, fields, param):
 # fixed text (as tests/openai/test_auto_tool_choice.py does for chat): tool_choice "auto" with
 # the llm's hermes parser, and its qwen3 reasoning parser.
 
-SHAKESPEARE = REPO_ROOT / "models" / "shakespeare-llama"
 FACTS = {
     "hermes": contract.ModelFacts(1024, (), "hermes"),
     "thinking": contract.ModelFacts(1024, (), "hermes", "qwen3"),
@@ -439,69 +442,25 @@ FACTS = {
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Verona"}}</tool_call>'
 
 
-def _llm(name: str) -> ModelSpec:
-    return ModelSpec(name, "llm", {"model": str(SHAKESPEARE)}, max_batch_size=0)
-
-
-class ScriptedTriton:
-    """The TritonClient calls the chat route makes; each llm writes `output`, a few characters
-    per response."""
-
-    def __init__(self) -> None:
-        self.output = "Good morrow."
-        self.prompts: list[str] = []
-
-    async def repository_index(self) -> list[dict[str, Any]]:
-        return [{"name": name, "version": "1", "state": "READY"} for name in FACTS]
-
-    async def model_config(self, name: str, version: str = "") -> dict[str, Any]:
-        return read_config(render_config(_llm(name)))
-
-    async def model_facts(self, name: str, version: str) -> contract.ModelFacts:
-        return FACTS[name]
-
-    async def generate(self, model, prompt, sampling_parameters, *, stream, logprobs=False):
-        self.prompts.append(prompt)
-        size = 4 if stream else len(self.output)
-        starts = list(range(0, len(self.output), size)) or [0]
-        for k, start in enumerate(starts):
-            last = k == len(starts) - 1
-            text = self.output[start : start + size]
-            yield LLMResponse([text], ["stop" if last else None], [1], 7, [None], last)
-
-    async def is_ready(self) -> bool:
-        return True
-
-    async def close(self) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("responses-repo")
-    for name in FACTS:
-        write_model(_llm(name), path)
-    return path
+    return write_scripted_repository(tmp_path_factory.mktemp("responses-repo"), list(FACTS))
 
 
 @pytest.fixture
 def triton() -> ScriptedTriton:
-    return ScriptedTriton()
+    return ScriptedTriton(FACTS, piece=4)
 
 
 @pytest.fixture
 def scripted(repository: Path, triton: ScriptedTriton) -> Iterator[TestClient]:
-    app = create_app(FrontendConfig(triton_url="127.0.0.1:1", model_repository=repository))
-    app.state.frontend.triton = app.state.frontend.registry.triton = triton
-    with TestClient(app, raise_server_exceptions=False) as http:
+    with scripted_client(repository, triton) as http:
         yield http
 
 
-@pytest.fixture
-def scripted_sdk(scripted: TestClient) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url="http://testserver/v1", api_key="unused", http_client=scripted, max_retries=0
-    )
+@pytest.fixture(name="scripted_sdk")
+def scripted_sdk_fixture(scripted: TestClient) -> openai.OpenAI:
+    return scripted_sdk(scripted)
 
 
 def _output(response) -> list[tuple[str, str]]:
