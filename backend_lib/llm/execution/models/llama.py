@@ -149,26 +149,62 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
 
 
+MLPFactory = Callable[["LlamaArgs", int], nn.Module]
+"""(args, layer index) -> that layer's MLP parameters module (dense `LlamaMLP` by default)."""
+
+
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, args: LlamaArgs):
+    def __init__(self, args: LlamaArgs, mlp: nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size)
         self.self_attn = LlamaAttention(args)
         self.post_attention_layernorm = RMSNorm(args.hidden_size)
-        self.mlp = LlamaMLP(args)
+        self.mlp = mlp
 
 
 class LlamaModel(nn.Module):
     """The parameters under the checkpoint's names; `LlamaForCausalLM.forward` computes with them."""
 
-    def __init__(self, args: LlamaArgs):
+    def __init__(self, args: LlamaArgs, mlp_factory: MLPFactory):
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(args) for _ in range(args.num_layers))
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(args, mlp_factory(args, i)) for i in range(args.num_layers)
+        )
         self.norm = RMSNorm(args.hidden_size)
 
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
+MLPCall = Callable[[StepKernels, torch.Tensor, "LoRABatch | None"], torch.Tensor]
+"""A layer's MLP block as the forward calls it: (kernels, normed x [N, hidden_size], lora) ->
+[N, hidden_size]. Dense layers bind `DenseMLPCalls`; other blocks (mixtures of experts) their own."""
+
+
+@dataclass(frozen=True, slots=True)
+class DenseMLPCalls:
+    """A gated dense MLP (gate/up fused, SiLU, down) bound to its final weights."""
+
+    index: int
+    gate_up: Projection
+    """[N, hidden_size] -> [N, 2 * intermediate_size]."""
+    down: Projection
+    """[N, intermediate_size] -> [N, hidden_size]."""
+
+    @classmethod
+    def of(cls, mlp: LlamaMLP, index: int) -> DenseMLPCalls:
+        return cls(index, _projection(mlp.gate_up_proj), _projection(mlp.down_proj))
+
+    def __call__(
+        self, kernels: StepKernels, x: torch.Tensor, lora: LoRABatch | None
+    ) -> torch.Tensor:
+        gate_up = self.gate_up(x)
+        if lora is not None:
+            lora.apply(self.index, "gate_up", gate_up, x)
+        activated = kernels.silu_and_mul(gate_up)
+        out = self.down(activated)
+        if lora is not None:
+            lora.apply(self.index, "down", out, activated)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,16 +222,13 @@ class LayerCalls:
     """[T, hidden_size] -> [T, (num_heads + 2 * num_kv_heads) * head_dim]."""
     o: Projection
     """[T, num_heads * head_dim] -> [T, hidden_size]."""
-    gate_up: Projection
-    """[T, hidden_size] -> [T, 2 * intermediate_size]."""
-    down: Projection
-    """[T, intermediate_size] -> [T, hidden_size]."""
+    mlp: MLPCall
     scale: float
     sliding_window: int | None
     """Attend to the last `w` positions only; None: full attention."""
 
     @classmethod
-    def of(cls, layer: LlamaDecoderLayer, index: int, args: LlamaArgs) -> LayerCalls:
+    def of(cls, layer: LlamaDecoderLayer, index: int, args: LlamaArgs, mlp: MLPCall) -> LayerCalls:
         attn = layer.self_attn
         return cls(
             index=index,
@@ -205,8 +238,7 @@ class LayerCalls:
             k_norm=None if attn.k_norm is None else attn.k_norm.weight,
             qkv=_projection(attn.qkv_proj),
             o=_projection(attn.o_proj),
-            gate_up=_projection(layer.mlp.gate_up_proj),
-            down=_projection(layer.mlp.down_proj),
+            mlp=mlp,
             scale=args.head_dim**-0.5,
             sliding_window=args.sliding_windows[index],
         )
@@ -238,7 +270,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.args = args
         self.ops = ops
-        self.model = LlamaModel(args)
+        self.model = LlamaModel(args, self.build_mlp)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.tie_weights()
         q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
@@ -266,6 +298,17 @@ class LlamaForCausalLM(nn.Module):
     def args_from_config(cls, cfg: Mapping[str, Any]) -> LlamaArgs:
         return LlamaArgs.from_hf_config(cfg)
 
+    @staticmethod
+    def build_mlp(args: LlamaArgs, index: int) -> nn.Module:
+        """Layer `index`'s MLP parameters (subclasses with other MLP blocks override this and
+        `bind_mlp`)."""
+        return LlamaMLP(args)
+
+    @staticmethod
+    def bind_mlp(mlp: nn.Module, index: int) -> MLPCall:
+        """The forward's call of layer `index`'s MLP, bound to its final weights."""
+        return DenseMLPCalls.of(mlp, index)
+
     def tie_weights(self) -> None:
         """Share the embedding with lm_head when the checkpoint ties them (again after `to_empty`)."""
         if self.args.tie_word_embeddings:
@@ -277,7 +320,8 @@ class LlamaForCausalLM(nn.Module):
         Returns `layer_calls`."""
         layers = self.model.layers
         self.layer_calls = tuple(
-            LayerCalls.of(layer, i, self.args) for i, layer in enumerate(layers)
+            LayerCalls.of(layer, i, self.args, self.bind_mlp(layer.mlp, i))
+            for i, layer in enumerate(layers)
         )
         native = self.ops == kernel_ops("torch") and cpu_extension.takes(self.model.norm.weight)
         self.cpp_ops = CppOps.load() if native else None
@@ -314,7 +358,7 @@ class LlamaForCausalLM(nn.Module):
                 hidden = hidden.index_select(0, keep_rows)
                 residual = residual.index_select(0, keep_rows)
             normed, residual = kernels.rms_norm(hidden, layer.post_norm, residual)
-            hidden = self._mlp(kernels, layer, normed, lora)
+            hidden = layer.mlp(kernels, normed, lora)
         hidden, _ = kernels.rms_norm(hidden, self.model.norm.weight, residual)
         if output_rows is not None and keep_rows is None:
             hidden = hidden.index_select(0, output_rows)
@@ -359,20 +403,6 @@ class LlamaForCausalLM(nn.Module):
             lora.apply(layer.index, "o", out, attended)
         return out
 
-    @staticmethod
-    def _mlp(
-        kernels: StepKernels, layer: LayerCalls, x: torch.Tensor, lora: LoRABatch | None
-    ) -> torch.Tensor:
-        """`layer`'s MLP: normed x [N, hidden_size] -> [N, hidden_size]."""
-        gate_up = layer.gate_up(x)
-        if lora is not None:
-            lora.apply(layer.index, "gate_up", gate_up, x)
-        activated = kernels.silu_and_mul(gate_up)
-        out = layer.down(activated)
-        if lora is not None:
-            lora.apply(layer.index, "down", out, activated)
-        return out
-
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, hidden_size] -> float32 logits [R, vocab_size]."""
         return self.lm_head(hidden).float()
@@ -383,13 +413,13 @@ class LlamaForCausalLM(nn.Module):
         Raises ValueError on an unknown name, a shape mismatch, or a parameter left unloaded.
         """
         params = dict(self.named_parameters())
-        pending = {(name, shard) for name in params for shard in _shards_of(name)}
+        pending = {(name, shard) for name in params for shard in self.shards_of(name)}
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
                 continue  # recomputed, never loaded
             if name == "lm_head.weight" and self.args.tie_word_embeddings:
                 continue  # tied to embed_tokens (some checkpoints store the copy anyway)
-            target, shard = _fused_target(name)
+            target, shard = self.fused_target(name)
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no matching parameter")
             dest = self._shard_view(params[target], target, shard)
@@ -402,8 +432,26 @@ class LlamaForCausalLM(nn.Module):
                 dest.copy_(tensor)
             pending.discard((target, shard))
         if pending:
-            missing = sorted(_checkpoint_name(name, shard) for name, shard in pending)
+            missing = sorted(self.checkpoint_name(name, shard) for name, shard in pending)
             raise ValueError(f"checkpoint is missing tensors for: {', '.join(missing)}")
+
+    # Name mapping between checkpoint tensors and fused parameters; subclasses whose checkpoints
+    # name or fuse tensors otherwise override these four.
+
+    @staticmethod
+    def fused_target(name: str) -> tuple[str, int | None]:
+        """Checkpoint tensor `name` -> (parameter name, shard index or None when unfused)."""
+        return _fused_target(name)
+
+    @staticmethod
+    def shards_of(param_name: str) -> tuple[int | None, ...]:
+        """The shard indices that fill parameter `param_name`: (None,) when unfused."""
+        return _shards_of(param_name)
+
+    @staticmethod
+    def checkpoint_name(param_name: str, shard: int | None) -> str:
+        """The checkpoint tensor name that fills `shard` of `param_name` (for error messages)."""
+        return _checkpoint_name(param_name, shard)
 
     def _shard_view(self, param: torch.Tensor, name: str, shard: int | None) -> torch.Tensor:
         if shard is None:
