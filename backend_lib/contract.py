@@ -34,6 +34,10 @@ MODEL_KINDS: tuple[ModelKind, ...] = get_args(ModelKind)
 
 TEXT_INPUT = "text_input"
 """The llm's prompt and the embedding model's texts ([N, 1] strings)."""
+INPUT_IDS = "input_ids"
+"""The embedding model's items as token ids instead of texts: INT64 [N, L], N items of L tokens
+each, taken as they are (special tokens are the caller's). Items of other lengths go in other
+requests; the input is ragged-batched, so Triton still gives them to one `execute`."""
 
 # llm (decoupled), as Triton's vLLM backend.
 STREAM = "stream"

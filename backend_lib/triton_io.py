@@ -58,6 +58,22 @@ def read_strings(inputs: Inputs, name: str, *, max_bytes: int | None = None) -> 
     return texts
 
 
+def read_token_rows(inputs: Inputs, name: str) -> list[list[int]]:
+    """An integer input of shape [N, L] as N lists of L token ids (N, L >= 1). Requires the input."""
+    if name not in inputs:
+        raise InputError(f"missing required input '{name}'")
+    array = np.asarray(inputs[name])
+    if array.ndim == 1:
+        array = array.reshape(1, -1)
+    if array.ndim != 2 or array.size == 0:
+        raise InputError(
+            f"input '{name}' must have shape [N, L] with N, L >= 1, got {list(array.shape)}"
+        )
+    if not np.issubdtype(array.dtype, np.integer):
+        raise InputError(f"input '{name}' must be an integer type, got {array.dtype}")
+    return array.astype(np.int64).tolist()
+
+
 def read_bools(inputs: Inputs, name: str, count: int, default: bool | None) -> list[bool | None]:
     """An optional TYPE_BOOL input with one value per row (or one value for all rows)."""
     if name not in inputs:

@@ -27,17 +27,41 @@ def _tokens(parts: list[dict[str, np.ndarray | None]]) -> int:
     return sum(int(c.sum()) for c in counts if c is not None)
 
 
-async def embed(triton: TritonClient, info: ModelInfo, texts: list[str]) -> tuple[np.ndarray, int]:
-    """[len(texts), dim] float32 vectors, in input order, and the tokens embedded."""
+def _embedding_requests(
+    items: list[str] | list[list[int]], max_batch_size: int
+) -> list[tuple[list[int], dict[str, np.ndarray]]]:
+    """(item positions, inputs) of each Triton request: texts in batches, token-id items grouped
+    by length (one request holds [N, L] ids)."""
+    if isinstance(items[0], str):
+        return [
+            (list(range(len(items)))[s], {contract.TEXT_INPUT: _column(items[s])})
+            for s in _batches(len(items), max_batch_size)
+        ]
+    by_length: dict[int, list[int]] = {}
+    for i, ids in enumerate(items):
+        by_length.setdefault(len(ids), []).append(i)
+    requests = []
+    for positions in by_length.values():
+        for s in _batches(len(positions), max_batch_size):
+            rows = positions[s]
+            ids = np.array([items[i] for i in rows], dtype=np.int64)
+            requests.append((rows, {contract.INPUT_IDS: ids}))
+    return requests
+
+
+async def embed(
+    triton: TritonClient, info: ModelInfo, items: list[str] | list[list[int]]
+) -> tuple[np.ndarray, int]:
+    """[len(items), dim] float32 vectors of texts or token-id items, in input order, and the
+    tokens embedded."""
     outputs = [contract.EMBEDDING, contract.NUM_INPUT_TOKENS]
+    requests = _embedding_requests(items, info.max_batch_size)
     parts = await asyncio.gather(
-        *(
-            triton.infer(info.name, {contract.TEXT_INPUT: _column(texts[s])}, outputs)
-            for s in _batches(len(texts), info.max_batch_size)
-        )
+        *(triton.infer(info.name, inputs, outputs) for _, inputs in requests)
     )
+    order = np.argsort(np.concatenate([rows for rows, _ in requests]), kind="stable")
     vectors = np.concatenate([p[contract.EMBEDDING] for p in parts]).astype(np.float32)
-    return vectors, _tokens(parts)
+    return vectors[order], _tokens(parts)
 
 
 async def score(

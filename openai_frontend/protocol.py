@@ -179,11 +179,17 @@ class EmbeddingRequest(_Body):
     dimensions: Annotated[int, Field(ge=1)] | None = None
     user: str | None = None
 
-    def texts(self) -> list[str]:
+    def items(self) -> list[str] | list[list[int]]:
+        """The texts, or the token-id items (checked against the vocabulary and max_seq_length
+        by the model)."""
         if isinstance(self.input, str):
             return [self.input]
-        if not self.input or not all(isinstance(item, str) for item in self.input):
-            raise invalid_request("token-id `input` is not supported: send strings", "input")
+        if not self.input:
+            raise invalid_request("`input` must not be empty", "input")
+        if isinstance(self.input[0], int):
+            return [list(self.input)]
+        if any(isinstance(item, list) and not item for item in self.input):
+            raise invalid_request("`input` must not hold an empty list of token ids", "input")
         return list(self.input)
 
 

@@ -131,6 +131,22 @@ class Embedder:
             texts, self.truncate_default if truncate is None else truncate
         )
 
+    def check_token_ids(self, items: Sequence[Sequence[int]]) -> list[list[int]]:
+        """Token-id items a caller sent, as they are: each id must be in the vocabulary and each
+        item 1..max_seq_length tokens long (never truncated: which end to cut is the caller's
+        choice, and cutting drops the special tokens it chose). `InputError` names the item."""
+        vocab = self.encoder.arch.vocab_size
+        for i, ids in enumerate(items):
+            if not 0 < len(ids) <= self.max_seq_length:
+                raise InputError(
+                    f"item {i} has {len(ids)} token ids; expected 1..{self.max_seq_length} "
+                    "(max_seq_length; token ids are never truncated)"
+                )
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise InputError(f"item {i}: token id {bad} is outside the vocabulary [0, {vocab})")
+        return [list(ids) for ids in items]
+
     def embed(
         self, token_ids: Sequence[Sequence[int]], normalize: bool | None = None
     ) -> tuple[np.ndarray, list[MicroBatch]]:

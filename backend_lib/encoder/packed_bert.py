@@ -49,6 +49,7 @@ class EncoderArchitecture:
     hidden_act: str  # key of backend_lib.linear._ACTIVATIONS
     max_position_embeddings: int
     type_vocab_size: int
+    vocab_size: int
     pad_token_id: int
     num_labels: int
 
@@ -89,6 +90,7 @@ class EncoderArchitecture:
                 hidden_act=_HIDDEN_ACTS[act],
                 max_position_embeddings=config["max_position_embeddings"],
                 type_vocab_size=config.get("type_vocab_size", 2),
+                vocab_size=config["vocab_size"],
                 # transformers' defaults when config.json omits it: BERT 0, RoBERTa family 1.
                 pad_token_id=config.get("pad_token_id")
                 if config.get("pad_token_id") is not None

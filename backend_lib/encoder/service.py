@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from backend_lib.config import from_parameters
-from backend_lib.contract import EMBEDDING, NUM_INPUT_TOKENS, SCORE
+from backend_lib.contract import EMBEDDING, INPUT_IDS, NUM_INPUT_TOKENS, SCORE, TEXT_INPUT
 from backend_lib.encoder.batching import MicroBatch
 from backend_lib.encoder.config import EmbeddingConfig, RerankConfig
 from backend_lib.encoder.embedder import Embedder
@@ -23,7 +23,7 @@ from backend_lib.encoder.reranker import load_reranker
 from backend_lib.errors import InputError
 from backend_lib.metrics import MetricsSink
 from backend_lib.model_context import ModelContext
-from backend_lib.triton_io import Inputs, read_bools, read_strings
+from backend_lib.triton_io import Inputs, read_bools, read_strings, read_token_rows
 
 Result = dict[str, np.ndarray] | Exception
 """A request's output tensors by name, or the error it fails with."""
@@ -179,8 +179,9 @@ def _by_flag(flags: Sequence[bool | None], run: Callable[[list[int], bool | None
 
 
 class EmbeddingService(_EncoderService):
-    """`text_input` [N,1] strings (optional `normalize`, `truncate` BOOL) -> `embedding` [N, dim]
-    and `num_input_tokens` [N, 1] (each text's tokens, special tokens included)."""
+    """`text_input` [N,1] strings (optional `truncate` BOOL) or `input_ids` INT64 [N, L], optional
+    `normalize` BOOL -> `embedding` [N, dim] and `num_input_tokens` [N, 1] (each item's tokens,
+    special tokens included)."""
 
     output = EMBEDDING
 
@@ -196,15 +197,25 @@ class EmbeddingService(_EncoderService):
         return cls(embedder, EncoderMetrics(sink) if sink else None)
 
     def _tokenize_request(self, inputs: Inputs) -> list:
+        if (TEXT_INPUT in inputs) == (INPUT_IDS in inputs):
+            raise InputError(
+                f"send exactly one of '{TEXT_INPUT}' (texts) and '{INPUT_IDS}' (token ids)"
+            )
+        if INPUT_IDS in inputs:
+            tokens = self.embedder.check_token_ids(read_token_rows(inputs, INPUT_IDS))
+        else:
+            tokens = self._tokenize_texts(inputs)
+        normalize = read_bools(inputs, "normalize", len(tokens), None)
+        return list(zip(tokens, normalize, strict=True))
+
+    def _tokenize_texts(self, inputs: Inputs) -> list[list[int]]:
         # Size limits are the tokenizer's (max_text_bytes): cut when truncating, refused otherwise.
-        texts = read_strings(inputs, "text_input")
+        texts = read_strings(inputs, TEXT_INPUT)
         truncate = read_bools(inputs, "truncate", len(texts), None)
-        normalize = read_bools(inputs, "normalize", len(texts), None)
-        tokens = _by_flag(
+        return _by_flag(
             truncate,
             lambda idx, flag: self.embedder.tokenize([texts[i] for i in idx], truncate=flag),
         )
-        return list(zip(tokens, normalize, strict=True))
 
     def _num_tokens(self, item) -> int:
         return len(item[0])

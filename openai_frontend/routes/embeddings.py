@@ -24,9 +24,9 @@ def _encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:
 
 @router.post("/v1/embeddings")
 async def embeddings(body: EmbeddingRequest, state: State) -> dict[str, Any]:
-    texts = body.texts()
+    items = body.items()
     info = await state.registry.get(body.model, "embedding")
-    vectors, tokens = await embed(state.triton, info, texts)
+    vectors, tokens = await embed(state.triton, info, items)
     if body.dimensions is not None and body.dimensions != vectors.shape[1]:
         raise invalid_request(
             f"model `{info.name}` returns {vectors.shape[1]} dimensions and cannot reduce them "

@@ -136,7 +136,7 @@ def raw_infer(client, model: str, name: str, data: np.ndarray, datatype: str):
     "case,fragment",
     [
         ("empty_batch", "got 0"),
-        ("missing_input", "text_input"),
+        ("missing_input", "0 inputs"),
         ("wrong_datatype", "data-type is 'INT32'"),
         ("invalid_utf8", "not valid UTF-8"),
         ("too_large_batch", "batch"),

@@ -49,3 +49,41 @@ def test_rerank_reports_each_pairs_tokens(minilm):
     assert result[SCORE].shape == (2, 1) and result[NUM_INPUT_TOKENS].shape == (2, 1)
     query, long_doc, doc = _truncated_counts(["q", LONG, "doc"], minilm.max_seq_length)
     assert result[NUM_INPUT_TOKENS][:, 0].tolist() == [query + long_doc, query + doc]
+
+
+def _ids(*texts: str) -> list[list[int]]:
+    tokenizer = AutoTokenizer.from_pretrained(str(MINILM_DIR), local_files_only=True)
+    return tokenizer(list(texts)).input_ids
+
+
+def test_token_id_items_embed_exactly_like_their_texts(minilm):
+    service = EmbeddingService(minilm)
+    texts = ["To be, or not to be", "a rose"]
+    ids = _ids(*texts)
+    from_text, *from_ids = service.execute(
+        [{"text_input": _column(*texts)}]
+        + [{"input_ids": np.array([row], dtype=np.int64)} for row in ids]
+    )
+    np.testing.assert_array_equal(
+        np.concatenate([r[EMBEDDING] for r in from_ids]), from_text[EMBEDDING]
+    )
+    assert [int(r[NUM_INPUT_TOKENS][0, 0]) for r in from_ids] == [len(row) for row in ids]
+
+
+def test_bad_token_id_items_fail_alone(minilm):
+    service = EmbeddingService(minilm)
+    vocab = minilm.encoder.arch.vocab_size
+    good = {"input_ids": np.array(_ids("hello world"), dtype=np.int64)}
+    bad = {
+        f"token id {vocab} is outside": {"input_ids": np.array([[101, vocab, 102]])},
+        "token id -1 is outside": {"input_ids": np.array([[101, -1, 102]], dtype=np.int64)},
+        "expected 1..256": {"input_ids": np.full((1, 257), 1000, dtype=np.int64)},
+        "exactly one of": {"input_ids": good["input_ids"], "text_input": _column("x")},
+        "integer type": {"input_ids": np.array([[1.5, 2.0]])},
+    }
+    results = service.execute([good, *bad.values(), good])
+    assert isinstance(results[0], dict) and isinstance(results[-1], dict)
+    np.testing.assert_array_equal(results[0][EMBEDDING], results[-1][EMBEDDING])
+    for expected, result in zip(bad, results[1:-1], strict=True):
+        assert isinstance(result, InputError) and expected in str(result), (expected, result)
+    assert "exactly one of" in str(service.execute([{"normalize": np.array([[True]])}])[0])

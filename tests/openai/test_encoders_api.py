@@ -72,6 +72,32 @@ def test_encoder_usage_counts_the_tokens_computed_after_truncation(client):
     assert client.post("/v1/score", json=body).json()["usage"]["prompt_tokens"] == expected
 
 
+def test_token_id_input_answers_exactly_like_its_text(frontend, server):
+    """Token-id items of different lengths (one Triton request per length, ragged-batched) come
+    back in input order, with their texts' vectors and token counts."""
+    sdk = openai.OpenAI(base_url=frontend.base_url, api_key="unused", max_retries=0)
+    tokenizer = AutoTokenizer.from_pretrained(str(MINILM_DIR), local_files_only=True)
+    ids = tokenizer(TEXTS).input_ids
+    assert len({len(row) for row in ids}) > 1
+    from_text = sdk.embeddings.create(model="embedding", input=TEXTS, encoding_format="float")
+    from_ids = sdk.embeddings.create(model="embedding", input=ids, encoding_format="float")
+    # Equal up to batch composition (another micro-batch shape rounds differently).
+    np.testing.assert_allclose(
+        np.array([d.embedding for d in from_ids.data]),
+        np.array([d.embedding for d in from_text.data]),
+        atol=1e-6,
+    )
+    assert from_ids.usage.prompt_tokens == from_text.usage.prompt_tokens == sum(map(len, ids))
+    one = sdk.embeddings.create(model="embedding", input=ids[1], encoding_format="float")
+    np.testing.assert_allclose(one.data[0].embedding, from_text.data[1].embedding, atol=1e-6)
+    with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
+        sdk.embeddings.create(model="embedding", input=[ids[0], [101, 10**6, 102]])
+    with pytest.raises(openai.BadRequestError, match="input"):  # texts and ids mixed
+        sdk.embeddings.create(model="embedding", input=["x", [101, 102]])
+    with pytest.raises(openai.BadRequestError, match="expected 1..256"):
+        sdk.embeddings.create(model="embedding", input=[[1000] * 300])
+
+
 def test_an_encoder_error_carries_its_code(server):
     """The code survives Triton's unary path too, beside the matching gRPC status."""
     client = grpcclient.InferenceServerClient(server.grpc_url)

@@ -141,7 +141,7 @@ BAD_REQUESTS = [
         "max_tokens",
     ),
     (COMPLETIONS, {"model": "llm", "prompt": "hi", "stream": True, "top_p": 2}, 400, "top_p"),
-    ("/v1/embeddings", {"model": "embedding", "input": [1, 2, 3]}, 400, "input"),
+    ("/v1/embeddings", {"model": "embedding", "input": [[]]}, 400, "input"),
     ("/v1/embeddings", {"model": "embedding", "input": "x", "dimensions": 8}, 400, "dimensions"),
     (
         "/v1/embeddings",
