@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from backend_lib.contract import ErrorCode
+
 
 @dataclass(frozen=True)
 class Logprob:
@@ -68,6 +70,9 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     error: str | None = None
     """Set when the request failed inside the engine (its outputs then finish with "error")."""
+    error_code: ErrorCode | None = None
+    """With `error`: why, as the client is told. INVALID_INPUT when the request's own input
+    failed it after submission (a constraint that did not compile); INTERNAL otherwise."""
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     """Per prompt token (vLLM's shape): None for the first, then {token_id: Logprob} of the top
     `prompt_logprobs` tokens plus the prompt token itself. None unless the request asked for them;

@@ -14,10 +14,11 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import wait as wait_futures
 
+from backend_lib.contract import ErrorCode
 from backend_lib.errors import InputError, QueueFullError
 from backend_lib.llm.core.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from backend_lib.llm.core.stats import FinishedRequest, StatsCollector
-from backend_lib.llm.engine.input_processor import InputErrorMessage, PreparedRequest
+from backend_lib.llm.engine.input_processor import PreparedRequest
 
 
 class GrammarWait:
@@ -69,7 +70,7 @@ class GrammarWait:
                 break
             except InputError as exc:
                 del self._held[request_id]
-                failed.append(self._final(prepared, "error", InputErrorMessage(str(exc))))
+                failed.append(self._final(prepared, "error", str(exc), ErrorCode.INVALID_INPUT))
                 continue
             prepared.grammar_job = None
             del self._held[request_id]
@@ -80,7 +81,13 @@ class GrammarWait:
         if callback is not None:
             callback()
 
-    def _final(self, prepared: PreparedRequest, reason: str, error: str | None) -> RequestOutput:
+    def _final(
+        self,
+        prepared: PreparedRequest,
+        reason: str,
+        error: str | None,
+        error_code: ErrorCode | None = None,
+    ) -> RequestOutput:
         """Final output of a held request that never reached the scheduler."""
         now = time.monotonic()
         params = prepared.params
@@ -108,4 +115,5 @@ class GrammarWait:
             finished=True,
             metrics=RequestMetrics(prepared.arrival_time, finished_time=now),
             error=error,
+            error_code=error_code,
         )

@@ -33,12 +33,6 @@ from backend_lib.llm.lora.request import LoRARequest
 from backend_lib.llm.structured.compiler import GrammarCompiler, GrammarJob
 
 
-class InputErrorMessage(str):
-    """The error text of a request that failed inside the engine through its own input (a
-    constraint that does not compile, found after submission): the service answers it as an
-    InputError, like one raised at submission."""
-
-
 @dataclass
 class PreparedRequest:
     """A validated, tokenized request, ready for `LLMEngine.add_prepared`."""

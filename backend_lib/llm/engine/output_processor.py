@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
+from backend_lib.contract import ErrorCode
 from backend_lib.llm.core.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from backend_lib.llm.core.scheduler import Scheduler, SchedulerOutput
 from backend_lib.llm.core.sequence import Sequence, SequenceStatus
@@ -190,6 +191,7 @@ class OutputProcessor:
             num_cached_tokens=request.seqs[0].seq.num_cached_prompt_tokens,
             metrics=dataclasses.replace(request.metrics),
             error=request.error,
+            error_code=None if request.error is None else ErrorCode.INTERNAL,
             prompt_logprobs=(
                 None if request.prompt_logprobs is None else list(request.prompt_logprobs)
             ),

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 
+from backend_lib.contract import ErrorCode
 from backend_lib.errors import InputError, QueueFullError
 from backend_lib.llm.core.outputs import CompletionOutput, RequestOutput
 from backend_lib.llm.core.sampling_params import SamplingParams
@@ -252,4 +253,5 @@ def _unserved(
         outputs=[completion],
         finished=True,
         error=error,
+        error_code=None if error is None else ErrorCode.INTERNAL,
     )

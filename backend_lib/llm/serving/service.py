@@ -29,7 +29,6 @@ from backend_lib.errors import InputError, RequestCancelled, error_code
 from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.outputs import CompletionOutput, Logprob, RequestOutput
 from backend_lib.llm.engine.fault_injection import PromptMarkerFaults
-from backend_lib.llm.engine.input_processor import InputErrorMessage
 from backend_lib.llm.engine.llm_engine import LLMEngine
 from backend_lib.llm.lora.registry import read_multi_lora
 from backend_lib.llm.serving.engine_loop import EngineLoop, OutputStream
@@ -216,7 +215,9 @@ class LLMService:
         """(tensors or error, final) for `output`, or None (a non-streaming request's partial)."""
         if output.finished and job.cancelled:
             return RequestCancelled(f"request {job.request_id} was cancelled"), True
-        if isinstance(output.error, InputErrorMessage):  # e.g. a constraint that did not compile
+        if (
+            output.error_code is contract.ErrorCode.INVALID_INPUT
+        ):  # e.g. a constraint that did not compile
             error = InputError(str(output.error))
             self._record_failure(error)
             return error, True

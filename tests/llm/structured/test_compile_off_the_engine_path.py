@@ -22,9 +22,9 @@ import pytest
 import transformers
 import xgrammar as xgr
 
+from backend_lib.contract import ErrorCode
 from backend_lib.errors import InputError, QueueFullError
 from backend_lib.llm.core.sampling_params import SamplingParams
-from backend_lib.llm.engine.input_processor import InputErrorMessage
 from backend_lib.llm.serving import engine_loop as engine_loop_module
 from backend_lib.llm.serving.engine_loop import EngineLoop
 from backend_lib.llm.structured.compile_worker import CompileError, CompileWorkers
@@ -184,7 +184,7 @@ def test_a_compile_past_the_timeout_fails_alone_and_its_worker_is_killed():
         loop.stop(timeout=60)
     failed = outputs["stuck"]
     assert failed.outputs[0].finish_reason == "error"
-    assert isinstance(failed.error, InputErrorMessage)
+    assert failed.error_code is ErrorCode.INVALID_INPUT
     assert failed.error.startswith("structured_outputs.json was not compiled within ")
     assert "structured_outputs_compile_timeout_s (1 s)" in failed.error
     assert stuck_schema["pattern"][:20] in failed.error  # names the constraint
@@ -252,7 +252,7 @@ def test_a_compile_error_found_after_submission_is_an_input_error():
         finals.update((o.request_id, o) for o in engine.step() if o.finished)
     bad = finals["bad"]
     assert bad.outputs[0].finish_reason == "error"
-    assert isinstance(bad.error, InputErrorMessage)
+    assert bad.error_code is ErrorCode.INVALID_INPUT
     assert re.match(r"structured_outputs\.regex cannot be compiled: .*parenthesis", bad.error)
     assert finals["free"].error is None
     assert_pool_released(engine)
@@ -272,7 +272,7 @@ def test_a_quick_compile_error_is_refused_at_submission_through_the_loop():
             message = str(exc)
         else:  # a loaded machine: the same error, as the request's own
             final = collect(stream)[-1]
-            assert isinstance(final.error, InputErrorMessage)
+            assert final.error_code is ErrorCode.INVALID_INPUT
             message = final.error
     finally:
         loop.stop(timeout=60)
