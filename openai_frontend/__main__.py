@@ -34,6 +34,18 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
         default=DEFAULT_RESPONSES_STORE_SIZE,
         help="responses kept in memory for previous_response_id (LRU; 0: none)",
     )
+    parser.add_argument(
+        "--traffic-split",
+        action="append",
+        default=[],
+        metavar="MODEL=VERSION:PERCENT,...",
+        help="split a model's traffic between its versions, e.g. llm=1:90,2:10 (repeatable)",
+    )
+    parser.add_argument(
+        "--traffic-split-file",
+        type=Path,
+        help='JSON {"splits": {"llm": {"1": 90, "2": 10}}}, re-read when it changes',
+    )
     args = parser.parse_args(argv)
     return FrontendConfig.with_env_defaults(
         triton_url=args.triton_url,
@@ -46,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
         max_body_bytes=args.max_body_bytes,
         index_ttl_s=args.index_ttl,
         responses_store_size=args.responses_store_size,
+        traffic_splits=tuple(args.traffic_split),
+        traffic_split_file=args.traffic_split_file,
     )
 
 

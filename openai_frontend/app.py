@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from openai_frontend import traffic
 from openai_frontend.anthropic import errors as anthropic_errors
 from openai_frontend.config import FrontendConfig
 from openai_frontend.discovery import ModelRegistry
@@ -23,6 +24,7 @@ from openai_frontend.errors import APIError, internal, invalid_request
 from openai_frontend.metrics import FrontendMetrics
 from openai_frontend.responses.store import ResponseStore
 from openai_frontend.routes import (
+    admin,
     chat,
     completions,
     embeddings,
@@ -88,11 +90,16 @@ class FrontendMiddleware:
             await self.app(scope, receive, send)
             return
         started, status = time.perf_counter(), 500
+        routed = traffic.Routed(ab_key=_header(scope, traffic.AB_KEY_HEADER))
+        token = traffic.CURRENT.set(routed)
 
         async def send_and_record(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                if routed.version:
+                    header = (traffic.VERSION_HEADER.encode(), routed.version.encode())
+                    message = {**message, "headers": [*message.get("headers", []), header]}
             await send(message)
 
         try:
@@ -104,9 +111,15 @@ class FrontendMiddleware:
             else:
                 await self.app(scope, _replay(body, receive), send_and_record)
         finally:
+            traffic.CURRENT.reset(token)
             route = scope.get("route")
             endpoint = getattr(route, "path", None) or "unmatched"
-            self.metrics.observe(endpoint, status, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            self.metrics.observe(endpoint, status, seconds)
+            if routed.model and routed.version:
+                self.metrics.observe_routed(routed.model, routed.version, status, seconds)
+            for model, version in routed.rerouted:
+                self.metrics.rerouted(model, version)
 
     def _check_auth(self, scope: Scope) -> APIError | None:
         key = self.config.api_key
@@ -146,6 +159,12 @@ class FrontendMiddleware:
         return b"".join(chunks), None
 
 
+def _header(scope: Scope, name: str) -> str | None:
+    """Header `name` (lower case) of the request, None when absent or empty."""
+    value = dict(scope["headers"]).get(name.encode(), b"").decode("latin-1").strip()
+    return value or None
+
+
 def _replay(body: bytes, receive: Receive) -> Receive:
     """A `receive` that gives the buffered body once, then the client's own messages (so a
     disconnect still reaches a streaming response)."""
@@ -164,8 +183,14 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 def create_app(config: FrontendConfig) -> FastAPI:
     """The frontend app for `config`; the Triton client opens on the app's event loop."""
     triton = TritonClient(config.triton_url, config.triton_admin_key, config.request_timeout_s)
+    metrics = FrontendMetrics()
     registry = ModelRegistry(
-        triton, config.model_repository, config.index_ttl_s, config.chat_template
+        triton,
+        config.model_repository,
+        config.index_ttl_s,
+        config.chat_template,
+        traffic.TrafficSplits(config.split_flags(), config.traffic_split_file),
+        metrics,
     )
 
     @asynccontextmanager
@@ -177,8 +202,9 @@ def create_app(config: FrontendConfig) -> FastAPI:
     app.state.frontend = FrontendState(
         config, triton, registry, ResponseStore(config.responses_store_size)
     )
-    app.state.metrics = FrontendMetrics()
+    app.state.metrics = metrics
     for module in (
+        admin,
         models,
         chat,
         responses,

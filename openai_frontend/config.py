@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from openai_frontend.traffic import SplitError, VersionSplit, parse_split_flag, read_split_file
+
 API_KEY_ENV = "OPENAI_API_KEY"
 ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -37,6 +39,10 @@ class FrontendConfig:
     request_timeout_s: float = 600.0
     # Responses kept in memory for previous_response_id and GET /v1/responses/{id} (LRU; 0: none).
     responses_store_size: int = DEFAULT_RESPONSES_STORE_SIZE
+    # Version splits `<model>=<version>:<percent>,...` (openai_frontend/traffic.py).
+    traffic_splits: tuple[str, ...] = ()
+    # A JSON split file, re-read when it changes; it replaces the flags' splits when read.
+    traffic_split_file: Path | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -60,6 +66,25 @@ class FrontendConfig:
             raise FrontendConfigError(
                 "responses_store_size", self.responses_store_size, "must be >= 0"
             )
+        self.split_flags()  # raises naming traffic_splits
+        if self.traffic_split_file is not None:
+            try:
+                read_split_file(Path(self.traffic_split_file))
+            except (OSError, SplitError) as exc:
+                raise FrontendConfigError(
+                    "traffic_split_file", str(self.traffic_split_file), str(exc)
+                ) from None
+
+    def split_flags(self) -> dict[str, VersionSplit]:
+        """The splits of `traffic_splits`, by model."""
+        splits = {}
+        for value in self.traffic_splits:
+            try:
+                model, split = parse_split_flag(value)
+            except SplitError as exc:
+                raise FrontendConfigError("traffic_splits", value, str(exc)) from None
+            splits[model] = split
+        return splits
 
     @classmethod
     def with_env_defaults(cls, **values) -> FrontendConfig:

@@ -10,6 +10,10 @@ of its own and reads no parser setting from config.pbtxt.
 An llm serving LoRA adapters serves each as a model of its own, as vLLM does: under the adapter's
 name (unless another model has that name) and always as `<llm>:<adapter>`; a request for it goes
 to the llm with `lora_name` in its sampling parameters.
+
+Every READY version is served: under the pinned id `<model>:<version>` (e.g. `llm:2`), and the
+plain name reaches the version its traffic split assigns (openai_frontend/traffic.py), or the
+newest one without a split. An adapter follows its llm's split.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +31,9 @@ from backend_lib.checkpoint import resolve_model_path
 from backend_lib.config import ConfigError, version_parameters
 from backend_lib.contract import ModelKind, model_kind
 from openai_frontend.errors import APIError, invalid_request, model_not_found
+from openai_frontend.metrics import FrontendMetrics
 from openai_frontend.tokenization import ModelTokenizer, load_tokenizer
+from openai_frontend.traffic import CURRENT, PINNED_ID, TrafficSplits, assign
 from openai_frontend.triton import TritonClient
 
 log = logging.getLogger(__name__)
@@ -49,6 +56,16 @@ class ModelInfo:
     """The LoRA adapter this served model is (None: the Triton model itself)."""
     parent: str | None = None
     """For an adapter: the Triton llm it runs on."""
+
+    @property
+    def served_id(self) -> str:
+        """The id a response names as its `model`: the pinned `<model>:<version>` of the version
+        that served it, or an adapter's own id."""
+        return (
+            self.name
+            if self.parent is not None or not self.version
+            else f"{self.name}:{self.version}"
+        )
 
     @property
     def triton_name(self) -> str:
@@ -103,10 +120,17 @@ class ModelRegistry:
         repository: Path | None,
         ttl_s: float = 2.0,
         chat_template: Path | None = None,
+        splits: TrafficSplits | None = None,
+        metrics: FrontendMetrics | None = None,
     ):
         self.triton, self.repository, self.ttl_s = triton, repository, ttl_s
         self.chat_template = chat_template
+        self.splits = splits if splits is not None else TrafficSplits()
+        self.metrics = metrics
         self._models: dict[str, ModelInfo] = {}
+        """The newest READY version of each model, and the adapters (the listed ids)."""
+        self._versions: dict[str, dict[str, ModelInfo]] = {}
+        """Every READY version of each Triton model, by version."""
         self._aliases: dict[str, ModelInfo] = {}
         """`<llm>:<adapter>` ids, also accepted where the adapter is listed under its own name."""
         self._configs: dict[tuple[str, str], dict[str, Any]] = {}
@@ -120,7 +144,8 @@ class ModelRegistry:
         async with self._lock:
             if not force and time.monotonic() - self._refreshed_at < self.ttl_s:
                 return
-            models: dict[str, ModelInfo] = {}
+            self.splits.reload_if_changed()
+            versions: dict[str, dict[str, ModelInfo]] = {}
             index = await self.triton.repository_index()
             ready = {
                 (entry["name"], str(entry.get("version", "")))
@@ -134,14 +159,23 @@ class ModelRegistry:
                 if entry.get("state") != "READY":
                     continue
                 name, version = entry["name"], str(entry.get("version", ""))
-                current = models.get(name)
-                if current is not None and _version_key(current.version) >= _version_key(version):
-                    continue
                 info = await self._describe(name, version)
                 if info is not None:
-                    models[name] = info
-            self._models, self._aliases = _with_adapters(models)
+                    versions.setdefault(name, {})[version] = info
+            newest = {
+                name: max(by_version.values(), key=lambda m: _version_key(m.version))
+                for name, by_version in versions.items()
+            }
+            self._versions = versions
+            self._models, self._aliases = _with_adapters(newest)
             self._refreshed_at = time.monotonic()
+            self.publish_splits()
+
+    def publish_splits(self) -> None:
+        """Export the splits in force as metrics (after a refresh, which may re-read the split
+        file, and after an admin change)."""
+        if self.metrics is not None:
+            self.metrics.set_splits(self.splits.snapshot())
 
     async def _describe(self, name: str, version: str) -> ModelInfo | None:
         key = (name, version)
@@ -167,25 +201,97 @@ class ModelRegistry:
         return ModelInfo(name, version, kind, parameters, model_dir, max_batch_size, facts)
 
     async def list(self) -> list[ModelInfo]:
+        """The listed models (newest versions and adapters), then every version's pinned id."""
         await self.refresh()
-        return sorted(self._models.values(), key=lambda m: m.name)
+        listed = sorted(self._models.values(), key=lambda m: m.name)
+        pinned = [
+            replace(info, name=f"{name}:{version}")
+            for name, by_version in sorted(self._versions.items())
+            for version, info in sorted(by_version.items(), key=lambda vi: _version_key(vi[0]))
+        ]
+        return listed + [p for p in pinned if p.name not in self._models]
 
-    async def get(self, name: str | None, kind: ModelKind | None) -> ModelInfo:
+    def ready_versions(self, name: str) -> list[str]:
+        """The READY versions of Triton model `name` as last read, oldest first."""
+        return sorted(self._versions.get(name, {}), key=_version_key)
+
+    async def get(
+        self, name: str | None, kind: ModelKind | None, key: str | None = None
+    ) -> ModelInfo:
         """The model `name` (or the only model of `kind` when name is empty) serving `kind`
-        (None: any kind, the only llm when name is empty)."""
+        (None: any kind, the only llm when name is empty), in the version that serves this
+        request: the pinned one of `<model>:<version>`, else the split's choice for `key` (the
+        `x-ab-key` header wins over it), else the newest."""
         await self.refresh()
         if not name:
-            return await self._only(kind or "llm")
-        if name not in self._models and name not in self._aliases:
-            await self.refresh(force=True)  # just loaded?
-        info = self._models.get(name) or self._aliases.get(name)
-        if info is None:
-            raise model_not_found(name)
+            info = self._route(await self._only(kind or "llm"), key)
+        else:
+            info = await self._lookup(name, key)
         if kind is not None and info.kind != kind:
             raise invalid_request(
                 f"model `{name}` is a {info.kind} model; this endpoint needs a {kind} model",
                 "model",
             )
+        return self._record(info)
+
+    def rerouter(
+        self, name: str | None, kind: ModelKind | None, key: str | None = None
+    ) -> Callable[[], Awaitable[ModelInfo | None]] | None:
+        """For a request `get` routed (not a pinned id): a call that re-reads the index and routes
+        it again, for when its version turns out gone (None for a pinned id: that version or
+        nothing)."""
+        if name and name not in self._models and name not in self._aliases:
+            return None
+
+        async def reroute() -> ModelInfo | None:
+            await self.refresh(force=True)
+            try:
+                return await self.get(name, kind, key)
+            except APIError:
+                return None
+
+        return reroute
+
+    async def _lookup(self, name: str, key: str | None) -> ModelInfo:
+        if name not in self._models and name not in self._aliases:
+            await self.refresh(force=True)  # just loaded?
+        info = self._models.get(name) or self._aliases.get(name)
+        if info is not None:
+            return self._route(info, key)
+        pinned = PINNED_ID.match(name)
+        version_info = None
+        if pinned is not None:
+            version_info = self._versions.get(pinned["model"], {}).get(pinned["version"])
+        if version_info is None:
+            raise model_not_found(name)
+        return version_info
+
+    def _route(self, info: ModelInfo, key: str | None) -> ModelInfo:
+        """`info` (a newest version or an adapter) in the version its llm's split assigns."""
+        base = info.triton_name
+        split = self.splits.get(base)
+        if split is None:
+            return info
+        routed = CURRENT.get()
+        if routed is not None and routed.ab_key:
+            key = routed.ab_key
+        assignment = assign(split, self.ready_versions(base), key, self.splits.rng)
+        if assignment is None:  # none of the split's versions is ready: the newest serves
+            if routed is not None:
+                routed.rerouted.extend((base, v) for v in split.versions)
+            return info
+        if assignment.rerouted_from is not None and routed is not None:
+            routed.rerouted.append((base, assignment.rerouted_from))
+        chosen = self._versions[base][assignment.version]
+        if info.parent is None:
+            return chosen
+        return chosen.adapter(info.name, info.lora_name or "")
+
+    @staticmethod
+    def _record(info: ModelInfo) -> ModelInfo:
+        routed = CURRENT.get()
+        if routed is not None:
+            routed.model, routed.version = info.triton_name, info.version
         return info
 
     async def _only(self, kind: ModelKind) -> ModelInfo:

@@ -57,7 +57,7 @@ async def embed(
     outputs = [contract.EMBEDDING, contract.NUM_INPUT_TOKENS]
     requests = _embedding_requests(items, info.max_batch_size)
     parts = await asyncio.gather(
-        *(triton.infer(info.name, inputs, outputs) for _, inputs in requests)
+        *(triton.infer(info.name, inputs, outputs, info.version) for _, inputs in requests)
     )
     order = np.argsort(np.concatenate([rows for rows, _ in requests]), kind="stable")
     vectors = np.concatenate([p[contract.EMBEDDING] for p in parts]).astype(np.float32)
@@ -78,6 +78,7 @@ async def score(
                     contract.DOCUMENT: _column([d for _, d in pairs[s]]),
                 },
                 outputs,
+                info.version,
             )
             for s in _batches(len(pairs), info.max_batch_size)
         )

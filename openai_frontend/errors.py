@@ -71,6 +71,15 @@ def from_code(code: ErrorCode, message: str) -> APIError:
     return internal(message)
 
 
+_VERSION_GONE = ("unknown model", "is not at ready state", "is not found")
+
+
+def version_gone(error: APIError) -> bool:
+    """Whether Triton refused a request because its model version is not loaded (any more)."""
+    text = error.message.lower()
+    return any(fragment in text for fragment in _VERSION_GONE)
+
+
 def from_stream_error(message: str) -> APIError:
     """An error a gRPC stream delivered (its message is all it has): by its code; one without a
     code is Triton's own failure with a request the frontend built, so internal."""

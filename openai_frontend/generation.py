@@ -6,15 +6,20 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from openai_frontend.errors import APIError
+from openai_frontend.errors import APIError, version_gone
 from openai_frontend.structured import Constraint
 from openai_frontend.triton import LLMResponse, TritonClient
 
+if TYPE_CHECKING:
+    from openai_frontend.discovery import ModelInfo
+
 LogprobEntry = dict[str, dict[str, Any]]  # {token_id: {logprob, rank, decoded_token}}
+Reroute = Callable[[], Awaitable["ModelInfo | None"]]
+"""Another ready version for a split-routed request (None: there is none)."""
 
 
 def new_id(prefix: str) -> str:
@@ -73,15 +78,18 @@ class Generation:
     """The prompt's text to answer before the output (completions' `echo`; "" without)."""
     prompt_only: bool = False
     """Answer the prompt alone: the one token generated for it is dropped (echo, max_tokens 0)."""
+    version: str = ""
+    """The Triton version of `model` that serves it ("": Triton's choice, the newest)."""
+    reroute: Reroute | None = None
+    """For a request its traffic split routed (not pinned): another ready version, asked when the
+    chosen one turns out gone (unloaded since the registry last read the index)."""
 
     @property
     def model_id(self) -> str:
         return self.served_as or self.model
 
     def stream(self, stream: bool = True) -> AsyncIterator[LLMResponse]:
-        responses = self.triton.generate(
-            self.model, self.prompt, self.params, stream=stream, logprobs=self.logprobs
-        )
+        responses = self._responses(stream)
         if self.prompt_only:
             responses = _without_output(responses)
         if self.constraint is None:
@@ -112,6 +120,34 @@ class Generation:
                     choice.logprobs += lps or []
                     choice.stop_reason = stop if stop is not None else choice.stop_reason
         return choices
+
+    async def _responses(self, stream: bool) -> AsyncIterator[LLMResponse]:
+        """The llm's responses; a version found gone before its first response is replaced
+        once by `reroute`'s choice (nothing was answered yet, so nothing is lost)."""
+        for attempt in (1, 2):
+            responses = self.triton.generate(
+                self.model,
+                self.prompt,
+                self.params,
+                stream=stream,
+                logprobs=self.logprobs,
+                version=self.version,
+            )
+            async with contextlib.aclosing(responses):
+                try:
+                    first = await anext(responses)
+                except APIError as exc:
+                    if attempt == 2 or self.reroute is None or not version_gone(exc):
+                        raise
+                    info = await self.reroute()
+                    if info is None:
+                        raise
+                    self.version, self.served_as = info.version, info.served_id
+                    continue
+                yield first
+                async for response in responses:
+                    yield response
+                return
 
 
 async def _without_output(responses: AsyncIterator[LLMResponse]) -> AsyncIterator[LLMResponse]:

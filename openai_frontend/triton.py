@@ -169,13 +169,19 @@ class TritonClient:
         return dict(config.get("config", {}))
 
     async def infer(
-        self, model: str, inputs: Mapping[str, np.ndarray], outputs: list[str]
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        outputs: list[str],
+        version: str = "",
     ) -> dict[str, np.ndarray | None]:
-        """The `outputs` of one inference (None for one the model did not send)."""
+        """The `outputs` of one inference by `version` of `model` (""; the newest); None for an
+        output the model did not send."""
         try:
             result = await self.client.infer(
                 model,
                 [_tensor(name, value) for name, value in inputs.items()],
+                model_version=version,
                 client_timeout=self.timeout_s,
             )
         except InferenceServerException as exc:
@@ -209,6 +215,7 @@ class TritonClient:
         *,
         stream: bool,
         logprobs: bool = False,
+        version: str = "",
     ) -> AsyncIterator[LLMResponse]:
         """The llm's responses for one prompt (a text or token ids). Leaving the loop early (a
         client gone, an exception) cancels the gRPC stream, which aborts the engine request."""
@@ -223,7 +230,7 @@ class TritonClient:
             inputs.append(_tensor(contract.PROMPT_TOKEN_IDS, np.array(prompt, dtype=np.int64)))
         flags = LLM_FLAGS + (("return_logprobs",) if logprobs else ())
         inputs += [_tensor(flag, np.array([True])) for flag in flags]
-        request = {"model_name": model, "inputs": inputs}
+        request = {"model_name": model, "model_version": version, "inputs": inputs}
         async with contextlib.aclosing(self._stream(request)) as results:  # closing cancels it
             async for result in results:
                 yield parse_llm_response(result)

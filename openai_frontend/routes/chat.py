@@ -33,7 +33,7 @@ async def prepare(
     body: ChatCompletionRequest, state: FrontendState
 ) -> tuple[Generation, OutputPlan]:
     body.check_supported()
-    info = await state.registry.get(body.model, "llm")
+    info = await state.registry.get(body.model, "llm", key=body.user)
     plan = tools.tool_plan(body, info.tool_call_parser, info.name)
     forced = plan if isinstance(plan, tools.ToolPlan) else None
     constraint = output_constraint(body, forced.schema if forced else None)
@@ -45,7 +45,15 @@ async def prepare(
     if isinstance(plan, tools.AutoTools) and plan.format.keeps_special_tokens:
         params["skip_special_tokens"] = False  # the parser looks for a special token
     generation = Generation(
-        state.triton, info.triton_name, prompt, params, body.logprobs, constraint, info.name
+        state.triton,
+        info.triton_name,
+        prompt,
+        params,
+        body.logprobs,
+        constraint,
+        info.served_id,
+        version=info.version,
+        reroute=state.registry.rerouter(body.model, "llm", body.user),
     )
     return generation, OutputPlan(plan, info.reasoning_parser, constraint is not None)
 
@@ -68,20 +76,20 @@ async def create_stream(
     translate over: routes/responses.py); an error before the first chunk raises APIError here,
     before the iterator is returned."""
     generation, plan = await prepare(body, state)
-    header = _header(generation)
     top = requested_logprobs(body) or 0
     responses = generation.stream()
     first = await anext(responses)  # errors before the first byte are plain HTTP errors
-    return _chunks(header, first, responses, body, top, plan)
+    # After the first response: the version that answers it is settled (see Generation.reroute).
+    return _chunks(_header(generation), first, responses, body, top, plan)
 
 
 async def create(body: ChatCompletionRequest, state: FrontendState) -> dict[str, Any]:
     """The non-streaming `chat.completion` object of `body` (its `stream` is not read)."""
     generation, plan = await prepare(body, state)
-    header = _header(generation)
     top = requested_logprobs(body) or 0
     usage = Usage()
     choices = await generation.run(usage)
+    header = _header(generation)
     outputs = [plan.choice() for _ in choices]
     return {
         **header,

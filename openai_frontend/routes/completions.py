@@ -25,7 +25,7 @@ router = APIRouter()
 async def prepare(body: CompletionRequest, state: FrontendState) -> list[Generation]:
     body.check_supported()
     constraint = output_constraint(body)
-    info = await state.registry.get(body.model, "llm")
+    info = await state.registry.get(body.model, "llm", key=body.user)
     params = sampling_parameters(body, constraint, info.lora_name)  # the same for every prompt
     return [
         Generation(
@@ -35,7 +35,9 @@ async def prepare(body: CompletionRequest, state: FrontendState) -> list[Generat
             params,
             body.logprobs is not None,
             constraint,
-            info.name,
+            info.served_id,
+            version=info.version,
+            reroute=state.registry.rerouter(body.model, "llm", body.user),
             echo=_echo_text(body, prompt, state, info) if body.echo else "",
             prompt_only=body.echo_only,
         )
@@ -67,15 +69,17 @@ def _logprobs(
 async def completions(body: CompletionRequest, state: State):
     generations = await prepare(body, state)
     request_id, created = new_id("cmpl"), now()
-    header = {"id": request_id, "created": created, "model": generations[0].model_id}
     if body.stream:
         # Prompts stream one after the other; the first is opened now so that its errors
         # (a prompt too long, a bad parameter) are plain HTTP errors.
         responses = generations[0].stream()
         first = await anext(responses)
+        header = {"id": request_id, "created": created, "model": generations[0].model_id}
         return sse_response(_chunks(header, body, generations, first, responses))
     usage = Usage()
     results = await asyncio.gather(*(g.run(usage) for g in generations))
+    # After the run: the version that answered is settled (see Generation.reroute).
+    header = {"id": request_id, "created": created, "model": generations[0].model_id}
     choices = []
     for generation, result in zip(generations, results, strict=True):
         echo = generation.echo

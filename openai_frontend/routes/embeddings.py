@@ -25,7 +25,7 @@ def _encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:
 @router.post("/v1/embeddings")
 async def embeddings(body: EmbeddingRequest, state: State) -> dict[str, Any]:
     items = body.items()
-    info = await state.registry.get(body.model, "embedding")
+    info = await state.registry.get(body.model, "embedding", key=body.user)
     vectors, tokens = await embed(state.triton, info, items)
     if body.dimensions is not None and body.dimensions != vectors.shape[1]:
         raise invalid_request(
@@ -35,7 +35,7 @@ async def embeddings(body: EmbeddingRequest, state: State) -> dict[str, Any]:
         )
     return {
         "object": "list",
-        "model": info.name,
+        "model": info.served_id,
         "data": [
             {"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
             for i, v in enumerate(vectors)

@@ -36,4 +36,5 @@ async def list_models(state: State) -> dict[str, Any]:
 async def get_model(model_id: str, state: State) -> dict[str, Any]:
     if not model_id:
         raise model_not_found(model_id)
-    return model_object(await state.registry.get(model_id, None))
+    # A pinned id (`llm:2`) is listed as itself.
+    return {**model_object(await state.registry.get(model_id, None)), "id": model_id}

@@ -30,7 +30,7 @@ async def rerank(body: RerankRequest, state: State) -> Any:
         ]
     return {
         "id": new_id("rerank"),
-        "model": info.name,
+        "model": info.served_id,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         "results": [
             {

@@ -24,7 +24,7 @@ async def score_pairs(body: ScoreRequest, state: State) -> dict[str, Any]:
         "id": new_id("score"),
         "object": "list",
         "created": now(),
-        "model": info.name,
+        "model": info.served_id,
         "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }

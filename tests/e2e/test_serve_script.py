@@ -62,7 +62,16 @@ def test_serve_prints_usage_and_restricts_repository_control(tmp_path):
         with urllib.request.urlopen(models_url, timeout=10) as response:
             listed = {m["id"] for m in json.load(response)["data"]}
         adapters = json.loads((REPO_ROOT / "model_repository/llm/1/multi_lora.json").read_text())
-        assert listed == {"embedding", "rerank", "llm", *adapters}  # + the llm's LoRA adapters
+        # The llm's LoRA adapters too, and each model's version pinned.
+        assert listed == {
+            "embedding",
+            "rerank",
+            "llm",
+            *adapters,
+            "embedding:1",
+            "rerank:1",
+            "llm:1",
+        }
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)

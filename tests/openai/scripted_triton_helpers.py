@@ -64,7 +64,9 @@ class ScriptedTriton:
     async def model_facts(self, name: str, version: str) -> contract.ModelFacts:
         return self.facts[name]
 
-    async def generate(self, model, prompt, sampling_parameters, *, stream, logprobs=False):
+    async def generate(
+        self, model, prompt, sampling_parameters, *, stream, logprobs=False, version=""
+    ):
         self.requests.append({"model": model, "prompt": prompt, "params": sampling_parameters})
         outputs = list(self.outputs)
         longest = max(len(text) for text in outputs)

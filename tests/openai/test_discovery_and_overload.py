@@ -34,9 +34,10 @@ def write_repository(repository: Path) -> None:
 
 
 def served_models(http: httpx.Client) -> set[str]:
+    """The listed plain names (each version's pinned `<name>:<version>` id left out)."""
     response = http.get("/v1/models")
     assert response.status_code == 200, response.text
-    return {model["id"] for model in response.json()["data"]}
+    return {model["id"] for model in response.json()["data"] if ":" not in model["id"]}
 
 
 def wait_for_models(http: httpx.Client, expected: set[str], timeout: float = 20) -> set[str]:

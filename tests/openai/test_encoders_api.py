@@ -24,8 +24,17 @@ def test_models_list_and_object(client):
     listed = client.get("/v1/models").json()
     assert listed["object"] == "list"
     kinds = {m["id"]: m["kind"] for m in listed["data"]}
-    # The llm's LoRA adapter (the default repository ships `sonnets`) is a model of its own.
-    assert kinds == {"llm": "llm", "sonnets": "llm", "embedding": "embedding", "rerank": "rerank"}
+    # The llm's LoRA adapter (the default repository ships `sonnets`) is a model of its own;
+    # each version is listed under its pinned id too.
+    assert kinds == {
+        "llm": "llm",
+        "sonnets": "llm",
+        "embedding": "embedding",
+        "rerank": "rerank",
+        "llm:1": "llm",
+        "embedding:1": "embedding",
+        "rerank:1": "rerank",
+    }
     llm = client.get("/v1/models/llm").json()
     assert llm["object"] == "model" and llm["id"] == "llm" and llm["max_model_len"] == 1024
 
@@ -135,7 +144,7 @@ def test_rerank_order_scores_top_n_and_documents(client, server):
         for r in reply["results"]:
             assert r["relevance_score"] == pytest.approx(scores[r["index"]], abs=1e-6)
             assert r["document"]["text"] == DOCS[r["index"]]
-        assert reply["model"] == "rerank" and reply["usage"]["prompt_tokens"] > 0
+        assert reply["model"] == "rerank:1" and reply["usage"]["prompt_tokens"] > 0
     bare = client.post(
         "/v1/rerank",
         json={"model": "rerank", "query": QUERY, "documents": DOCS, "return_documents": False},

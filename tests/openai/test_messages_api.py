@@ -72,7 +72,7 @@ def test_greedy_message_equals_the_chat_completion(claude, sdk):
     )
     assert isinstance(message, anthropic.types.Message)
     assert message.id.startswith("msg_") and message.role == "assistant"
-    assert message.model == "llm" and message.type == "message"
+    assert message.model == "llm:1" and message.type == "message"  # the version that served it
     assert [block.type for block in message.content] == ["text"]
     assert _text(message) == chat.choices[0].message.content
     assert chat.choices[0].finish_reason == "length"

@@ -25,68 +25,11 @@ from openai_frontend.config import FrontendConfig
 from openai_frontend.errors import APIError, from_triton_exception
 from openai_frontend.tokenization import ModelTokenizer
 from openai_frontend.triton import LLMResponse, TritonClient
+from tests.openai.fake_triton_helpers import FakeTriton, fake_app, llm_spec
 from tooling.checkpoints import MINILM_DIR
-from tooling.repository import REPO_ROOT, ModelSpec, read_config, render_config, write_model
+from tooling.repository import REPO_ROOT, ModelSpec, write_model
 
 SHAKESPEARE = REPO_ROOT / "models" / "shakespeare-llama"
-
-
-class FakeTriton:
-    """The TritonClient calls the routes make, answered from rendered configs and given facts."""
-
-    def __init__(self, specs: list[ModelSpec], facts: dict[tuple[str, str], contract.ModelFacts]):
-        self.specs = {spec.name: spec for spec in specs}
-        self.facts = facts
-        self.ready = {(spec.name, str(v)) for spec in specs for v in spec.versions}
-        self.facts_asked: list[tuple[str, str]] = []
-        self.generated: list[dict[str, Any]] = []
-        self.tokens_per_row = 3
-
-    async def repository_index(self) -> list[dict[str, Any]]:
-        return [{"name": n, "version": v, "state": "READY"} for n, v in sorted(self.ready)]
-
-    async def model_config(self, name: str, version: str = "") -> dict[str, Any]:
-        return read_config(render_config(self.specs[name]))
-
-    async def model_facts(self, name: str, version: str) -> contract.ModelFacts:
-        self.facts_asked.append((name, version))
-        return self.facts[(name, version)]
-
-    async def generate(self, model, prompt, sampling_parameters, *, stream, logprobs=False):
-        self.generated.append(dict(sampling_parameters))
-        yield LLMResponse(["So"], ["length"], [1], 7, [None], final=True)
-
-    async def infer(self, model, inputs, outputs):
-        rows = len(next(iter(inputs.values())))
-        values = {
-            contract.EMBEDDING: np.ones((rows, 4), dtype=np.float32),
-            contract.SCORE: np.full((rows, 1), 0.5, dtype=np.float32),
-            contract.NUM_INPUT_TOKENS: np.full((rows, 1), self.tokens_per_row, dtype=np.uint32),
-        }
-        return {name: values[name] for name in outputs}
-
-    async def is_ready(self) -> bool:
-        return True
-
-    async def close(self) -> None:
-        pass
-
-
-def _app(repository: Path, fake: FakeTriton) -> TestClient:
-    app = create_app(FrontendConfig(triton_url="127.0.0.1:1", model_repository=repository))
-    app.state.frontend.triton = app.state.frontend.registry.triton = fake
-    return TestClient(app, raise_server_exceptions=False)
-
-
-def _llm(name: str = "llm", versions: tuple[int, ...] = (1,), **parameters: str) -> ModelSpec:
-    return ModelSpec(
-        name,
-        "llm",
-        {"model": str(SHAKESPEARE), **parameters},
-        versions=versions,
-        max_batch_size=0,
-        version_policy="all: {}",
-    )
 
 
 @pytest.fixture(params=["on", "true"])
@@ -94,7 +37,7 @@ def repository(tmp_path: Path, request) -> Path:
     """An llm with LoRA enabled (spelled `on` or `true`), whose multi_lora.json is not valid JSON
     (the engine read the listing at load; the frontend must not read it again), and an embedding
     and a rerank."""
-    write_model(_llm(enable_lora=request.param, max_model_len="0"), tmp_path)
+    write_model(llm_spec(enable_lora=request.param, max_model_len="0"), tmp_path)
     (tmp_path / "llm" / "1" / "multi_lora.json").write_text("{not json")
     for kind in ("embedding", "rerank"):
         write_model(ModelSpec(kind, kind, {"model": str(MINILM_DIR)}), tmp_path)
@@ -110,10 +53,13 @@ def _models(client: TestClient) -> dict[str, dict[str, Any]]:
 def test_models_show_the_published_max_model_len_and_adapters(repository):
     facts = {("llm", "1"): contract.ModelFacts(max_model_len=777, lora_adapters=("sonnets",))}
     fake = FakeTriton(
-        [_llm(enable_lora="on"), ModelSpec("embedding", "embedding", {"model": str(MINILM_DIR)})],
+        [
+            llm_spec(enable_lora="on"),
+            ModelSpec("embedding", "embedding", {"model": str(MINILM_DIR)}),
+        ],
         facts,
     )
-    with _app(repository, fake) as client:
+    with fake_app(repository, fake) as client:
         models = _models(client)
         assert models["sonnets"]["parent"] == "llm"  # not read from multi_lora.json
         assert models["llm"]["max_model_len"] == 777  # not the checkpoint's 1024
@@ -127,15 +73,15 @@ def test_models_show_the_published_max_model_len_and_adapters(repository):
 
 def test_no_adapters_when_the_engine_serves_none(repository):
     # multi_lora.json on disk lists nothing readable; enable_lora "on": the engine is the judge.
-    fake = FakeTriton([_llm(enable_lora="on")], {("llm", "1"): contract.ModelFacts(1024, ())})
-    with _app(repository, fake) as client:
-        assert set(_models(client)) == {"llm"}
+    fake = FakeTriton([llm_spec(enable_lora="on")], {("llm", "1"): contract.ModelFacts(1024, ())})
+    with fake_app(repository, fake) as client:
+        assert set(_models(client)) == {"llm", "llm:1"}  # the newest, and each version pinned
 
 
 def test_facts_are_per_version_and_asked_again_after_a_reload(tmp_path):
-    write_model(_llm(versions=(1, 2)), tmp_path)
+    write_model(llm_spec(versions=(1, 2)), tmp_path)
     facts = {("llm", "1"): contract.ModelFacts(1024), ("llm", "2"): contract.ModelFacts(2048)}
-    fake = FakeTriton([_llm(versions=(1, 2))], facts)
+    fake = FakeTriton([llm_spec(versions=(1, 2))], facts)
     registry_ttl = {"index_ttl_s": 0.0}
     app = create_app(
         FrontendConfig(triton_url="127.0.0.1:1", model_repository=tmp_path, **registry_ttl)
@@ -155,7 +101,7 @@ def test_facts_are_per_version_and_asked_again_after_a_reload(tmp_path):
 def test_a_model_that_does_not_publish_facts_has_none(tmp_path):
     """An llm whose config lacks `describe` (e.g. Triton's vLLM backend) is served without
     limits or adapters, and never asked."""
-    spec = _llm()
+    spec = llm_spec()
     write_model(spec, tmp_path)
 
     class Undescribed(FakeTriton):
@@ -165,7 +111,7 @@ def test_a_model_that_does_not_publish_facts_has_none(tmp_path):
             return config
 
     fake = Undescribed([spec], {})
-    with _app(tmp_path, fake) as client:
+    with fake_app(tmp_path, fake) as client:
         assert _models(client)["llm"]["max_model_len"] is None
     assert fake.facts_asked == []
 
@@ -181,8 +127,8 @@ def no_tokenizing(monkeypatch):
 
 
 def test_completions_and_chat_never_tokenize_the_prompt(repository, no_tokenizing):
-    fake = FakeTriton([_llm()], {("llm", "1"): contract.ModelFacts(1024)})
-    with _app(repository, fake) as client:
+    fake = FakeTriton([llm_spec()], {("llm", "1"): contract.ModelFacts(1024)})
+    with fake_app(repository, fake) as client:
         reply = client.post("/v1/completions", json={"model": "llm", "prompt": ["a", "b"]})
         assert reply.status_code == 200, reply.text
         assert reply.json()["usage"] == {
@@ -214,7 +160,7 @@ def test_encoder_usage_is_what_the_model_reports(repository):
         {},
     )
     fake.tokens_per_row = 5
-    with _app(repository, fake) as client:
+    with fake_app(repository, fake) as client:
         texts = ["a long text " * 300, "short"]
         reply = client.post("/v1/embeddings", json={"model": "embedding", "input": texts})
         assert reply.status_code == 200, reply.text

@@ -56,7 +56,7 @@ def test_greedy_response_equals_the_chat_completion(sdk):
     )
     expected, reply = chat_text(sdk, CHAT_MESSAGES)
     assert isinstance(response, Response) and response.id.startswith("resp_")
-    assert response.object == "response" and response.model == "llm"
+    assert response.object == "response" and response.model == "llm:1"  # the serving version
     assert response.output_text == expected
     (item,) = response.output
     assert item.type == "message" and item.role == "assistant" and item.id.startswith("msg_")

@@ -41,6 +41,15 @@ def read_multi_lora(version_dir: Path, model_dir: Path) -> dict[str, Path]:
         isinstance(k, str) and k and isinstance(v, str) and v for k, v in listing.items()
     ):
         raise ConfigError("enable_lora", "true", f"{path} must map adapter names to paths")
+    numeric = sorted(name for name in listing if name.isdigit())
+    if numeric:
+        # `<llm>:<digits>` is the frontend's pinned version id; an adapter there would shadow it.
+        raise ConfigError(
+            "enable_lora",
+            "true",
+            f"{path}: adapter names must not be all digits ({', '.join(numeric)}): "
+            "`<model>:<number>` names a model version",
+        )
     return {name: Path(model_dir) / value for name, value in listing.items()}
 
 
