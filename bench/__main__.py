@@ -59,6 +59,7 @@ class SuiteEntry:
 # runs differ several-fold; one thread gives steady ratios, and both sides of each ratio get it.
 BENCHMARKS = (
     SuiteEntry("engine", "LLM engine vs transformers", ("--repeats", "1")),
+    SuiteEntry("moe_engine", "Mixture-of-experts engine vs transformers"),
     SuiteEntry("engine_peers", "LLM engine vs OpenVINO GenAI and CTranslate2 (CPU)"),
     SuiteEntry("batching_spread", "Continuous vs static batching"),
     SuiteEntry("prefix_cache", "Prefix caching"),

@@ -38,6 +38,12 @@ TARGETS = (
         "engine output tokens/s vs transformers generate_batch (continuous batching)",
         "As for engine_vs_hf_static: the forward's GEMMs bound both systems on CPU.",
     ),
+    Target(
+        "engine_moe_vs_hf_static",
+        3.0,
+        "engine output tokens/s vs transformers static-batch generate, random Qwen3-MoE "
+        "(transformers on its fastest experts implementation)",
+    ),
     Target("forward_time_share", 0.8, "share of engine wall time inside the model forward"),
     Target(
         "engine_int8_vs_float32",

@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kernels.activation import silu_and_mul_cpu, silu_and_mul_triton
+from kernels.activation import (
+    gelu_tanh_and_mul_cpu,
+    gelu_tanh_and_mul_triton,
+    silu_and_mul_cpu,
+    silu_and_mul_triton,
+)
+from kernels.fused_moe import fused_moe_torch, fused_moe_triton
 from kernels.kv_cache import write_kv_cache_cpu, write_kv_cache_triton
 from kernels.lora import LoRASegments, add_lora_torch, add_lora_triton, lora_segments
 from kernels.paged_attention import (
@@ -36,14 +42,19 @@ class KernelOps:
     silu_and_mul: Callable
     apply_token_bitmask: Callable
     add_lora: Callable
+    fused_moe: Callable | None = None
+    """Mixture-of-experts MLP over stacked expert weights (kernels/fused_moe.py)."""
+    gelu_tanh_and_mul: Callable | None = None
+    """Gemma's gated activation (kernels/activation.py); a default so that existing backends
+    built without it keep working (both here set it)."""
     plan_attention: Callable | None = None
     """Builds a batch's host-side attention plan once per step, passed to every layer's
     paged_attention as `plan=` (backends that need none leave it None)."""
 
 
 _BACKENDS = {
-    # The C++ ops (attention, KV writes, RMSNorm, rotary, SiLU-and-mul) on CPU tensors when the library is
-    # built (kernels/cpu_extension.py), else (and on CUDA) the PyTorch twins.
+    # The C++ ops (attention, KV writes, RMSNorm, rotary, SiLU/GELU-and-mul) on CPU tensors when
+    # the library is built (kernels/cpu_extension.py), else (and on CUDA) the PyTorch twins.
     "torch": KernelOps(
         paged_attention=paged_attention_cpu,
         write_kv_cache=write_kv_cache_cpu,
@@ -52,6 +63,8 @@ _BACKENDS = {
         silu_and_mul=silu_and_mul_cpu,
         apply_token_bitmask=apply_token_bitmask_torch,
         add_lora=add_lora_torch,
+        fused_moe=fused_moe_torch,
+        gelu_tanh_and_mul=gelu_tanh_and_mul_cpu,
         plan_attention=plan_paged_attention_cpu,
     ),
     "triton": KernelOps(
@@ -62,6 +75,8 @@ _BACKENDS = {
         silu_and_mul=silu_and_mul_triton,
         apply_token_bitmask=apply_token_bitmask_triton,
         add_lora=add_lora_triton,
+        fused_moe=fused_moe_triton,
+        gelu_tanh_and_mul=gelu_tanh_and_mul_triton,
     ),
 }
 

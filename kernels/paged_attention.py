@@ -9,6 +9,8 @@ Inputs (shared by the PyTorch and Triton paths):
       logical block i of sequence b to a cache block (entries past ceil(seq_len/block_size) are never used).
 The new tokens' K/V must already be in the cache (write_kv_cache first). Causal: position p attends keys
 <= p, and > p - sliding_window when set. GQA: query head h reads kv head h // (Hq // Hkv).
+softcap (Gemma's attention logit soft-capping), when set: each scaled score s becomes
+tanh(s / softcap) * softcap before the softmax.
 Cache slots outside every context must hold finite values (allocate the pool zeroed): the torch
 decode path pads contexts with them and relies on 0 * value == 0.
 
@@ -185,6 +187,32 @@ def plan_paged_attention_torch(
     return TorchAttentionPlan(groups, prefills, block_size, native_seqs)
 
 
+def _sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    softcap: float | None,
+) -> torch.Tensor:
+    """SDPA of q [B, Hq, L, D] over k, v [B, Hkv, S, D] (Hq a multiple of Hkv) with a boolean
+    `mask` broadcast to [B, Hq, L, S] (None: causal, L == S). With `softcap` (which SDPA cannot
+    apply) the scores are formed explicitly, in float32, capped, masked and softmaxed."""
+    groups = q.shape[1] // k.shape[1]
+    if softcap is None:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=groups != 1
+        )
+    if groups != 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is None:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(dim=-1), v.float()).to(q.dtype)
+
+
 def _decode_attention_torch(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -192,6 +220,7 @@ def _decode_attention_torch(
     block_ids: torch.Tensor,
     visible: torch.Tensor,
     scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Single-token queries q [N, Hq, D], one per sequence: one batched gather of the contexts
     (blocks `block_ids` [N, blocks]), then one SDPA call masked by `visible` [N, 1, 1, keys]."""
@@ -202,12 +231,13 @@ def _decode_attention_torch(
     # The G query heads sharing a kv head act as G query rows of that head (all at the same
     # position, so one mask row serves them): SDPA then reads each key once per kv head with a
     # G-row matmul instead of once per query head with a vector product (1.5x faster on CPU).
-    out = F.scaled_dot_product_attention(
+    out = _sdpa(
         q.reshape(num_tokens, num_kv_heads, num_heads // num_kv_heads, head_dim),
         keys.to(q.dtype).transpose(1, 2),  # [N, Hkv, S, D], a strided view: no copy
         values.to(q.dtype).transpose(1, 2),
-        attn_mask=visible,
-        scale=scale,
+        visible,
+        scale,
+        softcap,
     )
     return out.reshape(num_tokens, num_heads, head_dim)
 
@@ -220,10 +250,10 @@ def _prefill_attention_torch(
     context_len: int,
     scale: float,
     sliding_window: int | None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """One sequence's chunk q [L, Hq, D] whose last token is at position context_len - 1."""
-    query_len, num_heads, _ = q.shape
-    num_kv_heads = k_cache.shape[2]
+    query_len = q.shape[0]
     keys = _gather_context(k_cache, block_ids)[:context_len]  # [S, Hkv, D]
     values = _gather_context(v_cache, block_ids)[:context_len]
 
@@ -235,14 +265,13 @@ def _prefill_attention_torch(
         mask = key_pos <= query_pos
         if sliding_window is not None:
             mask &= key_pos > query_pos - sliding_window
-    out = F.scaled_dot_product_attention(
+    out = _sdpa(
         q.transpose(0, 1).unsqueeze(0),
         keys.to(q.dtype).transpose(0, 1).unsqueeze(0),
         values.to(q.dtype).transpose(0, 1).unsqueeze(0),
-        attn_mask=mask,
-        is_causal=mask is None,
-        scale=scale,
-        enable_gqa=num_heads != num_kv_heads,
+        mask,
+        scale,
+        softcap,
     )
     return out[0].transpose(0, 1)
 
@@ -259,6 +288,7 @@ def paged_attention_torch(
     out: torch.Tensor | None = None,
     *,
     plan: TorchAttentionPlan | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention of the new tokens q [T, Hq, D] over their cached context; returns out [T, Hq, D]
     in q's dtype (written into `out` when given). The engine's CPU path: single-token queries in
@@ -272,12 +302,19 @@ def paged_attention_torch(
         plan = plan_paged_attention_torch(query_start_loc, seq_lens, block_tables, k_cache)
     for group, visible in zip(plan.decode_groups, plan.decode_masks(sliding_window), strict=True):
         out[group.rows] = _decode_attention_torch(
-            q[group.rows], k_cache, v_cache, group.block_ids, visible, scale
+            q[group.rows], k_cache, v_cache, group.block_ids, visible, scale, softcap
         ).to(out.dtype)
     for chunk in plan.prefills:
         rows = slice(chunk.start, chunk.end)
         out[rows] = _prefill_attention_torch(
-            q[rows], k_cache, v_cache, chunk.block_ids, chunk.context_len, scale, sliding_window
+            q[rows],
+            k_cache,
+            v_cache,
+            chunk.block_ids,
+            chunk.context_len,
+            scale,
+            sliding_window,
+            softcap,
         ).to(out.dtype)
     return out
 
@@ -330,6 +367,7 @@ def paged_attention_cpu(
     out: torch.Tensor | None = None,
     *,
     plan: TorchAttentionPlan | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """`paged_attention_torch`'s contract, the "torch" backend's entry: the C++ op for the rows the
     plan (`plan_paged_attention_cpu`, built here when not given) leaves to it, SDPA for the rest."""
@@ -351,6 +389,7 @@ def paged_attention_cpu(
                 sliding_window or 0,
                 plan.native_seqs,
                 out,
+                **({"softcap": softcap} if softcap else {}),
             )
         else:  # a layout the op does not take (mixed dtypes): all through PyTorch
             plan = plan_paged_attention_torch(query_start_loc, seq_lens, block_tables, k_cache)
@@ -365,6 +404,7 @@ def paged_attention_cpu(
         sliding_window,
         out,
         plan=plan,
+        softcap=softcap,
     )
 
 
@@ -398,6 +438,7 @@ def _paged_attention_kernel(
     seq_lens_ptr,
     block_tables_ptr,
     qk_scale,
+    softcap,
     num_seqs,
     num_heads,
     head_dim,
@@ -418,6 +459,7 @@ def _paged_attention_kernel(
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     tile = tl.program_id(0)
@@ -479,6 +521,11 @@ def _paged_attention_kernel(
             other=0.0,
         )  # [BLOCK_D, BLOCK_N]
         scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+        if USE_SOFTCAP:
+            # qk_scale is the plain scale here: cap, then into the exp2 domain.
+            # tanh(y) = 2 sigmoid(2y) - 1 (no tanh in every backend).
+            capped = softcap * (2.0 * tl.sigmoid(2.0 * scores / softcap) - 1.0)
+            scores = capped * 1.4426950408889634
         visible = key_valid[None, :] & (key_pos[None, :] <= query_pos[:, None])
         if USE_WINDOW:
             visible = visible & (key_pos[None, :] > query_pos[:, None] - sliding_window)
@@ -556,13 +603,17 @@ class TileConfig:
     num_warps: int
 
 
-def tile_config(num_tokens: int, num_seqs: int, groups: int, dtype: torch.dtype) -> TileConfig:
+def tile_config(
+    num_tokens: int, num_seqs: int, groups: int, dtype: torch.dtype, head_dim: int = 128
+) -> TileConfig:
     """Tiles from shapes only. Sizes keep the H100 build free of register spills at head_dim <= 128:
-    the per-key block lookup makes K/V loads gathers, one 64-bit address per element."""
+    the per-key block lookup makes K/V loads gathers, one 64-bit address per element. Wider heads
+    (Gemma's 256) take prefill tiles of 32 rows on 8 warps (64 rows spilled 400+ bytes on sm_90)."""
     all_decodes = num_tokens == num_seqs  # one new token per sequence: small row tiles
-    block_m = max(16 if all_decodes else 64, triton.next_power_of_2(groups))
+    wide = head_dim > 128 and not all_decodes
+    block_m = max(16 if all_decodes else 32 if wide else 64, triton.next_power_of_2(groups))
     # fp32 dots run as IEEE FMAs (not tensor cores) and need more threads to hold their tiles.
-    num_warps = 8 if dtype == torch.float32 else 4
+    num_warps = 8 if dtype == torch.float32 or wide else 4
     return TileConfig(block_m, block_m // groups, 32, num_warps)
 
 
@@ -594,6 +645,7 @@ def paged_attention_triton(
     out: torch.Tensor | None = None,
     *,
     num_kv_splits: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Triton version of `paged_attention_torch` (same contract). `num_kv_splits` forces the
     split-KV path (>1) or turns it off (1); by default it is chosen from the shapes. No host sync."""
@@ -612,7 +664,7 @@ def paged_attention_triton(
         return out
 
     groups = num_heads // num_kv_heads
-    tiles = tile_config(num_tokens, num_seqs, groups, q.dtype)
+    tiles = tile_config(num_tokens, num_seqs, groups, q.dtype, head_dim)
     num_tiles = num_tokens // tiles.block_q + num_seqs
     num_splits = num_kv_splits or _default_num_splits(
         num_tiles * num_kv_heads, block_tables.shape[1] * block_size, q.device
@@ -638,7 +690,8 @@ def paged_attention_triton(
         query_start_loc,
         seq_lens,
         block_tables,
-        scale * _LOG2_E,
+        scale if softcap else scale * _LOG2_E,
+        softcap or 0.0,
         num_seqs,
         num_heads,
         head_dim,
@@ -659,6 +712,7 @@ def paged_attention_triton(
         BLOCK_D=block_d,
         NUM_SPLITS=num_splits,
         USE_WINDOW=sliding_window is not None,
+        USE_SOFTCAP=bool(softcap),
         # fp32 inputs would otherwise go through TF32 on Ampere+ (10-bit mantissa).
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=tiles.num_warps,

@@ -33,6 +33,34 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+def _longrope_inv_freq(
+    base: float, exponents: torch.Tensor, rotary_dim: int, scaling: dict, max_position: int
+) -> tuple[torch.Tensor, float]:
+    """Phi-3's LongRoPE ("longrope", formerly "su"): per-frequency divisors (`long_factor` when the
+    table spans more than `original_max_position_embeddings` positions, else `short_factor`) and
+    the attention factor that scales cos and sin (`attention_factor`, else
+    sqrt(1 + ln(factor) / ln(original)) for factor > 1), as transformers computes them.
+
+    Which factors: transformers switches per forward by the sequence's length, which would leave
+    keys cached under one set beside keys under the other; like vLLM, the table's size (the
+    engine's max_model_len) decides once for every position."""
+    original = scaling["original_max_position_embeddings"]
+    divisors = scaling["long_factor"] if max_position > original else scaling["short_factor"]
+    if len(divisors) != rotary_dim // 2:
+        raise ValueError(
+            f"longrope factors have {len(divisors)} entries, expected {rotary_dim // 2}"
+        )
+    ext = torch.tensor(divisors, dtype=torch.float32, device=exponents.device)
+    inv_freq = 1.0 / (ext * base ** (exponents / rotary_dim))
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        factor = scaling.get("factor", 1.0)
+        attention_factor = (
+            1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        )
+    return inv_freq, float(attention_factor)
+
+
 def rope_cos_sin_cache(
     rotary_dim: int,
     max_position: int,
@@ -43,8 +71,10 @@ def rope_cos_sin_cache(
 ) -> torch.Tensor:
     """[max_position, rotary_dim] cache: cos in the first half of each row, sin in the second.
 
-    rope_scaling: None / {"rope_type": "default"} or HF's llama3 dict ("type" accepted for
-    "rope_type"). Computed in float32 like HF; use dtype=float32 to keep full precision.
+    rope_scaling: None / {"rope_type": "default"}, HF's llama3 dict, "linear" ({"factor"}: every
+    frequency divided by it) or "longrope" (`_longrope_inv_freq`; "factor" there is
+    max_position_embeddings / original_max_position_embeddings); "type" accepted for "rope_type".
+    Computed in float32 like HF; use dtype=float32 to keep full precision.
     """
     rope_type = "default"
     if rope_scaling is not None:
@@ -53,13 +83,26 @@ def rope_cos_sin_cache(
         device=device, dtype=torch.float
     )
     inv_freq = 1.0 / (base ** (exponents / rotary_dim))
+    attention_factor = 1.0
     if rope_type == "llama3":
         inv_freq = _llama3_inv_freq(inv_freq, rope_scaling)
+    elif rope_type == "linear":
+        inv_freq = inv_freq / rope_scaling["factor"]
+    elif rope_type in ("longrope", "su"):
+        inv_freq, attention_factor = _longrope_inv_freq(
+            base, exponents, rotary_dim, rope_scaling, max_position
+        )
     elif rope_type != "default":
-        raise ValueError(f"unsupported rope_type {rope_type!r} (expected 'default' or 'llama3')")
+        raise ValueError(
+            f"unsupported rope_type {rope_type!r} "
+            "(expected 'default', 'llama3', 'linear' or 'longrope')"
+        )
     positions = torch.arange(max_position, device=device, dtype=torch.float)
     freqs = positions[:, None] * inv_freq[None, :]
-    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+    cos, sin = freqs.cos(), freqs.sin()
+    if attention_factor != 1.0:
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return torch.cat((cos, sin), dim=-1).to(dtype)
 
 
 def _rotate_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -11,10 +11,26 @@ versioned `model.py` wrapper are rendered from config_templates/ (tooling/reposi
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from backend_lib.contract import MODEL_KINDS
 from tooling.repository import ModelSpec, detect_kind, write_model
+
+
+def unsupported_llm_reason(checkpoint: Path) -> str | None:
+    """Why the engine cannot serve this LLM checkpoint's architecture (None: it can); the same
+    table the loader uses (backend_lib.llm.execution.models.MODEL_REGISTRY)."""
+    from backend_lib.llm.execution.models import MODEL_REGISTRY, supported_architectures
+
+    config = json.loads((checkpoint / "config.json").read_text())
+    architecture = (config.get("architectures") or [None])[0]
+    if architecture in MODEL_REGISTRY:
+        return None
+    return (
+        f"unsupported architecture {architecture!r}; supported: "
+        f"{', '.join(supported_architectures())}"
+    )
 
 
 def main() -> None:
@@ -38,6 +54,8 @@ def main() -> None:
 
     checkpoint = args.checkpoint.resolve()
     kind = args.kind or detect_kind(checkpoint)
+    if kind == "llm" and (reason := unsupported_llm_reason(checkpoint)) is not None:
+        parser.error(f"{checkpoint}: {reason}")
     parameters = {"model": str(checkpoint)}
     for item in args.param:
         key, sep, value = item.partition("=")

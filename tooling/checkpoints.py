@@ -21,6 +21,10 @@ import transformers
 from backend_lib.checkpoint import resolve_model_path
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+ARCHITECTURES += MOE_ARCHITECTURES
+DENSE_FAMILY_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM")
+ARCHITECTURES += DENSE_FAMILY_ARCHITECTURES
 
 _BASE = dict(
     vocab_size=256,
@@ -56,6 +60,94 @@ _VARIANTS: dict[str, tuple[type, dict[str, Any]]] = {
     "Qwen2ForCausalLM": (transformers.Qwen2Config, dict(tie_word_embeddings=True)),
     # head_dim 32 != hidden/heads = 16; MQA-style ratio 4:1.
     "Qwen3ForCausalLM": (transformers.Qwen3Config, dict(head_dim=32, num_key_value_heads=1)),
+    # Gemma 2: 4 layers alternating sliding (window 6, shorter than the test prompts) and full,
+    # head_dim 16 with query_pre_attn_scalar 24 as the attention scale, both soft-caps low enough
+    # that they change the scores and logits of these random weights. Gemmas tie their head in
+    # real checkpoints, but a tied random head over the sqrt(hidden)-scaled embedding only ever
+    # repeats the last token: untied here (tests/llm/execution/test_dense_families.py ties one).
+    "Gemma2ForCausalLM": (
+        transformers.Gemma2Config,
+        dict(
+            num_hidden_layers=4,
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            sliding_window=6,
+            attn_logit_softcapping=1.5,
+            final_logit_softcapping=8.0,
+            tie_word_embeddings=False,
+        ),
+    ),
+    # Gemma 3 (text): q/k norms, local (sliding, base 10000) and global (base 1e6, linear-scaled)
+    # rope tables, sliding layers 0, 1 and 3 (window 5), query_pre_attn_scalar 20.
+    "Gemma3ForCausalLM": (
+        transformers.Gemma3TextConfig,
+        dict(
+            num_hidden_layers=4,
+            head_dim=16,
+            query_pre_attn_scalar=20,
+            sliding_window=5,
+            tie_word_embeddings=False,
+            layer_types=[
+                "sliding_attention",
+                "sliding_attention",
+                "full_attention",
+                "sliding_attention",
+            ],
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+        ),
+    ),
+    # Phi-3: fused qkv_proj / gate_up_proj in the checkpoint, longrope with distinct short and
+    # long factors; original context 128 (the engine tests' max_model_len: short factors with
+    # the attention factor of max_position_embeddings / original = 4).
+    "Phi3ForCausalLM": (
+        transformers.Phi3Config,
+        dict(
+            num_hidden_layers=3,
+            max_position_embeddings=512,
+            original_max_position_embeddings=128,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "factor": 4.0,  # max_position_embeddings / original (transformers asks for it)
+                "short_factor": [1.0 + 0.25 * i for i in range(8)],
+                "long_factor": [2.0 + 1.5 * i for i in range(8)],
+            },
+            pad_token_id=0,
+        ),
+    ),
+    # Mixtures of experts: top-2 routing, GQA, several layers. Mixtral: 4 experts, every layer
+    # sparse. Qwen2-MoE: 8 experts, shared expert, un-renormalised top-k, layer 1 dense.
+    # Qwen3-MoE: 8 experts, renormalised top-k, layer 1 dense (`mlp_only_layers`).
+    "MixtralForCausalLM": (
+        transformers.MixtralConfig,
+        dict(num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=2),
+    ),
+    "Qwen2MoeForCausalLM": (
+        transformers.Qwen2MoeConfig,
+        dict(
+            num_hidden_layers=3,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            mlp_only_layers=[1],
+        ),
+    ),
+    "Qwen3MoeForCausalLM": (
+        transformers.Qwen3MoeConfig,
+        dict(
+            num_hidden_layers=4,
+            head_dim=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+        ),
+    ),
 }
 
 
@@ -97,6 +189,10 @@ def build_checkpoint(
     randomize_(model, seed)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(out_dir, **kwargs)
+    if arch in MOE_ARCHITECTURES:
+        # transformers' per-expert loop, the plain reference (its CPU default, grouped_mm, is
+        # ~6x slower on these tiny shapes; same outputs).
+        model.set_experts_implementation("eager")
     return model.eval()
 
 

@@ -1,7 +1,8 @@
 // Fused per-row kernels on CPU: the C++ twins of kernels/rmsnorm.py (RMSNorm with the residual add),
-// kernels/rotary.py (rotary embedding of q and k) and kernels/activation.py (SiLU-and-mul); the
+// kernels/rotary.py (rotary embedding of q and k) and kernels/activation.py (SiLU-and-mul, GELU(tanh)-and-mul); the
 // contracts are those modules' docstrings. Built with kernels/csrc/paged_attention_cpu.cpp into one
-// library (kernels/cpu_extension.py); registers torch.ops.llm_cpu.{rms_norm, rotary, silu_and_mul}.
+// library (kernels/cpu_extension.py); registers torch.ops.llm_cpu.{rms_norm, rotary, silu_and_mul,
+// gelu_tanh_and_mul}.
 //
 // Why: each of these is one pass over its rows here, where the PyTorch twins make 3-20 passes, each
 // a dispatched op with its own temporary. Math is float32 in the twins' order (no fused multiply-add
@@ -260,6 +261,40 @@ void silu_and_mul(const at::Tensor& x, at::Tensor out) {
   });
 }
 
+// --- GELU(tanh)-and-mul ---------------------------------------------------------------------------
+
+// gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))), written as ATen's vectorized
+// GELU (approximate="tanh") writes it, then times up: F.gelu(g, approximate="tanh") * u.
+template <typename T>
+void gelu_tanh_and_mul_row(const T* x, int64_t n, T* out) {
+  const Vec beta(static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5)), kappa(0.044715f), one(1.f), half(0.5f);
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const int64_t m = std::min(kLanes, n - j);
+    const Vec g = load(x + j, m), u = load(x + n + j, m);
+    const Vec inner = beta * (g + kappa * (g * g * g));
+    store(out + j, (half * g * (one + inner.tanh())) * u, m);
+  }
+}
+
+void gelu_tanh_and_mul(const at::Tensor& x, at::Tensor out) {
+  TORCH_CHECK(x.device().is_cpu() && out.device().is_cpu(), "llm_cpu::gelu_tanh_and_mul: CPU tensors only");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) % 2 == 0,
+              "llm_cpu::gelu_tanh_and_mul: x must be [rows, 2 * I] with unit stride");
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == x.size(0) && out.size(1) == x.size(1) / 2 && out.stride(1) == 1 &&
+                  out.scalar_type() == x.scalar_type(),
+              "llm_cpu::gelu_tanh_and_mul: out must be [rows, I] of x's dtype");
+  const int64_t rows = x.size(0), n = x.size(1) / 2;
+  dispatch_dtype(x.scalar_type(), "gelu_tanh_and_mul", [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = x.data_ptr<T>();
+    T* op = out.data_ptr<T>();
+    const int64_t sx = x.stride(0), so = out.stride(0);
+    at::parallel_for(0, rows, grain(2 * n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) gelu_tanh_and_mul_row(xp + r * sx, n, op + r * so);
+    });
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(llm_cpu, m) {
@@ -271,4 +306,6 @@ TORCH_LIBRARY_FRAGMENT(llm_cpu, m) {
   m.impl("rotary", c10::DispatchKey::CPU, TORCH_FN(rotary));
   m.def("silu_and_mul(Tensor x, Tensor(a!) out) -> ()");
   m.impl("silu_and_mul", c10::DispatchKey::CPU, TORCH_FN(silu_and_mul));
+  m.def("gelu_tanh_and_mul(Tensor x, Tensor(a!) out) -> ()");
+  m.impl("gelu_tanh_and_mul", c10::DispatchKey::CPU, TORCH_FN(gelu_tanh_and_mul));
 }

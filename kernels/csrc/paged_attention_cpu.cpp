@@ -349,6 +349,8 @@ struct PagedAttention {
   int64_t table_stride;
   int64_t groups, head_dim, block_size, block_q, window, heads_per_item;
   float scale;
+  // Gemma's attention logit soft-capping, scores -> tanh(scores / softcap) * softcap; <= 0: none.
+  float softcap;
   // Scores through qk_bf16 (bfloat16 on a CPU with AVX512-BF16): queries kept as bfloat16 in q_raw.
   bool bf16_dot;
 
@@ -556,6 +558,18 @@ struct PagedAttention {
     }
   }
 
+  // scores -> tanh(scores / softcap) * softcap over the n keys of every row (before any masking).
+  void cap_scores(float* scores, int64_t rows, int64_t n) const {
+    const Vec cap(softcap), inv_cap(1.f / softcap);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* p = scores + r * kChunk;
+      for (int64_t j = 0; j < n; j += kLanes) {
+        const int64_t m = std::min(kLanes, n - j);
+        ((Vec::loadu(p + j, m) * inv_cap).tanh() * cap).store(p + j, m);
+      }
+    }
+  }
+
   // The keys [c0 + lo, c0 + hi) of a chunk [c0, c0 + n) that the token at `pos` sees (causal, window);
   // lo >= hi: none.
   std::pair<int64_t, int64_t> visible(int64_t pos, int64_t c0, int64_t n) const {
@@ -588,6 +602,7 @@ struct PagedAttention {
     for (; r + 4 <= rows; r += 4, next_n = 0) qk_rows<4, kQkKeys>(qf + r * D, keys, n, scores + r * kChunk, next_rows, next_n);
     for (; r + 2 <= rows; r += 2, next_n = 0) qk_rows<2, 4>(qf + r * D, keys, n, scores + r * kChunk, next_rows, next_n);
     for (; r < rows; ++r, next_n = 0) qk_rows<1, 8>(qf + r * D, keys, n, scores + r * kChunk, next_rows, next_n);
+    if (softcap > 0.f) cap_scores(scores, rows, n);
 
     // Online softmax, per row over the keys it sees in this chunk: a contiguous range [lo, hi)
     // (causal and window bounds), so masked keys never enter exp and get p = 0. Two passes over the
@@ -671,7 +686,7 @@ template <typename scalar_t>
 void run_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                          const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
                          const at::Tensor& block_tables, double scale, int64_t sliding_window,
-                         const at::Tensor& seqs, at::Tensor& out) {
+                         const at::Tensor& seqs, at::Tensor& out, double softcap) {
   const int64_t num_seqs = seq_lens.size(0);
   const int64_t num_heads = q.size(1), head_dim = q.size(2);
   const int64_t num_blocks = k_cache.size(0), block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
@@ -723,7 +738,7 @@ void run_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const a
       out.data_ptr<scalar_t>(), out.stride(0), out.stride(1),
       starts, lens, tables, table_width,
       groups, head_dim, block_size, block_q, sliding_window, heads_per_item, static_cast<float>(scale),
-      bf16_dot_usable<scalar_t>()};
+      static_cast<float>(softcap), bf16_dot_usable<scalar_t>()};
 
   std::atomic<int64_t> next{0};
   const int64_t num_items = static_cast<int64_t>(items.size());
@@ -739,7 +754,7 @@ void run_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const a
 void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
                      const at::Tensor& block_tables, double scale, int64_t sliding_window,
-                     const at::Tensor& seqs, at::Tensor out) {
+                     const at::Tensor& seqs, at::Tensor out, double softcap) {
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu() &&
                   out.device().is_cpu() && query_start_loc.device().is_cpu() &&
                   seq_lens.device().is_cpu() && block_tables.device().is_cpu() && seqs.device().is_cpu(),
@@ -762,13 +777,13 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   switch (q.scalar_type()) {
     case at::kFloat:
       return run_paged_attention<float>(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
-                                        sliding_window, seqs, out);
+                                        sliding_window, seqs, out, softcap);
     case at::kBFloat16:
       return run_paged_attention<c10::BFloat16>(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables,
-                                                scale, sliding_window, seqs, out);
+                                                scale, sliding_window, seqs, out, softcap);
     case at::kHalf:
       return run_paged_attention<c10::Half>(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
-                                            sliding_window, seqs, out);
+                                            sliding_window, seqs, out, softcap);
     default:
       TORCH_CHECK(false, "llm_cpu::paged_attention: unsupported dtype ", q.scalar_type());
   }
@@ -777,10 +792,10 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
 }  // namespace
 
 TORCH_LIBRARY(llm_cpu, m) {
-  // sliding_window <= 0: none. Only the sequences listed in `seqs` (int32 indices) are attended;
+  // sliding_window <= 0: none; softcap <= 0: none. Only the sequences listed in `seqs` (int32 indices) are attended;
   // the other rows of `out` are left untouched (the caller runs them through SDPA).
   m.def(
       "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor query_start_loc, Tensor seq_lens, "
-      "Tensor block_tables, float scale, int sliding_window, Tensor seqs, Tensor(a!) out) -> ()");
+      "Tensor block_tables, float scale, int sliding_window, Tensor seqs, Tensor(a!) out, float softcap=0.0) -> ()");
   m.impl("paged_attention", c10::DispatchKey::CPU, TORCH_FN(paged_attention));
 }

@@ -109,3 +109,14 @@ def test_preemption(quick_suite):
     assert engines["recompute"]["num_blocks"] < engines["baseline"]["num_blocks"]
     rates = result["output_tokens_per_second"]
     assert all(0 < r["min"] <= r["median"] <= r["max"] for r in rates.values())
+
+
+def test_moe_engine(quick_suite):
+    """The MoE engine's greedy tokens are plain generate's; transformers ran its fastest experts
+    implementation of the ones it has."""
+    result = quick_result(quick_suite, "moe_engine", {"engine_moe_vs_hf_static"}, plots=1)
+    assert result["fidelity_vs_generate"]["engine"]["requests"] == 1.0
+    assert result["model"]["architecture"] == "Qwen3MoeForCausalLM"
+    settings = result["settings"]
+    assert settings["hf_experts_implementation"] in settings["hf_experts_check_seconds"]
+    assert all(rate > 0 for rate in result["output_tokens_per_second"].values())

@@ -17,14 +17,28 @@ CRD_DIR = REPO_ROOT / "deploy" / "crds"
 VALUES_FILES = ("values-cpu.yaml", "values-gpu.yaml")
 RELEASE, NAMESPACE = "rel", "serving"
 
-# Every optional object on: monitoring, the OpenAI sidecar (HPA autoscaling is on by default).
+# The A/B objects at the gateway, with what they require: the Gateway, the other release's Service
+# and the endpoint picker.
+GATEWAY = {
+    "gateway": {
+        "httpRoute": {
+            "enabled": True,
+            "parentRefs": [{"name": "inference-gateway", "namespace": "gateway-system"}],
+            "other": {"service": "other-triton-llm-llm"},
+        },
+        "inferenceExtension": {"enabled": True, "pool": {"extensionRef": {"name": "llm-epp"}}},
+    }
+}
+# Every optional object on: monitoring, the OpenAI sidecar, the version-regression alert and the
+# gateway objects (HPA autoscaling is on by default).
 EVERYTHING_ON = {
     "openai": {"enabled": True},
     "monitoring": {
         "serviceMonitor": {"enabled": True},
         "podMonitor": {"enabled": True},
-        "prometheusRule": {"enabled": True},
+        "prometheusRule": {"enabled": True, "versionRegression": {"enabled": True}},
     },
+    **GATEWAY,
 }
 KEDA = {"autoscaling": {"engine": "keda"}}
 

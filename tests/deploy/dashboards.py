@@ -11,7 +11,11 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD_DIR = REPO_ROOT / "deploy" / "grafana"
-DASHBOARD_MODELS = {"llm.json": ("llm",), "encoders.json": ("embedding", "rerank")}
+DASHBOARD_MODELS = {
+    "llm.json": ("llm",),
+    "encoders.json": ("embedding", "rerank"),
+    "versions.json": ("llm",),
+}
 """The models each dashboard's panels must have data for (its `model` variable's values)."""
 
 ALL = ".*"
@@ -70,7 +74,7 @@ class PanelQuery:
 
 
 def load(name: str) -> dict:
-    """A dashboard by file name (`llm.json`, `encoders.json`)."""
+    """A dashboard by file name (`llm.json`, `encoders.json`, `versions.json`)."""
     return json.loads((DASHBOARD_DIR / name).read_text())
 
 

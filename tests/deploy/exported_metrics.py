@@ -1,11 +1,14 @@
 """The metric names the backend exports on the metrics port, collected from backend_lib's own metric
 definitions (LLMMetrics, EncoderMetrics) through a recording sink: counters and gauges under their
-name, histograms as `_bucket`, `_sum` and `_count` (the names Prometheus stores)."""
+name, histograms as `_bucket`, `_sum` and `_count` (the names Prometheus stores). And the names the
+OpenAI frontend exports on its own port's /metrics, read from its registry (FrontendMetrics) the
+same way: counters as `_total`, gauges under their name, histograms as the three series."""
 
 from __future__ import annotations
 
 from backend_lib.encoder.service import EncoderMetrics
 from backend_lib.llm.serving.metrics import LLMMetrics
+from openai_frontend.metrics import FrontendMetrics
 
 
 class _Series:
@@ -42,3 +45,13 @@ def backend_metric_names() -> frozenset[str]:
     LLMMetrics(sink, max_model_len=16, block_size=16, num_blocks=1)
     EncoderMetrics(sink)
     return frozenset(sink.names)
+
+
+_SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
+
+
+def frontend_metric_names() -> frozenset[str]:
+    names = set()
+    for family in FrontendMetrics().registry.collect():
+        names.update(f"{family.name}{suffix}" for suffix in _SUFFIXES[family.type])
+    return frozenset(names)

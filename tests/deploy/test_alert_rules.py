@@ -45,7 +45,7 @@ def test_rules_pass_promtool_check(promtool, tmp_path):
     rules = render_rule_file(tmp_path)
     result = run(promtool, "check", "rules", rules.name, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 12 rules found" in result.stdout
+    assert "SUCCESS: 14 rules found" in result.stdout
 
 
 def test_alert_unit_tests_pass(promtool, tmp_path):
@@ -73,6 +73,15 @@ def test_check_rejects_a_broken_expression(promtool, tmp_path):
         (rule_override(preemptionsPerSecond=0.8), "TritonLLMPreemptions"),
         (rule_override(stubUnhealthyFor="4m"), "TritonModelStubUnhealthy"),
         (rule_override(serverDownFor="3m"), "TritonServerDown"),
+        # The A/B rollback signal: a smaller margin or traffic floor fires on the silent cases
+        # (within the margin, 14% slower, too little traffic), a longer `for` misses the firing ones.
+        (rule_override(versionRegression={"errorRateMargin": 0.01}), "TritonLLMVersionRegression"),
+        (rule_override(versionRegression={"ttftP99Margin": 0.1}), "TritonLLMVersionRegression"),
+        (
+            rule_override(versionRegression={"minRequestsPerSecond": 0.04}),
+            "TritonLLMVersionRegression",
+        ),
+        (rule_override(versionRegression={"for": "11m"}), "TritonLLMVersionRegression"),
     ],
 )
 def test_unit_tests_catch_a_wrong_threshold_or_duration(promtool, tmp_path, overrides, alert):
@@ -96,7 +105,7 @@ def test_every_alert_has_a_firing_and_a_silent_case(tmp_path):
     rules = yaml.safe_load(render_rule_file(tmp_path).read_text())
     alerts = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
     firing, silent = expected_alerts()
-    assert len(alerts) == 6
+    assert len(alerts) == 7
     assert alerts - firing == set(), "alerts without a firing case"
     assert alerts - silent == set(), "alerts without a silent case"
     assert firing | silent <= alerts, "cases for alerts the chart no longer has"

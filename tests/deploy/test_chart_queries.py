@@ -1,6 +1,6 @@
 """Every PromQL expression the chart ships (PrometheusRule, prometheus-adapter rules with their
 templates filled in as the adapter does, KEDA triggers) parses, and reads only metrics that exist:
-the backend's (collected from backend_lib), Triton's own (tests/deploy/triton_metric_names.py,
+the backend's (collected from backend_lib), the OpenAI frontend's (from its registry), Triton's own (tests/deploy/triton_metric_names.py,
 checked against a real server end to end), `up`, and the chart's own recording rules."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from tests.deploy.chart import EVERYTHING_ON, NAMESPACE, render
 from tests.deploy.chart_queries import adapter_rules, keda_queries, rule_queries
-from tests.deploy.exported_metrics import backend_metric_names
+from tests.deploy.exported_metrics import backend_metric_names, frontend_metric_names
 from tests.deploy.promql import metric_names
 from tests.deploy.triton_metric_names import (
     PROMETHEUS_SYNTHETIC,
@@ -49,6 +49,7 @@ def test_every_metric_a_query_reads_is_exported():
     queries, recorded = all_queries()
     known = (
         backend_metric_names()
+        | frontend_metric_names()
         | TRITON_CPU_METRICS
         | TRITON_GPU_METRICS
         | PROMETHEUS_SYNTHETIC
@@ -66,6 +67,7 @@ def test_every_metric_a_query_reads_is_exported():
         "encoder_queue_seconds_count",
         "nv_inference_request_failure",
         "up",
+        "openai_frontend_model_requests_total",  # the A/B rollback signal
     } <= used
 
 

@@ -3,7 +3,7 @@ shape the deployment relies on: one Deployment per role, probes, drain, security
 
 import pytest
 
-from tests.deploy.chart import EVERYTHING_ON, KEDA, VALUES_FILES, by_kind, render
+from tests.deploy.chart import EVERYTHING_ON, GATEWAY, KEDA, VALUES_FILES, by_kind, merge, render
 
 ROLES = {"llm": ["llm"], "encoders": ["embedding", "rerank"]}
 
@@ -166,6 +166,149 @@ def test_monitoring_objects_only_when_enabled():
     kinds = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
     assert not kinds & {o["kind"] for o in render("values-cpu.yaml")}
     assert kinds <= {o["kind"] for o in render("values-cpu.yaml", EVERYTHING_ON)}
+
+
+def test_monitors_scrape_the_frontend_when_it_runs():
+    no_frontend = merge(EVERYTHING_ON, {"openai": {"enabled": False}})
+    no_frontend["gateway"]["inferenceExtension"]["enabled"] = False  # it needs the frontend
+    for overrides, endpoints in (
+        (no_frontend, ["metrics"]),
+        (EVERYTHING_ON, ["metrics", "openai"]),
+    ):
+        objects = render("values-cpu.yaml", overrides)
+        (service_monitor,) = by_kind(objects, "ServiceMonitor").values()
+        (pod_monitor,) = by_kind(objects, "PodMonitor").values()
+        assert [e["port"] for e in service_monitor["spec"]["endpoints"]] == endpoints
+        assert [e["port"] for e in pod_monitor["spec"]["podMetricsEndpoints"]] == endpoints
+
+
+def test_gateway_objects_only_when_enabled():
+    kinds = {"HTTPRoute", "InferencePool", "InferenceModel"}
+    assert not kinds & {o["kind"] for o in render("values-cpu.yaml", {"openai": {"enabled": True}})}
+    assert kinds <= {o["kind"] for o in render("values-cpu.yaml", EVERYTHING_ON)}
+
+
+def test_httproute_splits_between_this_release_and_the_other_by_weight():
+    (route,) = by_kind(render("values-cpu.yaml", EVERYTHING_ON), "HTTPRoute").values()
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
+    assert route["spec"]["parentRefs"] == [
+        {"name": "inference-gateway", "namespace": "gateway-system"}
+    ]
+    (rule,) = route["spec"]["rules"]
+    assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/v1"}}]
+    assert rule["backendRefs"] == [
+        {"name": "rel-triton-llm-llm", "port": 9000, "weight": 90},  # the OpenAI port
+        {"name": "other-triton-llm-llm", "port": 9000, "weight": 10},
+    ]
+    # Weights, hostnames and the other release's namespace from values; without the OpenAI
+    # frontend the route goes to the KServe HTTP port.
+    route_values = {
+        "weight": 50,
+        "hostnames": ["llm.example.com"],
+        "other": {"weight": 50, "namespace": "canary"},
+    }
+    (route,) = by_kind(
+        render(
+            "values-cpu.yaml",
+            merge(
+                GATEWAY,
+                {"gateway": {"httpRoute": route_values, "inferenceExtension": {"enabled": False}}},
+            ),
+        ),
+        "HTTPRoute",
+    ).values()
+    assert route["spec"]["hostnames"] == ["llm.example.com"]
+    assert route["spec"]["rules"][0]["backendRefs"] == [
+        {"name": "rel-triton-llm-llm", "port": 8000, "weight": 50},
+        {"name": "other-triton-llm-llm", "namespace": "canary", "port": 8000, "weight": 50},
+    ]
+
+
+def test_inference_model_splits_one_name_between_pinned_versions():
+    objects = render("values-cpu.yaml", EVERYTHING_ON)
+    (pool,) = by_kind(objects, "InferencePool").values()
+    (model,) = by_kind(objects, "InferenceModel").values()
+    assert pool["apiVersion"] == model["apiVersion"] == "inference.networking.x-k8s.io/v1alpha2"
+    (llm,) = [
+        d for d in by_kind(objects, "Deployment").values() if d["metadata"]["name"].endswith("-llm")
+    ]
+    # The pool is the llm role's pods on the OpenAI port, behind the configured endpoint picker.
+    assert pool["spec"]["selector"] == llm["spec"]["selector"]["matchLabels"]
+    assert pool["spec"]["targetPortNumber"] == 9000
+    assert pool["spec"]["extensionRef"] == {
+        "name": "llm-epp",
+        "portNumber": 9002,
+        "failureMode": "FailClose",
+    }
+    assert model["spec"] == {
+        "modelName": "llm",
+        "criticality": "Standard",
+        "poolRef": {"name": pool["metadata"]["name"]},
+        "targetModels": [{"name": "llm:1", "weight": 90}, {"name": "llm:2", "weight": 10}],
+    }
+    # An existing pool instead of the chart's own, and models from values.
+    extension = {
+        "pool": {"create": False, "name": "shared-pool"},
+        "models": [
+            {"modelName": "llm", "targetModels": [{"name": "llm:2", "weight": 1}]},
+            {"modelName": "llm:1", "criticality": "Critical"},
+        ],
+    }
+    objects = render(
+        "values-cpu.yaml", merge(EVERYTHING_ON, {"gateway": {"inferenceExtension": extension}})
+    )
+    assert not by_kind(objects, "InferencePool")
+    models = by_kind(objects, "InferenceModel")
+    assert sorted(models) == ["rel-triton-llm-llm", "rel-triton-llm-llm-1"]
+    assert {m["spec"]["poolRef"]["name"] for m in models.values()} == {"shared-pool"}
+    assert "targetModels" not in models["rel-triton-llm-llm-1"]["spec"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"gateway": {"httpRoute": {"parentRefs": []}}},
+            "gateway.httpRoute.parentRefs is required",
+        ),
+        ({"gateway": {"httpRoute": {"other": {"service": ""}}}}, "gateway.httpRoute.other.service"),
+        (
+            {"gateway": {"inferenceExtension": {"pool": {"extensionRef": {"name": ""}}}}},
+            "pool.extensionRef.name is required",
+        ),
+        ({"openai": {"enabled": False}}, "gateway.inferenceExtension needs openai.enabled"),
+    ],
+)
+def test_gateway_objects_refuse_to_render_without_what_they_need(overrides, message):
+    import helm_python
+
+    with pytest.raises(helm_python.errors.HelmRenderError, match=message):
+        render("values-cpu.yaml", merge(EVERYTHING_ON, overrides))
+
+
+def test_version_regression_alert_is_opt_in_and_spans_the_named_releases():
+    def alerts(overrides):
+        (rule,) = by_kind(render("values-cpu.yaml", overrides), "PrometheusRule").values()
+        return [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+
+    plain = {"monitoring": {"prometheusRule": {"enabled": True}}}
+    assert "TritonLLMVersionRegression" not in {r["alert"] for r in alerts(plain)}
+    regression = {"enabled": True, "releases": ["other-triton-llm"], "candidateVersion": "3"}
+    found = [
+        r
+        for r in alerts(
+            merge(plain, {"monitoring": {"prometheusRule": {"versionRegression": regression}}})
+        )
+        if r["alert"] == "TritonLLMVersionRegression"
+    ]
+    assert [r["labels"]["signal"] for r in found] == ["error_rate", "ttft_p99"]
+    for rule in found:
+        assert (
+            'pod=~"(rel-triton-llm|other-triton-llm)-llm-.*",model="llm",version="3"'
+            in rule["expr"]
+        )
+        assert 'version="1"' in rule["expr"]
+        assert rule["labels"]["candidate"] == "3"
 
 
 @pytest.mark.parametrize("values", VALUES_FILES)

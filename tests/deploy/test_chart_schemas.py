@@ -19,6 +19,15 @@ CRD_SCHEMAS = {
     ("monitoring.coreos.com/v1", "PodMonitor"): "monitoring.coreos.com_podmonitors.yaml",
     ("monitoring.coreos.com/v1", "PrometheusRule"): "monitoring.coreos.com_prometheusrules.yaml",
     ("keda.sh/v1alpha1", "ScaledObject"): "keda.sh_scaledobjects.yaml",
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): "gateway.networking.k8s.io_httproutes.yaml",
+    (
+        "inference.networking.x-k8s.io/v1alpha2",
+        "InferencePool",
+    ): "inference.networking.x-k8s.io_inferencepools.yaml",
+    (
+        "inference.networking.x-k8s.io/v1alpha2",
+        "InferenceModel",
+    ): "inference.networking.x-k8s.io_inferencemodels.yaml",
 }
 
 
@@ -62,6 +71,7 @@ def test_every_rendered_object_validates(values, overrides):
     kinds = {o["kind"] for o in objects}
     assert {"Deployment", "Service", "PodDisruptionBudget", "Secret", "ConfigMap"} <= kinds
     assert {"ServiceMonitor", "PodMonitor", "PrometheusRule"} <= kinds
+    assert {"HTTPRoute", "InferencePool", "InferenceModel"} <= kinds
     assert ("ScaledObject" if overrides.get("autoscaling") else "HorizontalPodAutoscaler") in kinds
     for obj in objects:
         validate(obj)
@@ -94,3 +104,45 @@ def test_the_validators_reject_what_a_cluster_would():
     del scaled["spec"]["scaleTargetRef"]
     with pytest.raises(jsonschema.ValidationError):
         validate(scaled)
+
+
+def _with(obj: dict, path: tuple, value=None, *, delete: bool = False) -> dict:
+    """A copy of `obj` with the field at `path` set to `value` (or deleted)."""
+    changed = copy.deepcopy(obj)
+    *parents, last = path
+    node = changed
+    for key in parents:
+        node = node[key]
+    if delete:
+        del node[last]
+    else:
+        node[last] = value
+    return changed
+
+
+def test_the_gateway_schemas_reject_what_a_cluster_would():
+    objects = render("values-cpu.yaml", EVERYTHING_ON)
+    (route,) = by_kind(objects, "HTTPRoute").values()
+    (pool,) = by_kind(objects, "InferencePool").values()
+    (model,) = by_kind(objects, "InferenceModel").values()
+    backend = ("spec", "rules", 0, "backendRefs", 0)
+    broken = [
+        _with(route, (*backend, "weight"), -1),  # minimum 0
+        _with(route, (*backend, "weigth"), 10),  # an unknown field
+        _with(
+            route, ("spec", "rules", 0, "matches", 0, "path", "type"), "Prefix"
+        ),  # not an enum value
+        _with(route, ("spec", "parentRefs", 0, "name"), delete=True),
+        _with(pool, ("spec", "targetPortNumber"), 0),
+        _with(pool, ("spec", "selector", "app.kubernetes.io/name"), "not a label value!"),
+        _with(pool, ("spec", "extensionRef"), delete=True),
+        _with(model, ("spec", "targetModels", 0, "weight"), 0),  # minimum 1
+        _with(model, ("spec", "criticality"), "Important"),
+        _with(
+            model, ("spec", "poolRef", "namespace"), "elsewhere"
+        ),  # the pool's own namespace only
+        _with(model, ("spec", "poolRef"), delete=True),
+    ]
+    for obj in broken:
+        with pytest.raises(jsonschema.ValidationError):
+            validate(obj)

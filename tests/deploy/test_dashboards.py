@@ -1,6 +1,6 @@
 """The Grafana dashboards (deploy/grafana) import as they are and query what exists: every panel uses
 the `datasource` variable, every query, its variables filled in as Grafana fills them, parses and
-reads only metrics the backend or Triton exports, each selector scoped to `$model`, `$version` and
+reads only metrics the backend, the OpenAI frontend or Triton exports, each selector scoped to `$model`, `$version` and
 `$namespace`, and every topic the deployment issue asks for has a panel. Whether each panel has data
 on a real server is tests/deploy/test_queries_live.py's question."""
 
@@ -24,12 +24,12 @@ from tests.deploy.dashboards import (
     panels,
     substitute,
 )
-from tests.deploy.exported_metrics import backend_metric_names
+from tests.deploy.exported_metrics import backend_metric_names, frontend_metric_names
 from tests.deploy.promql import functions, metric_names, nodes
 from tests.deploy.triton_metric_names import TRITON_CPU_METRICS
 
 # GPU metrics carry no model label, and a CPU server exports none: no per-model panel may read them.
-KNOWN_METRICS = backend_metric_names() | TRITON_CPU_METRICS
+KNOWN_METRICS = backend_metric_names() | frontend_metric_names() | TRITON_CPU_METRICS
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 # Distinct values, so that a selector missing a matcher, or matching the wrong variable, shows.
 SCOPE = {"model": "the-model", "version": "the-version", "namespace": "the-namespace"}
@@ -62,6 +62,18 @@ TOPICS = {
         "compute time": {"encoder_compute_seconds_bucket", "encoder_compute_seconds_sum"},
         "crashed stub": {"nv_inference_request_failure", "encoder_items_total"},
         **TRITON_TOPICS,
+    },
+    "versions.json": {
+        "TTFT": {"vllm:time_to_first_token_seconds_bucket"},
+        "inter-token latency": {"vllm:inter_token_latency_seconds_bucket"},
+        "tokens/s": {"vllm:generation_tokens_total"},
+        "error rate": {"openai_frontend_model_requests_total"},
+        "request share vs split": {
+            "openai_frontend_model_requests_total",
+            "openai_frontend_split_weight",
+        },
+        "rerouted": {"openai_frontend_split_rerouted_total"},
+        "frontend latency": {"openai_frontend_model_request_duration_seconds_bucket"},
     },
 }
 """Per dashboard, each topic's metric names, all read by one panel."""
@@ -203,6 +215,21 @@ def test_finish_reasons_and_failures_are_split_by_their_reason_label():
         # reason="invalid_input").
         (query,) = [q for q in queries if metric in q.expr and f'{label}="' not in q.expr]
         assert f"by (version, {label})" in query.expr, query
+
+
+def test_the_versions_dashboard_shows_every_version_side_by_side():
+    """Every query of the A/B dashboard keeps the versions apart (its series are per version), and
+    its error rates count 5xx and 4xx separately, a version without errors showing 0."""
+    dashboard = load("versions.json")
+    for panel in panels(dashboard):
+        for target in panel["targets"]:
+            assert "{{version}}" in target["legendFormat"], (panel["title"], target["refId"])
+    queries = panel_queries(dashboard)
+    for query in queries:
+        assert re.search(r"by \((le, )?version\b", query.expr), query
+    errors = [q.expr for q in queries if 'status=~"' in q.expr]
+    assert {re.search(r'status=~"(.)\.\."', e).group(1) for e in errors} == {"4", "5"}
+    assert all(" or 0 * sum by (version) (" in e for e in errors)
 
 
 BROKEN = {

@@ -1,5 +1,6 @@
-"""A real Prometheus scrapes a real tritonserver serving the default repository while a short mixed
-load runs (llm streams, embedding and rerank calls), evaluating the chart's recording rules and
+"""A real Prometheus scrapes a real tritonserver serving the default repository, and the OpenAI
+frontend in front of it (with a traffic split for llm), while a short mixed load runs (llm streams,
+over gRPC and through the frontend by plain and pinned name, embedding and rerank calls), evaluating the chart's recording rules and
 alerts. Then every PromQL expression the deployment ships is evaluated through Prometheus's HTTP API:
 the Grafana dashboards' panels (template variables substituted as Grafana substitutes them, sent as
 the range queries a panel sends), the recording rules and alerts, the prometheus-adapter queries
@@ -27,10 +28,18 @@ from tests.deploy.dashboards import (
     panel_queries,
     substitute,
 )
-from tests.deploy.live_cluster import has_values, pod_matchers, pod_name, scrape_jobs
+from tests.deploy.live_cluster import (
+    completion,
+    frontend_scrape_job,
+    has_values,
+    pod_matchers,
+    pod_name,
+    scrape_jobs,
+)
 from tests.deploy.prometheus_rules import render_rule_file
 from tests.e2e.reliability_helpers import ENCODER_TEXTS, PROMPTS, RERANK_PAIRS, embed, grpc_request
 from tests.e2e.reliability_helpers import rerank as rerank_pairs
+from tests.openai.frontend_helpers import Frontend, start_frontend, stop_frontend
 from tests.server_helpers import DEFAULT_REPOSITORY, start_server, stop_server
 from tooling.prometheus import PrometheusServer
 from tooling.tritonserver import TritonServer
@@ -39,6 +48,9 @@ pytestmark = pytest.mark.e2e
 
 LOAD_SECONDS = 20.0
 LLM_CLIENTS, ENCODER_CLIENTS = 4, 2
+"""Half the llm clients go through the OpenAI frontend, by plain name (the split) and pinned id."""
+TRAFFIC_SPLIT = "llm=1:100"
+"""The frontend's split, so that its split series exist (one version is loaded)."""
 SCRAPE_INTERVAL_S = 1
 MAX_DATA_POINTS = 1000
 """Grafana's default for a panel about as wide as a screen."""
@@ -47,15 +59,17 @@ MAX_DATA_POINTS = 1000
 @dataclass
 class Live:
     server: TritonServer
+    frontend: Frontend
     prometheus: PrometheusServer
     start: float
     end: float
     """The load window (Unix seconds); queries are evaluated over it or at its end."""
 
 
-def mixed_load(server: TritonServer, seconds: float) -> list[str]:
-    """LLM streams (some sharing a prompt prefix, so the prefix cache hits), embedding and rerank
-    calls from parallel clients for `seconds`; returns the failures (there should be none)."""
+def mixed_load(server: TritonServer, frontend: Frontend, seconds: float) -> list[str]:
+    """LLM streams (some sharing a prompt prefix, so the prefix cache hits; half of the clients
+    through the OpenAI frontend, by plain name and pinned id), embedding and rerank calls from
+    parallel clients for `seconds`; returns the failures (there should be none)."""
     deadline = time.monotonic() + seconds
     failures: list[str] = []
     lock = threading.Lock()
@@ -64,6 +78,13 @@ def mixed_load(server: TritonServer, seconds: float) -> list[str]:
         rng = random.Random(seed)
         while time.monotonic() < deadline:
             prompt = rng.choice(PROMPTS)
+            if seed % 2:
+                model = rng.choice(("llm", "llm:1"))
+                status = completion(frontend, model, prompt, rng.randint(8, 32))
+                if status != 200:
+                    with lock:
+                        failures.append(f"frontend {model}: HTTP {status}")
+                continue
             params = {"temperature": 0, "max_tokens": rng.randint(8, 32), "ignore_eos": True}
             outcome = grpc_request(server.grpc_url, "llm", prompt, params)
             if outcome.kind != "completed":
@@ -95,16 +116,25 @@ def mixed_load(server: TritonServer, seconds: float) -> list[str]:
 def live(tmp_path_factory) -> Live:
     rules = render_rule_file(tmp_path_factory.mktemp("rules"), EVERYTHING_ON)
     server = start_server(DEFAULT_REPOSITORY)
-    prometheus = PrometheusServer(scrape_jobs(server), [rules], scrape_interval_s=SCRAPE_INTERVAL_S)
+    frontend = None
+    prometheus = None
     try:
+        frontend = start_frontend(
+            server.grpc_url, DEFAULT_REPOSITORY, "--traffic-split", TRAFFIC_SPLIT
+        )
+        jobs = [*scrape_jobs(server), frontend_scrape_job(frontend.url.removeprefix("http://"))]
+        prometheus = PrometheusServer(jobs, [rules], scrape_interval_s=SCRAPE_INTERVAL_S)
         prometheus.start()
         prometheus.wait_targets_up()
         start = time.time()
-        assert mixed_load(server, LOAD_SECONDS) == []
+        assert mixed_load(server, frontend, LOAD_SECONDS) == []
         time.sleep(3 * SCRAPE_INTERVAL_S)  # the last scrapes and rule evaluations
-        yield Live(server, prometheus, start, time.time())
+        yield Live(server, frontend, prometheus, start, time.time())
     finally:
-        prometheus.stop()
+        if prometheus is not None:
+            prometheus.stop()
+        if frontend is not None:
+            stop_frontend(frontend)
         stop_server(server)
 
 

@@ -15,8 +15,7 @@ import tritonclient.http as httpclient
 
 from backend_lib.metrics import parse_prometheus_text
 from tests.e2e.llm_client import http_generate
-from tests.llm.engine_helpers import engine_checkpoint
-from tooling.repository import REPO_ROOT, ModelSpec, write_model
+from tests.e2e.llm_helpers import shakespeare_and_tiny_llama
 
 pytestmark = pytest.mark.e2e
 
@@ -30,24 +29,7 @@ def generate(server, version: str, prompt: str = "ROMEO:") -> str:
 
 @pytest.fixture
 def two_version_repository(tmp_path: Path) -> Path:
-    spec = ModelSpec(
-        "llm",
-        "llm",
-        {
-            "model": "{version}/checkpoint",
-            "dtype": "float32",
-            "cpu_kv_cache_gb": "0.05",
-            "max_num_seqs": "8",
-        },
-        versions=(1, 2),
-        max_batch_size=0,
-        version_policy="all: {}",
-    )
-    write_model(spec, tmp_path)
-    (tmp_path / "llm" / "1" / "checkpoint").symlink_to(REPO_ROOT / "models" / "shakespeare-llama")
-    tiny_dir, _ = engine_checkpoint("LlamaForCausalLM")
-    (tmp_path / "llm" / "2" / "checkpoint").symlink_to(tiny_dir)
-    return tmp_path
+    return shakespeare_and_tiny_llama(tmp_path)
 
 
 def test_two_versions_side_by_side_and_reload_one_under_traffic(

@@ -107,8 +107,9 @@ def make_inputs(case: Case, dtype: torch.dtype, device: torch.device) -> Inputs:
     )
 
 
-def naive_attention(inputs: Inputs) -> torch.Tensor:
-    """Token by token in float64: gather the visible keys through the block table, softmax, sum."""
+def naive_attention(inputs: Inputs, softcap: float | None = None) -> torch.Tensor:
+    """Token by token in float64: gather the visible keys through the block table, softmax, sum
+    (scores soft-capped first, tanh(s / softcap) * softcap, when `softcap` is set)."""
     q, k_cache, v_cache = inputs.q, inputs.k_cache, inputs.v_cache
     block_size, groups = k_cache.shape[1], q.shape[1] // k_cache.shape[2]
     out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
@@ -125,6 +126,9 @@ def naive_attention(inputs: Inputs) -> torch.Tensor:
                 v_cache[blocks, keys_pos % block_size].double().repeat_interleave(groups, dim=1)
             )
             query = q[starts[b] + i].double()  # [Hq, D]
-            weights = torch.softmax(torch.einsum("hd,khd->hk", query, keys) * inputs.scale, dim=-1)
+            scores = torch.einsum("hd,khd->hk", query, keys) * inputs.scale
+            if softcap is not None:
+                scores = torch.tanh(scores / softcap) * softcap
+            weights = torch.softmax(scores, dim=-1)
             out[starts[b] + i] = torch.einsum("hk,khd->hd", weights, values)
     return out

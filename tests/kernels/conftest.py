@@ -17,6 +17,7 @@ if not torch.cuda.is_available():
 
 from kernels import (  # noqa: E402  (after the switch)
     activation,
+    fused_moe,
     kv_cache,
     lora,
     paged_attention,
@@ -28,7 +29,16 @@ from kernels import (  # noqa: E402  (after the switch)
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # Relative error bound: max |got - want| / max |want|.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-KERNEL_MODULES = (activation, kv_cache, lora, paged_attention, rmsnorm, rotary, token_bitmask)
+KERNEL_MODULES = (
+    activation,
+    fused_moe,
+    kv_cache,
+    lora,
+    paged_attention,
+    rmsnorm,
+    rotary,
+    token_bitmask,
+)
 
 
 def _check_kernels_runnable() -> None:

@@ -38,17 +38,19 @@ def signature(fn, pointers, floats, constexprs):
             sig[name] = "fp32" if name in floats else "i32"
     return sig
 
-def attention(dtype, num_tokens, num_seqs, groups, head_dim, num_splits, window, specialized=None):
+def attention(dtype, num_tokens, num_seqs, groups, head_dim, num_splits, window, specialized=None,
+              softcap=False):
     # The launch shape the wrapper would choose for this batch.
-    tiles = paged_attention.tile_config(num_tokens, num_seqs, groups, dtype)
+    tiles = paged_attention.tile_config(num_tokens, num_seqs, groups, dtype, head_dim)
     type_name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
     pointers = {"*": type_name, "query_start_loc_ptr": "i32", "seq_lens_ptr": "i32",
                 "block_tables_ptr": "i32", "part_out_ptr": "fp32", "part_lse_ptr": "fp32"}
     constexprs = dict(NUM_GROUPS=groups, BLOCK_SIZE=16, BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_q,
                       BLOCK_N=tiles.block_n, BLOCK_D=triton.next_power_of_2(head_dim),
-                      NUM_SPLITS=num_splits, USE_WINDOW=window,
+                      NUM_SPLITS=num_splits, USE_WINDOW=window, USE_SOFTCAP=softcap,
                       DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32", **(specialized or {}))
-    return paged_attention._paged_attention_kernel, pointers, {"qk_scale"}, constexprs, tiles.num_warps
+    floats = {"qk_scale", "softcap"}
+    return paged_attention._paged_attention_kernel, pointers, floats, constexprs, tiles.num_warps
 
 configs = {
     "attention-bf16-prefill": attention(torch.bfloat16, 512, 2, 4, 128, 1, False),
@@ -58,6 +60,11 @@ configs = {
     "attention-fp16-mqa-window": attention(torch.float16, 300, 3, 8, 64, 1, True),
     "attention-fp16-d96-decode": attention(torch.float16, 4, 4, 1, 96, 1, False),
     "attention-fp32-d80-prefill": attention(torch.float32, 64, 2, 1, 80, 1, False),
+    # Gemma 2: soft-capped scores on sliding layers, head_dim 256 (bigger tiles' registers).
+    "attention-bf16-softcap-window-d256": attention(torch.bfloat16, 512, 2, 2, 256, 1, True,
+                                                    softcap=True),
+    "attention-bf16-softcap-decode-split": attention(torch.bfloat16, 8, 8, 2, 256, 8, False,
+                                                     softcap=True),
     "attention-fp32-decode-split-window": attention(torch.float32, 4, 4, 4, 128, 4, True),
     "merge-splits-bf16": (paged_attention._merge_splits_kernel, {"*": "fp32", "out_ptr": "bf16"},
                           set(), dict(NUM_SPLITS=8, BLOCK_S=8, BLOCK_D=128), 4),
@@ -70,6 +77,8 @@ configs = {
     "kv-cache-bf16": (kv_cache._write_kv_cache_kernel, {"*": "bf16", "slot_ptr": "i64"}, set(),
                       dict(NUM_KV_HEADS=8, BLOCK_H=8, BLOCK_D=128), 4),
     "silu-and-mul-bf16": (activation._silu_and_mul_kernel, {"*": "bf16"}, set(), dict(BLOCK=1024), 4),
+    "gelu-tanh-and-mul-bf16": (activation._gelu_tanh_and_mul_kernel, {"*": "bf16"}, set(),
+                               dict(BLOCK=1024), 4),
     "lora-shrink-bf16": (lora._lora_shrink_kernel, {"*": "bf16", "y_ptr": "fp32", "starts_ptr": "i32",
                          "ends_ptr": "i32", "slots_ptr": "i32"}, set(),
                          dict(BLOCK_M=16, BLOCK_R=64, BLOCK_K=32, DOT_PRECISION="tf32"), 4),

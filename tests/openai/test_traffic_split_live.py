@@ -18,8 +18,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from backend_lib.metrics import parse_prometheus_text
-from tests.llm.engine_helpers import engine_checkpoint
-from tooling.repository import REPO_ROOT, ModelSpec, write_model
+from tests.e2e.llm_helpers import shakespeare_and_tiny_llama
 
 pytestmark = pytest.mark.e2e
 
@@ -30,24 +29,7 @@ REQUESTS = 2000
 
 @pytest.fixture
 def two_versions(tmp_path: Path) -> Path:
-    spec = ModelSpec(
-        "llm",
-        "llm",
-        {
-            "model": "{version}/checkpoint",
-            "dtype": "float32",
-            "cpu_kv_cache_gb": "0.05",
-            "max_num_seqs": "16",
-        },
-        versions=(1, 2),
-        max_batch_size=0,
-        version_policy="all: {}",
-    )
-    write_model(spec, tmp_path)
-    (tmp_path / "llm" / "1" / "checkpoint").symlink_to(REPO_ROOT / "models" / "shakespeare-llama")
-    tiny_dir, _ = engine_checkpoint("LlamaForCausalLM")
-    (tmp_path / "llm" / "2" / "checkpoint").symlink_to(tiny_dir)
-    return tmp_path
+    return shakespeare_and_tiny_llama(tmp_path, max_num_seqs="16")
 
 
 async def _completions(url: str, bodies: list[dict], headers: list[dict], width: int = 32):

@@ -162,6 +162,7 @@ class ModelRunner:
             args.intermediate_size,
             args.num_heads * args.head_dim,
             args.num_kv_heads * args.head_dim,
+            mlp=getattr(self.model, "LORA_COVERS_MLP", True),
         )
         """What an adapter must match to run on this model."""
         self.lora_slots = (

@@ -1,11 +1,13 @@
 """PEFT LoRA adapters from a local directory (`adapter_config.json` + `adapter_model.safetensors`),
 checked against the base model once, at load.
 
-Supported: plain LoRA on any of the Llama family's projections (q/k/v/o, gate/up/down) of any
-layer, any rank up to `max_lora_rank` (per module, so PEFT's `rank_pattern` works), scaling
-`lora_alpha / r` or `lora_alpha / sqrt(r)` with `use_rslora`. Everything else is refused with a
-LoRALoadError naming the adapter and the reason: pickle weights, another base architecture or
-shape, DoRA, trained biases, `modules_to_save`, `alpha_pattern`, other modules (embeddings, lm_head).
+Supported: plain LoRA on any of the Llama family's projections (q/k/v/o, gate/up/down; Phi-3's
+checkpoint-fused qkv_proj / gate_up_proj whole) of any layer (the attention ones only on
+mixtures of experts: their expert weights are refused), any rank up to `max_lora_rank` (per
+module, so PEFT's `rank_pattern` works), scaling `lora_alpha / r` or `lora_alpha / sqrt(r)` with
+`use_rslora`. Everything else is refused with a LoRALoadError naming the adapter and the reason:
+pickle weights, another base architecture or shape, DoRA, trained biases, `modules_to_save`,
+`alpha_pattern`, other modules (embeddings, lm_head).
 """
 
 from __future__ import annotations
@@ -25,11 +27,16 @@ from backend_lib.errors import InputError
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The projections an adapter may target (PEFT module names of the Llama family)."""
+FUSED_PROJECTIONS = ("qkv_proj", "gate_up_proj")
+"""Checkpoint-fused projections (Phi-3's), adapted whole: one A and one B over [q | k | v] or
+[gate | up], the layout of the engine's fused matmuls."""
 _PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn"}
 _PARENT |= {"o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+_PARENT |= {"qkv_proj": "self_attn", "gate_up_proj": "mlp"}
 _TENSOR_NAME = re.compile(
     r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$"
 )
+_MLP_PART = re.compile(r"\.(mlp|block_sparse_moe)\.")
 CONFIG_FILE, WEIGHTS_FILE, PICKLE_FILE = (
     "adapter_config.json",
     "adapter_model.safetensors",
@@ -71,11 +78,17 @@ class LoRAModelSpec:
         intermediate: int,
         q_size: int,
         kv_size: int,
+        mlp: bool = True,
     ) -> LoRAModelSpec:
+        """`mlp` False: adapters may target the attention projections only (mixtures of experts,
+        whose MLPs are experts)."""
         shapes = {"q_proj": (hidden, q_size), "k_proj": (hidden, kv_size)}
         shapes |= {"v_proj": (hidden, kv_size), "o_proj": (q_size, hidden)}
-        shapes |= {"gate_proj": (hidden, intermediate), "up_proj": (hidden, intermediate)}
-        shapes |= {"down_proj": (intermediate, hidden)}
+        shapes |= {"qkv_proj": (hidden, q_size + 2 * kv_size)}
+        if mlp:
+            shapes |= {"gate_proj": (hidden, intermediate), "up_proj": (hidden, intermediate)}
+            shapes |= {"down_proj": (intermediate, hidden)}
+            shapes |= {"gate_up_proj": (hidden, 2 * intermediate)}
         return cls(architecture, num_layers, shapes)
 
 
@@ -194,10 +207,17 @@ def _read_config(root: Path, fail) -> dict[str, Any]:
 
 
 def _parse_name(key: str, spec: LoRAModelSpec, fail) -> tuple[int, str, str]:
+    if "gate_proj" not in spec.shapes and _MLP_PART.search(key):
+        raise fail(
+            f"tensor {key!r} adapts an MLP or expert weight: LoRA on this mixture-of-experts "
+            f"model ({spec.architecture}) covers the attention projections only "
+            f"({', '.join(spec.shapes)})"
+        )
     match = _TENSOR_NAME.match(key)
     if match is None:
         raise fail(
-            f"tensor {key!r} is not a LoRA weight of a supported module ({', '.join(PROJECTIONS)})"
+            f"tensor {key!r} is not a LoRA weight of a supported module "
+            f"({', '.join(PROJECTIONS + FUSED_PROJECTIONS)})"
         )
     layer, parent, module, which = int(match[1]), match[2], match[3], match[4]
     if _PARENT.get(module) != parent:

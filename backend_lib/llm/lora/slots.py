@@ -26,6 +26,9 @@ FUSED_TARGETS: dict[str, tuple[str, ...]] = {
     "down": ("down_proj",),
 }
 """The model's fused projections and the adapter projections each one concatenates (in order)."""
+WHOLE_MODULES = {"qkv": "qkv_proj", "gate_up": "gate_up_proj"}
+"""Fused projections an adapter may also adapt whole (Phi-3's checkpoint names): its A fills the
+first rank rows of the slot's lora_a, its B the first rank columns of lora_b, all rows."""
 
 
 class LoRASlots:
@@ -46,6 +49,8 @@ class LoRASlots:
         for _ in range(spec.num_layers):
             layer = {}
             for target, parts in FUSED_TARGETS.items():
+                if parts[0] not in spec.shapes:  # not adaptable on this model (MoE MLPs)
+                    continue
                 in_features = spec.shapes[parts[0]][0]
                 out_features = sum(spec.shapes[p][1] for p in parts)
                 ranks = len(parts) * max_rank
@@ -105,5 +110,9 @@ class LoRASlots:
                         lora_a[slot, cols] = module.lora_a  # copy_ casts and moves
                         lora_b[slot, row : row + out_features, cols] = module.lora_b
                     row += out_features
+                whole = adapter.modules.get((layer, WHOLE_MODULES.get(target, "")))
+                if whole is not None:
+                    lora_a[slot, : whole.rank] = whole.lora_a
+                    lora_b[slot, :, : whole.rank] = whole.lora_b
         self.num_loads += 1
         self.load_seconds += time.perf_counter() - started

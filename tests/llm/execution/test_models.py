@@ -36,6 +36,9 @@ VARIANTS = {
         ),
     ),
     "qwen3-qk-norm-mqa": ("Qwen3ForCausalLM", {}),
+    "gemma2-softcaps-alternating-windows": ("Gemma2ForCausalLM", {}),
+    "gemma3-qk-norm-local-global-rope": ("Gemma3ForCausalLM", {}),
+    "phi3-fused-longrope": ("Phi3ForCausalLM", {}),
 }
 
 
@@ -119,7 +122,17 @@ def test_prefix_shared_through_block_tables_matches_hf(variant, session):
     _assert_rows_match_hf(s.logits([(first, 1), (second, 1)]), [first, second], hf)
 
 
-@pytest.mark.parametrize("name", ["mistral-sliding-window", "qwen3-qk-norm-mqa"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mistral-sliding-window",
+        "qwen3-qk-norm-mqa",
+        # Softcaps in the Triton attention kernel, GELU(tanh)-and-mul (Gemma 3 adds nothing
+        # kernel-side: the same norm and rotary kernels with other weights and tables).
+        "gemma2-softcaps-alternating-windows",
+        "phi3-fused-longrope",
+    ],
+)
 def test_triton_kernels_match_hf(name, checkpoint, session):
     """The GPU kernel set end to end: on CUDA when present, else in Triton's interpreter
     (tests/conftest.py sets TRITON_INTERPRET=1 on machines without CUDA)."""

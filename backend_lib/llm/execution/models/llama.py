@@ -2,6 +2,8 @@
 
 One implementation; the architectures differ only in `LlamaArgs` flags: Qwen2 has q/k/v biases,
 Qwen3 normalises q and k per head, Mistral (and Qwen2/3 when enabled) use a sliding window.
+Gemma 2/3 (models/gemma.py) and Phi-3 (models/phi3.py) subclass it with their differences as
+`LayerCalls` fields (per-layer rope table, attention soft-cap, attention output norm) and hooks.
 q/k/v and gate/up projections are fused into one matmul each; `load_weights` merges the
 checkpoint's separate tensors into them. With a `LoRABatch` (backend_lib/llm/lora/batch.py),
 each fused projection's output gets every row's own adapter delta (one batched call per
@@ -62,6 +64,9 @@ class LlamaArgs:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
+    rotary_dim: int | None = None
+    """Leading dims of each head that rotary embedding turns (Phi-3's partial_rotary_factor);
+    None: all of head_dim."""
 
     @classmethod
     def from_hf_config(cls, cfg: Mapping[str, Any]) -> LlamaArgs:
@@ -226,6 +231,14 @@ class LayerCalls:
     scale: float
     sliding_window: int | None
     """Attend to the last `w` positions only; None: full attention."""
+    rope: torch.Tensor | None = None
+    """float32 [max_position, rotary_dim]: this layer's own cos/sin table (Gemma 3's local
+    layers); None: the model's `rope_cache`."""
+    softcap: float | None = None
+    """Attention logit soft-capping, scores -> tanh(scores / c) * c (Gemma 2); None: none."""
+    attn_out_norm: torch.Tensor | None = None
+    """[hidden_size]: Gemma's norm of the attention output before the residual add (the models
+    that have one apply it, models/gemma.py); None for the others."""
 
     @classmethod
     def of(cls, layer: LlamaDecoderLayer, index: int, args: LlamaArgs, mlp: MLPCall) -> LayerCalls:
@@ -286,7 +299,7 @@ class LlamaForCausalLM(nn.Module):
         # Float32 keeps the angles exact.
         with torch.device(device):
             self.rope_cache = rope_cos_sin_cache(
-                args.head_dim,
+                args.rotary_dim or args.head_dim,
                 max_position or args.max_position_embeddings,
                 args.rope_theta,
                 args.rope_scaling,
@@ -395,8 +408,10 @@ class LlamaForCausalLM(nn.Module):
             # Qwen3: RMSNorm over each head's vector, before rotary.
             q = kernels.rms_norm(q.reshape(-1, a.head_dim), layer.q_norm, None)[0].view_as(q)
             k = kernels.rms_norm(k.reshape(-1, a.head_dim), layer.k_norm, None)[0].view_as(k)
-        q, k = kernels.rotary(q, k)
-        attended = kernels.attend(q, k, v, kv_cache, layer.scale, layer.sliding_window)
+        q, k = kernels.rotary(q, k, layer.rope)
+        attended = kernels.attend(
+            q, k, v, kv_cache, layer.scale, layer.sliding_window, layer.softcap
+        )
         attended = attended.reshape(tokens, self._qkv_sizes[0])
         out = layer.o(attended)
         if lora is not None:

@@ -31,6 +31,7 @@ class CppOps:
     write_kv_cache: Callable[..., None]
     paged_attention: Callable[..., None]
     silu_and_mul: Callable[..., None]
+    gelu_tanh_and_mul: Callable[..., None]
 
     @classmethod
     def load(cls) -> CppOps:
@@ -42,6 +43,7 @@ class CppOps:
             ops.write_kv_cache.default,
             ops.paged_attention.default,
             ops.silu_and_mul.default,
+            ops.gelu_tanh_and_mul.default,
         )
 
 
@@ -102,11 +104,15 @@ class CppKernels:
         self._ops.rms_norm(x, weight, self._eps, residual, out, summed)
         return out, summed
 
-    def rotary(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """New rotated q [T, Hq, D] and k [T, Hkv, D] (contiguous) at the step's positions."""
+    def rotary(
+        self, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """New rotated q [T, Hq, D] and k [T, Hkv, D] (contiguous) at the step's positions, by
+        `cache` (a layer's own cos/sin table, e.g. Gemma 3's local one; None: the model's)."""
         q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
         k_out = torch.empty_like(k, memory_format=torch.contiguous_format)
-        self._ops.rotary(self._positions, q, k, self._rope, q_out, k_out)
+        rope = self._rope if cache is None else cache
+        self._ops.rotary(self._positions, q, k, rope, q_out, k_out)
         return q_out, k_out
 
     def attend(
@@ -117,8 +123,10 @@ class CppKernels:
         kv_cache: KVCache,
         scale: float,
         sliding_window: int | None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
-        """Write k, v [T, Hkv, D] into the cache, then attend q [T, Hq, D] over it -> [T, Hq, D]."""
+        """Write k, v [T, Hkv, D] into the cache, then attend q [T, Hq, D] over it -> [T, Hq, D];
+        `softcap`: Gemma's attention logit soft-capping (None: none)."""
         k_cache, v_cache = kv_cache
         self._ops.write_kv_cache(k, v, k_cache, v_cache, self._slots)
         out = torch.empty_like(q)
@@ -133,6 +141,7 @@ class CppKernels:
             sliding_window or 0,  # the op's "none"
             self._seqs,
             out,
+            softcap or 0.0,
         )
         return out
 
@@ -140,6 +149,12 @@ class CppKernels:
         """[N, 2I] -> silu(gate) * up [N, I]."""
         out = x.new_empty((x.shape[0], x.shape[1] // 2))
         self._ops.silu_and_mul(x, out)
+        return out
+
+    def gelu_tanh_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, 2I] -> gelu_tanh(gate) * up [N, I] (Gemma)."""
+        out = x.new_empty((x.shape[0], x.shape[1] // 2))
+        self._ops.gelu_tanh_and_mul(x, out)
         return out
 
 
@@ -168,8 +183,11 @@ class OpsKernels:
             return self._ops.rms_norm(x, weight, self._eps), x
         return self._ops.rms_norm(x, weight, self._eps, residual)
 
-    def rotary(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._ops.apply_rotary(self._positions, q, k, self._rope)
+    def rotary(
+        self, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        rope = self._rope if cache is None else cache
+        return self._ops.apply_rotary(self._positions, q, k, rope)
 
     def attend(
         self,
@@ -179,6 +197,7 @@ class OpsKernels:
         kv_cache: KVCache,
         scale: float,
         sliding_window: int | None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         k_cache, v_cache = kv_cache
         meta = self._meta
@@ -193,10 +212,14 @@ class OpsKernels:
             scale,
             sliding_window=sliding_window,
             **self._plan,
+            **({"softcap": softcap} if softcap else {}),
         )
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         return self._ops.silu_and_mul(x)
+
+    def gelu_tanh_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        return self._ops.gelu_tanh_and_mul(x)
 
 
 StepKernels = CppKernels | OpsKernels
