@@ -428,7 +428,21 @@ CASES: list[MalformedCase] = [
         "http",
         "embedding",
         Infer(()),
-        "missing required input(s) ['text_input']",
+        "request has 0 inputs",  # text_input and input_ids are both optional: Triton's own check
+    ),
+    MalformedCase(
+        "embedding-http-neither-texts-nor-ids",
+        "http",
+        "embedding",
+        Infer((("normalize", np.array([[True]]), "BOOL"),)),
+        "send exactly one of 'text_input' (texts) and 'input_ids' (token ids)",
+    ),
+    MalformedCase(
+        "embedding-http-token-id-outside-vocabulary",
+        "http",
+        "embedding",
+        Infer((("input_ids", np.array([[101, 10**6, 102]], dtype=np.int64), "INT64"),)),
+        "token id 1000000 is outside the vocabulary",
     ),
     MalformedCase(
         "embedding-http-int32-text",

@@ -262,4 +262,4 @@ def test_an_unknown_parser_fails_that_model_only(parser_server, sdk):
     index = {m["name"]: m for m in client.get_model_repository_index()}
     reason = index["broken"].get("reason", "")
     assert "tool_call_parser" in reason and "hermes2" in reason, reason
-    assert {m.id for m in sdk.models.list()} == {"llm", "plain"}
+    assert {m.id for m in sdk.models.list()} == {"llm", "plain", "llm:1", "plain:1"}
