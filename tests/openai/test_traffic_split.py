@@ -282,3 +282,14 @@ def test_a_version_gone_under_a_request_is_replaced_before_anything_is_answered(
         fake.ready.add(("llm", "2"))
         pinned = client.post("/v1/completions", json={**BODY, "model": "llm:2"})
         assert pinned.status_code == 500  # a pinned version is that version or an error
+
+
+def test_bad_split_settings_fail_at_start_naming_the_field(tmp_path):
+    from openai_frontend.config import FrontendConfig, FrontendConfigError
+
+    with pytest.raises(FrontendConfigError, match="traffic_splits.*sum to 95"):
+        FrontendConfig(traffic_splits=("llm=1:90,2:5",))
+    broken = tmp_path / "splits.json"
+    broken.write_text("{broken")
+    with pytest.raises(FrontendConfigError, match="traffic_split_file.*not valid JSON"):
+        FrontendConfig(traffic_split_file=broken)
