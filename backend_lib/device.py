@@ -18,12 +18,16 @@ DTYPES: dict[str, torch.dtype] = {
 
 def select_device(args: Mapping[str, Any] | None = None) -> torch.device:
     """CUDA when Triton gives this instance a GPU (`model_instance_kind` GPU) and CUDA works,
-    CPU otherwise. Without Triton args (tests, scripts) CUDA is used when available."""
+    CPU otherwise. KIND_MODEL (a model placing itself, as a tensor-parallel one does: rank r on
+    GPU r) starts on GPU 0 where CUDA works. Without Triton args (tests, scripts) CUDA is used
+    when available."""
     if args is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    kind = str(args.get("model_instance_kind", "CPU")).upper()
-    if kind in ("GPU", "KIND_GPU") and torch.cuda.is_available():
+    kind = str(args.get("model_instance_kind", "CPU")).upper().removeprefix("KIND_")
+    if kind == "GPU" and torch.cuda.is_available():
         return torch.device("cuda", int(args.get("model_instance_device_id", 0) or 0))
+    if kind == "MODEL" and torch.cuda.is_available():
+        return torch.device("cuda", 0)
     return torch.device("cpu")
 
 

@@ -25,6 +25,8 @@ class ModelContext:
     device: torch.device
     parameters: dict[str, str]
     model_config: dict[str, Any]
+    instance_kind: str = "CPU"
+    """Triton's instance kind, without the KIND_ prefix: CPU, GPU or MODEL."""
 
     @classmethod
     def from_args(cls, args: Mapping[str, Any]) -> ModelContext:
@@ -39,6 +41,7 @@ class ModelContext:
             device=select_device(args),
             parameters=parameters,
             model_config=model_config,
+            instance_kind=str(args.get("model_instance_kind", "CPU")).upper().removeprefix("KIND_"),
         )
 
     def metrics(self, pb_utils: Any) -> MetricsSink:

@@ -37,8 +37,21 @@ INT8_MAX = 127.0
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 
+def resolve_quantization(mode: str, prequantized: str | None) -> str:
+    """The at-load mode (one of QUANTIZATION_MODES) for config `quantization` `mode` (auto, or an
+    at-load mode). `prequantized` describes the checkpoint's own quantization (None: full
+    precision): such a checkpoint loads as stored, so only auto is accepted for it."""
+    if prequantized is not None and mode != "auto":
+        raise ConfigError(
+            "quantization",
+            mode,
+            f"the checkpoint is pre-quantized ({prequantized}) and loads as stored; set auto",
+        )
+    return "none" if mode == "auto" else mode
+
+
 def check_quantization(mode: str, device: torch.device) -> None:
-    """ConfigError naming `quantization` for an unknown mode, or fp8 where it cannot run."""
+    """ConfigError naming `quantization` for an unknown at-load mode, or fp8 where it cannot run."""
     if mode not in QUANTIZATION_MODES:
         raise ConfigError("quantization", mode, f"expected one of {', '.join(QUANTIZATION_MODES)}")
     if mode == "fp8" and device.type != "cuda":

@@ -13,6 +13,11 @@ OpenVINO IR (optimum-intel, fp32 weights) and to CTranslate2 (float32), cached i
 - ctranslate2: `Generator.generate_batch` on static batches of 16 in arrival order (it has no
   continuous batching), each batch to its longest output.
 
+After float32, "kv-int8": float32 weights over an 8-bit KV cache on both sides, the engine's
+`kv_cache_dtype: int8` (symmetric, a scale per token and kv head) against OpenVINO GenAI's
+`KV_CACHE_PRECISION: u8` (its CPU plugin's 8-bit cache, asymmetric per token); agreement
+reported, not required (the two quantize differently); CTranslate2 has no 8-bit KV cache.
+
 Per precision (float32; bfloat16 only where the CPU has native bf16) and thread count, every
 system runs the workload once untimed and its greedy tokens are compared with the engine's
 (float32: identical required, else it gets no figure, except where an output parts from ours at
@@ -56,7 +61,16 @@ KEYS = {
     ("openvino_genai", "float32"): "engine_vs_openvino_genai",
     ("openvino_genai", "bfloat16"): "engine_bf16_vs_openvino_genai_bf16",
     ("ctranslate2", "float32"): "engine_vs_ctranslate2",
+    ("openvino_genai", "kv-int8"): "engine_kv_int8_vs_openvino_genai",
 }
+KV_VARIANTS = {
+    "kv-int8": {
+        "weights": "float32",
+        "engine": {"kv_cache_dtype": "int8"},
+        "peers": {"openvino_genai": {"kv_cache_precision": "u8"}},
+    }
+}
+"""Labels measured after float32: 8-bit KV caches (the engine's setting, each peer's own)."""
 TIE_TOLERANCE = 1e-5
 """Relative gap between the top two logits under which they count as tied (float32 rounding)."""
 KV_CACHE_GB = 1
@@ -102,6 +116,7 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
         lambda threads, dtype, worker, paths: measure(
             args, model_dir, workload, sizes, threads, dtype, worker, paths
         ),
+        variants={"float32": tuple(KV_VARIANTS)},
     )
     return {
         "device": str(device),
@@ -114,19 +129,31 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
 
 
 def measure(args, model_dir, workload: Workload, sizes, threads, dtype, worker, paths) -> dict:
-    """One precision at one thread count: the engine and each peer checked, then timed."""
+    """One precision (or KV_VARIANTS label) at one thread count: the engine and each peer
+    checked, then timed."""
     import torch
 
     torch.set_num_threads(threads)
     progress(f"{threads} thread(s), {dtype}")
-    engine = MeteredEngine(model_dir, dtype, torch.device("cpu"), max(64, sizes.requests))
+    variant = KV_VARIANTS.get(dtype)
+    weights = variant["weights"] if variant else dtype
+    if variant:  # only the peers with an 8-bit KV cache of their own
+        paths = {name: path for name, path in paths.items() if name in variant["peers"]}
+    engine = MeteredEngine(
+        model_dir,
+        weights,
+        torch.device("cpu"),
+        max(64, sizes.requests),
+        **(variant["engine"] if variant else {}),
+    )
     reference, _ = engine.run(workload)  # warm-up, and the tokens every peer must give
     cpu: dict[str, list[float]] = {"engine": []}
     systems = {"engine": plan.cpu_metered(lambda: engine.run(workload), cpu["engine"], engine)}
     settings, agreements, excluded = {}, {}, {}
     for name, path in paths.items():
         try:
-            settings[name] = worker.load(name, path, dtype, **peer_settings(sizes)[name])
+            kv = variant["peers"][name] if variant else {}
+            settings[name] = worker.load(name, path, weights, **peer_settings(sizes)[name], **kv)
             outputs, _ = worker.generate(name, workload.prompts, workload.output_lens)
         except PeerError as exc:
             excluded[name] = f"failed: {exc}"

@@ -13,6 +13,11 @@ softcap (Gemma's attention logit soft-capping), when set: each scaled score s be
 tanh(s / softcap) * softcap before the softmax.
 Cache slots outside every context must hold finite values (allocate the pool zeroed): the torch
 decode path pads contexts with them and relies on 0 * value == 0.
+8-bit caches (int8, float8_e4m3fn; kernels/kv_cache.py) come with k_scale, v_scale
+[num_blocks, block_size, Hkv] float32, and a key or value row reads as its 8-bit row times its
+scale. The C++ op and the Triton kernel read the 8-bit rows and scales in place (converted in
+registers, the key scale applied to the scores, the value scale folded into the probabilities);
+the PyTorch path dequantizes the context it gathers.
 
 PyTorch path (CPU production, reference): single-token queries are grouped by context length (so
 padding to a group's longest wastes little) and each group shares one batched gather and one masked
@@ -58,6 +63,7 @@ import triton
 import triton.language as tl
 
 from kernels import cpu_extension
+from kernels.kv_cache import QUANTIZED_KV_DTYPES, byte_view, dequantize_kv
 
 
 def _gather_context(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
@@ -65,8 +71,20 @@ def _gather_context(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tenso
     block_ids must be in range (the plan clamps unused table entries)."""
     # index_select over the cache viewed as one row per block copies whole blocks (memcpy); plain
     # advanced indexing, cache[block_ids], is ~3x slower on CPU.
-    rows = cache.view(cache.shape[0], -1).index_select(0, block_ids.reshape(-1))
+    rows = byte_view(cache).view(cache.shape[0], -1).index_select(0, block_ids.reshape(-1))
+    rows = rows.view(cache.dtype)
     return rows.view(*block_ids.shape[:-1], block_ids.shape[-1] * cache.shape[1], *cache.shape[2:])
+
+
+def _gather_kv(
+    cache: torch.Tensor, scale: torch.Tensor | None, block_ids: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """The context of `block_ids` in `dtype` ([..., S, Hkv, D], `_gather_context`); an 8-bit
+    cache's rows dequantized by their gathered scales."""
+    rows = _gather_context(cache, block_ids)
+    if scale is None:
+        return rows.to(dtype)
+    return dequantize_kv(rows, _gather_context(scale, block_ids), dtype)
 
 
 def _length_groups(lengths: list[int], max_waste: float = 0.125) -> list[list[int]]:
@@ -221,20 +239,22 @@ def _decode_attention_torch(
     visible: torch.Tensor,
     scale: float,
     softcap: float | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Single-token queries q [N, Hq, D], one per sequence: one batched gather of the contexts
     (blocks `block_ids` [N, blocks]), then one SDPA call masked by `visible` [N, 1, 1, keys]."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    keys = _gather_context(k_cache, block_ids)  # [N, S, Hkv, D]
-    values = _gather_context(v_cache, block_ids)
+    keys = _gather_kv(k_cache, k_scale, block_ids, q.dtype)  # [N, S, Hkv, D]
+    values = _gather_kv(v_cache, v_scale, block_ids, q.dtype)
     # The G query heads sharing a kv head act as G query rows of that head (all at the same
     # position, so one mask row serves them): SDPA then reads each key once per kv head with a
     # G-row matmul instead of once per query head with a vector product (1.5x faster on CPU).
     out = _sdpa(
         q.reshape(num_tokens, num_kv_heads, num_heads // num_kv_heads, head_dim),
-        keys.to(q.dtype).transpose(1, 2),  # [N, Hkv, S, D], a strided view: no copy
-        values.to(q.dtype).transpose(1, 2),
+        keys.transpose(1, 2),  # [N, Hkv, S, D], a strided view: no copy
+        values.transpose(1, 2),
         visible,
         scale,
         softcap,
@@ -251,11 +271,13 @@ def _prefill_attention_torch(
     scale: float,
     sliding_window: int | None,
     softcap: float | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One sequence's chunk q [L, Hq, D] whose last token is at position context_len - 1."""
     query_len = q.shape[0]
-    keys = _gather_context(k_cache, block_ids)[:context_len]  # [S, Hkv, D]
-    values = _gather_context(v_cache, block_ids)[:context_len]
+    keys = _gather_kv(k_cache, k_scale, block_ids, q.dtype)[:context_len]  # [S, Hkv, D]
+    values = _gather_kv(v_cache, v_scale, block_ids, q.dtype)[:context_len]
 
     mask = None
     if sliding_window is not None or query_len != context_len:
@@ -267,8 +289,8 @@ def _prefill_attention_torch(
             mask &= key_pos > query_pos - sliding_window
     out = _sdpa(
         q.transpose(0, 1).unsqueeze(0),
-        keys.to(q.dtype).transpose(0, 1).unsqueeze(0),
-        values.to(q.dtype).transpose(0, 1).unsqueeze(0),
+        keys.transpose(0, 1).unsqueeze(0),
+        values.transpose(0, 1).unsqueeze(0),
         mask,
         scale,
         softcap,
@@ -289,20 +311,31 @@ def paged_attention_torch(
     *,
     plan: TorchAttentionPlan | None = None,
     softcap: float | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of the new tokens q [T, Hq, D] over their cached context; returns out [T, Hq, D]
     in q's dtype (written into `out` when given). The engine's CPU path: single-token queries in
     groups of similar context length, one batched gather + masked SDPA per group; every longer chunk
     through its own SDPA call with a causal mask offset by its cached prefix. `plan`: this batch's
     `plan_paged_attention_torch` (built here when not given); rows it leaves to the C++ op
-    (`native_seqs`) are not written."""
+    (`native_seqs`) are not written. k_scale, v_scale: an 8-bit cache's scales (module docstring)."""
+    _check_cache_scales(k_cache, k_scale, v_scale)
     if out is None:
         out = torch.empty_like(q)
     if plan is None:
         plan = plan_paged_attention_torch(query_start_loc, seq_lens, block_tables, k_cache)
     for group, visible in zip(plan.decode_groups, plan.decode_masks(sliding_window), strict=True):
         out[group.rows] = _decode_attention_torch(
-            q[group.rows], k_cache, v_cache, group.block_ids, visible, scale, softcap
+            q[group.rows],
+            k_cache,
+            v_cache,
+            group.block_ids,
+            visible,
+            scale,
+            softcap,
+            k_scale,
+            v_scale,
         ).to(out.dtype)
     for chunk in plan.prefills:
         rows = slice(chunk.start, chunk.end)
@@ -315,8 +348,21 @@ def paged_attention_torch(
             scale,
             sliding_window,
             softcap,
+            k_scale,
+            v_scale,
         ).to(out.dtype)
     return out
+
+
+def _check_cache_scales(
+    k_cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None
+) -> None:
+    """8-bit caches come with both scales, other caches with none."""
+    quantized = k_cache.dtype in QUANTIZED_KV_DTYPES
+    if quantized != (k_scale is not None) or quantized != (v_scale is not None):
+        raise ValueError(
+            f"a {k_cache.dtype} cache takes {'k_scale and v_scale' if quantized else 'no scales'}"
+        )
 
 
 # C++ path (design in the module docstring; the op in kernels/csrc/paged_attention_cpu.cpp).
@@ -338,6 +384,8 @@ def _native_takes(query_len: int, context_len: int) -> bool:
 
 
 def _native_usable(k_cache: torch.Tensor) -> bool:
+    if k_cache.dtype in QUANTIZED_KV_DTYPES:  # the op reads 8-bit caches in place
+        return k_cache.stride(-1) == 1 and k_cache.is_cpu and cpu_extension.load()
     return k_cache.stride(-1) == 1 and cpu_extension.takes(k_cache)
 
 
@@ -368,6 +416,8 @@ def paged_attention_cpu(
     *,
     plan: TorchAttentionPlan | None = None,
     softcap: float | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`paged_attention_torch`'s contract, the "torch" backend's entry: the C++ op for the rows the
     plan (`plan_paged_attention_cpu`, built here when not given) leaves to it, SDPA for the rest."""
@@ -377,7 +427,13 @@ def paged_attention_cpu(
         plan = plan_paged_attention_cpu(query_start_loc, seq_lens, block_tables, k_cache)
     if plan.native_seqs is not None:
         tensors = (q, k_cache, v_cache, out)
-        if all(t.dtype == q.dtype and t.stride(-1) == 1 for t in tensors):
+        scales = () if k_scale is None else (k_scale, v_scale)
+        cache_dtype = k_cache.dtype if k_scale is not None else q.dtype  # 8-bit: with scales
+        if (
+            all(t.stride(-1) == 1 for t in tensors)
+            and out.dtype == q.dtype
+            and k_cache.dtype == v_cache.dtype == cache_dtype
+        ):
             torch.ops.llm_cpu.paged_attention(
                 q,
                 k_cache,
@@ -390,6 +446,7 @@ def paged_attention_cpu(
                 plan.native_seqs,
                 out,
                 **({"softcap": softcap} if softcap else {}),
+                **({"k_scale": k_scale, "v_scale": v_scale} if scales else {}),
             )
         else:  # a layout the op does not take (mixed dtypes): all through PyTorch
             plan = plan_paged_attention_torch(query_start_loc, seq_lens, block_tables, k_cache)
@@ -405,6 +462,8 @@ def paged_attention_cpu(
         out,
         plan=plan,
         softcap=softcap,
+        k_scale=k_scale,
+        v_scale=v_scale,
     )
 
 
@@ -451,6 +510,11 @@ def _paged_attention_kernel(
     stride_cache_token,
     stride_cache_head,
     stride_block_table,
+    k_scale_ptr,
+    v_scale_ptr,
+    stride_scale_block,
+    stride_scale_token,
+    stride_scale_head,
     NUM_GROUPS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -461,6 +525,8 @@ def _paged_attention_kernel(
     USE_WINDOW: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    QUANTIZED: tl.constexpr = False,
+    FP8: tl.constexpr = False,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -520,7 +586,19 @@ def _paged_attention_kernel(
             mask=key_valid[None, :] & dim_valid[:, None],
             other=0.0,
         )  # [BLOCK_D, BLOCK_N]
-        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+        if QUANTIZED:
+            # 8-bit rows to q's dtype (exact: int8 and e4m3 values fit fp16/bf16), the key's scale
+            # on its scores.
+            scale_offset = (
+                block_id * stride_scale_block
+                + (key_pos % BLOCK_SIZE) * stride_scale_token
+                + kv_head * stride_scale_head
+            )
+            k_scale = tl.load(k_scale_ptr + scale_offset, mask=key_valid, other=0.0)
+            scores = tl.dot(q, _dequantized(k, FP8, q.dtype), input_precision=DOT_PRECISION)
+            scores = scores * k_scale[None, :] * qk_scale
+        else:
+            scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
         if USE_SOFTCAP:
             # qk_scale is the plain scale here: cap, then into the exp2 domain.
             # tanh(y) = 2 sigmoid(2y) - 1 (no tanh in every backend).
@@ -540,6 +618,10 @@ def _paged_attention_kernel(
             mask=key_valid[:, None] & dim_valid[None, :],
             other=0.0,
         )  # [BLOCK_N, BLOCK_D]
+        if QUANTIZED:  # the value's scale into its probabilities (l_i has the true sums)
+            v_scale = tl.load(v_scale_ptr + scale_offset, mask=key_valid, other=0.0)
+            p = p * v_scale[None, :]
+            v = _dequantized(v, FP8, q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
@@ -557,6 +639,14 @@ def _paged_attention_kernel(
         tl.store(part_out_ptr + part[:, None] * head_dim + dims[None, :], result, mask=store_mask)
         lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=row_valid)
+
+
+@triton.jit
+def _dequantized(x, FP8: tl.constexpr, dtype: tl.constexpr):
+    """8-bit cache rows (int8, or float8_e4m3fn as their bytes) in `dtype`, unscaled."""
+    if FP8:
+        return x.to(tl.float8e4nv, bitcast=True).to(dtype)
+    return x.to(dtype)
 
 
 @triton.jit
@@ -604,13 +694,20 @@ class TileConfig:
 
 
 def tile_config(
-    num_tokens: int, num_seqs: int, groups: int, dtype: torch.dtype, head_dim: int = 128
+    num_tokens: int,
+    num_seqs: int,
+    groups: int,
+    dtype: torch.dtype,
+    head_dim: int = 128,
+    quantized: bool = False,
 ) -> TileConfig:
     """Tiles from shapes only. Sizes keep the H100 build free of register spills at head_dim <= 128:
     the per-key block lookup makes K/V loads gathers, one 64-bit address per element. Wider heads
-    (Gemma's 256) take prefill tiles of 32 rows on 8 warps (64 rows spilled 400+ bytes on sm_90)."""
+    (Gemma's 256) and 8-bit caches (`quantized`: the dequantized rows and their scales) take
+    prefill tiles of 32 rows on 8 warps (64 rows spilled 400+ bytes at head_dim 256 and 88 bytes
+    with an int8 cache on sm_90)."""
     all_decodes = num_tokens == num_seqs  # one new token per sequence: small row tiles
-    wide = head_dim > 128 and not all_decodes
+    wide = (head_dim > 128 or quantized) and not all_decodes
     block_m = max(16 if all_decodes else 32 if wide else 64, triton.next_power_of_2(groups))
     # fp32 dots run as IEEE FMAs (not tensor cores) and need more threads to hold their tiles.
     num_warps = 8 if dtype == torch.float32 or wide else 4
@@ -646,9 +743,15 @@ def paged_attention_triton(
     *,
     num_kv_splits: int | None = None,
     softcap: float | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton version of `paged_attention_torch` (same contract). `num_kv_splits` forces the
     split-KV path (>1) or turns it off (1); by default it is chosen from the shapes. No host sync."""
+    _check_cache_scales(k_cache, k_scale, v_scale)
+    quantized = k_scale is not None
+    if quantized and k_scale.stride() != v_scale.stride():
+        raise ValueError("k_scale and v_scale must share strides")
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     num_seqs = seq_lens.shape[0]
@@ -664,7 +767,7 @@ def paged_attention_triton(
         return out
 
     groups = num_heads // num_kv_heads
-    tiles = tile_config(num_tokens, num_seqs, groups, q.dtype, head_dim)
+    tiles = tile_config(num_tokens, num_seqs, groups, q.dtype, head_dim, quantized)
     num_tiles = num_tokens // tiles.block_q + num_seqs
     num_splits = num_kv_splits or _default_num_splits(
         num_tiles * num_kv_heads, block_tables.shape[1] * block_size, q.device
@@ -680,10 +783,16 @@ def paged_attention_triton(
             (num_tokens, num_heads, num_splits), dtype=torch.float32, device=q.device
         )
 
+    # The 8-bit variant only where asked: the plain launch stays what it was.
+    quantization = {}
+    scale_strides = (0, 0, 0)
+    if quantized:
+        quantization = {"QUANTIZED": True, "FP8": k_cache.dtype == torch.float8_e4m3fn}
+        scale_strides = k_scale.stride()
     _paged_attention_kernel[(num_tiles, num_kv_heads, num_splits)](
         q,
-        k_cache,
-        v_cache,
+        byte_view(k_cache),  # float8 as its bytes (the kernel bitcasts them)
+        byte_view(v_cache),
         out,
         part_out,
         part_lse,
@@ -704,6 +813,9 @@ def paged_attention_triton(
         k_cache.stride(1),
         k_cache.stride(2),
         block_tables.stride(0),
+        k_scale if quantized else out,  # placeholders when not quantized
+        v_scale if quantized else out,
+        *scale_strides,
         NUM_GROUPS=groups,
         BLOCK_SIZE=block_size,
         BLOCK_M=tiles.block_m,
@@ -716,6 +828,7 @@ def paged_attention_triton(
         # fp32 inputs would otherwise go through TF32 on Ampere+ (10-bit mantissa).
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=tiles.num_warps,
+        **quantization,
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](

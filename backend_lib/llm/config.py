@@ -8,6 +8,8 @@ from typing import Literal
 from backend_lib import contract
 from backend_lib.config import require
 
+QUANTIZATION_MODES = ("auto", "none", "int8", "fp8")
+
 
 @dataclass
 class LLMConfig:
@@ -18,14 +20,41 @@ class LLMConfig:
     dtype: str = "auto"
     """auto, float32, bfloat16 or float16. auto: bfloat16 on CUDA and on CPUs with native
     bfloat16 (AVX512-BF16 or AMX), float32 on other CPUs (see `backend_lib.device.resolve_dtype`)."""
-    quantization: Literal["none", "int8", "fp8"] = "none"
-    """Weight quantization of the projections, at load (`backend_lib.quantization`): none; int8
-    (per-output-channel symmetric int8 weights; on CPU the layers run fbgemm's W8A8-dynamic int8
-    GEMM, on CUDA a weight-only Triton kernel); fp8 (float8_e4m3fn weights, per-channel scales,
-    CUDA only). Embeddings, norms and the lm_head stay in `dtype`."""
+    quantization: Literal["auto", "none", "int8", "fp8"] = "auto"
+    """Weight quantization of the projections. auto: a pre-quantized checkpoint (its
+    `quantization_config`: compressed-tensors W4A16/W8A16/W8A8/FP8) loads as stored
+    (backend_lib/llm/execution/checkpoint_quantization/), any other checkpoint as none. At load
+    from a full-precision checkpoint (`backend_lib.quantization`): none; int8 (per-output-channel
+    symmetric int8 weights; on CPU the layers run fbgemm's W8A8-dynamic int8 GEMM, on CUDA a
+    weight-only Triton kernel); fp8 (float8_e4m3fn weights, per-channel scales, CUDA only).
+    Embeddings, norms and the lm_head stay in `dtype`."""
+    kv_cache_dtype: Literal["auto", "int8", "fp8"] = "auto"
+    """KV-cache storage (vLLM's name): auto, the model's dtype; int8 or fp8 (float8_e4m3fn): 8-bit
+    keys and values with a float32 scale per token and kv head (symmetric, max|x| / 127 or / 448
+    over head_dim), quantized when stored, read in place by the attention kernels: about 2x the
+    blocks of a bfloat16 cache in the same memory (4x float32). fp8 on CUDA needs compute
+    capability 8.9 or newer."""
     kernel_backend: Literal["auto", "triton", "torch"] = "auto"
     """auto: Triton kernels on CUDA, PyTorch on CPU."""
     tensor_parallel_size: int = 1
+    """Ranks the model is sharded over (Megatron-style, `execution/tensor_parallel.py`), one
+    process each: the engine's process is rank 0 and starts the others (execution/workers.py)."""
+    pipeline_parallel_size: int = 1
+    """Stages the layers are split over (vLLM's name). Only 1: pipeline parallelism is not built
+    yet, and another value fails the load naming this field."""
+    distributed_executor_backend: Literal["mp"] = "mp"
+    """How the other ranks run (vLLM's name): mp, worker processes started by rank 0 on its node;
+    on other nodes (`nnodes` > 1) by `python -m backend_lib.llm.execution.worker_node`."""
+    nnodes: int = 1
+    """Machines the ranks span (vLLM's name); each runs tensor_parallel_size / nnodes of them."""
+    node_rank: int = 0
+    """This machine's index among `nnodes` (vLLM's name). The Triton model is node 0, which holds
+    rank 0; worker nodes pass theirs to the worker_node entry point (NODE_RANK)."""
+    master_addr: str = "127.0.0.1"
+    """Address of node 0, where the ranks meet (torch.distributed's env rendezvous); worker nodes
+    take theirs from MASTER_ADDR."""
+    master_port: int = 0
+    """Port of the rendezvous on node 0; 0 picks a free one (one node only)."""
     max_model_len: int = 0
     """Longest prompt plus output, in tokens; 0 takes the checkpoint's max_position_embeddings."""
     block_size: int = 16
@@ -84,10 +113,38 @@ class LLMConfig:
 
     def validate(self) -> None:
         require(
-            self.tensor_parallel_size == 1,
+            self.tensor_parallel_size >= 1,
             "tensor_parallel_size",
             self.tensor_parallel_size,
-            "only 1 is supported (this engine runs one model replica per Triton instance)",
+            "must be >= 1",
+        )
+        require(
+            self.pipeline_parallel_size == 1,
+            "pipeline_parallel_size",
+            self.pipeline_parallel_size,
+            "only 1 is supported (pipeline parallelism is not built yet; shard with "
+            "tensor_parallel_size instead)",
+        )
+        require(
+            self.distributed_executor_backend == "mp",
+            "distributed_executor_backend",
+            self.distributed_executor_backend,
+            "expected mp",
+        )
+        require(
+            self.nnodes >= 1 and self.tensor_parallel_size % self.nnodes == 0,
+            "nnodes",
+            self.nnodes,
+            f"must be >= 1 and divide tensor_parallel_size ({self.tensor_parallel_size})",
+        )
+        require(
+            0 <= self.node_rank < self.nnodes, "node_rank", self.node_rank, "must be in [0, nnodes)"
+        )
+        require(
+            self.nnodes == 1 or self.master_port > 0,
+            "master_port",
+            self.master_port,
+            "must be set (> 0) when nnodes > 1: the worker nodes need to know it",
         )
         require(
             self.dtype in ("auto", "float32", "bfloat16", "float16"),
@@ -96,10 +153,16 @@ class LLMConfig:
             "expected one of auto, float32, bfloat16, float16",
         )
         require(
-            self.quantization in ("none", "int8", "fp8"),
+            self.quantization in QUANTIZATION_MODES,
             "quantization",
             self.quantization,
-            "expected one of none, int8, fp8",
+            f"expected one of {', '.join(QUANTIZATION_MODES)}",
+        )
+        require(
+            self.kv_cache_dtype in ("auto", "int8", "fp8"),
+            "kv_cache_dtype",
+            self.kv_cache_dtype,
+            "expected one of auto, int8, fp8",
         )
         require(self.max_model_len >= 0, "max_model_len", self.max_model_len, "must be >= 0")
         require(

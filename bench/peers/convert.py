@@ -5,6 +5,9 @@
 - openvino-llm: `optimum-cli export openvino --task text-generation-with-past --weight-format fp32`
   (full-precision weights: no int8 compression, which optimum applies by default only to models
   over 1B parameters, and no fp16 weights);
+- openvino-llm-int4: the same with NNCF's weight compression `--weight-format int4 --group-size 128
+  --sym --ratio 1.0 --backup-precision none`: every projection int4 symmetric in groups of 128;
+  the embeddings and lm_head (NNCF's default: int8) stay in their original precision;
 - ctranslate2-llm: `ctranslate2.converters.TransformersConverter`, float32 weights;
 - openvino-encoder: `optimum-cli export openvino --task feature-extraction --weight-format fp32`;
 - onnx-encoder: `torch.onnx.export` (torch.export-based: transformers 5's mask code does not trace
@@ -23,28 +26,44 @@ from collections import Counter
 from pathlib import Path
 
 COMPRESSED = {"f16", "bf16", "i8", "u8", "i4", "u4", "nf4"}
+FP32 = ("--weight-format", "fp32")
+INT4 = (
+    *("--weight-format", "int4", "--group-size", "128", "--sym", "--ratio", "1.0"),
+    *("--backup-precision", "none"),
+)
 
 
-def optimum_export(source: Path, dest: Path, task: str) -> dict:
+def optimum_export(source: Path, dest: Path, task: str, weights: tuple[str, ...] = FP32) -> dict:
     cli = Path(sys.executable).with_name("optimum-cli")
-    command = [str(cli), "export", "openvino", "--model", str(source), "--task", task]
-    subprocess.run([*command, "--weight-format", "fp32", str(dest)], check=True)
-    return {"command": " ".join(command[1:]) + " --weight-format fp32", **ir_weights(dest)}
+    command = [str(cli), "export", "openvino", "--model", str(source), "--task", task, *weights]
+    subprocess.run([*command, str(dest)], check=True)
+    return {"command": " ".join(command[1:]), **ir_weights(dest, int4=weights == INT4)}
 
 
-def ir_weights(dest: Path) -> dict:
-    """Element types of the IR's large constants; fails on compressed weights."""
+def ir_weights(dest: Path, int4: bool = False) -> dict:
+    """Element types of the IR's large constants; fails on compressed weights, or (`int4`) on
+    no 4-bit ones, then naming the weights left in float."""
     import openvino as ov
 
     model = ov.Core().read_model(dest / "openvino_model.xml")
-    types = Counter(
-        str(op.get_element_type().get_type_name())
+    large = [
+        op
         for op in model.get_ops()
         if op.get_type_name() == "Constant" and op.get_output_size() and _size(op) >= 4096
-    )
-    if COMPRESSED & set(types):
+    ]
+    types = Counter(str(op.get_element_type().get_type_name()) for op in large)
+    info = {"weight_element_types": dict(types), "openvino": ov.__version__}
+    if int4:
+        if not {"i4", "u4"} & set(types):
+            raise SystemExit(f"the int4 export holds no 4-bit weights: {dict(types)}")
+        info["float_weights"] = sorted(
+            op.get_friendly_name()
+            for op in large
+            if op.get_element_type().is_real() and "/" not in op.get_friendly_name()
+        )
+    elif COMPRESSED & set(types):
         raise SystemExit(f"the export compressed the weights: {dict(types)}")
-    return {"weight_element_types": dict(types), "openvino": ov.__version__}
+    return info
 
 
 def _size(op) -> int:
@@ -100,6 +119,8 @@ def onnx_encoder(source: Path, dest: Path) -> dict:
 def main(target: str, source: Path, dest: Path) -> None:
     if target == "openvino-llm":
         info = optimum_export(source, dest, "text-generation-with-past")
+    elif target == "openvino-llm-int4":
+        info = optimum_export(source, dest, "text-generation-with-past", INT4)
     elif target == "ctranslate2-llm":
         info = ctranslate2_llm(source, dest)
     elif target == "openvino-encoder":

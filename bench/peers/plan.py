@@ -164,12 +164,21 @@ def measure_all(
     conversions,
     keys,
     measure: Callable[[int, str, PeerWorker | None, dict[str, str]], dict],
+    variants: dict[str, tuple[str, ...]] | None = None,
 ) -> dict:
     """Every thread count x precision: `measure(threads, dtype, worker, converted model paths)`
-    with one peer worker per thread count (none when the peers do not run). Returns the result
-    fields both peer benchmarks share: runs, summary figures, and what was skipped and why."""
+    with one peer worker per thread count (none when the peers do not run). `variants`: labels
+    measured right after a precision (e.g. "kv-int8" after "float32"), skipped with it and when
+    no peer runs.
+    Returns the result fields both peer benchmarks share: runs, summary figures, and what was
+    skipped and why."""
     dtypes, skipped = precisions(args.dtype)
     no_peers = why_no_peers(args, device)
+    for dtype, labels in (variants or {}).items():
+        if dtype in dtypes and not no_peers:
+            dtypes = [label for d in dtypes for label in ((d, *labels) if d == dtype else (d,))]
+        else:  # skipped with its precision, or (a comparison) when no peer runs
+            skipped.update(dict.fromkeys(labels, no_peers or skipped.get(dtype, "not run")))
     runs: list[dict] = []
     paths: dict[str, str] = {}
     reasons = dict.fromkeys(conversions, no_peers) if no_peers else {}

@@ -22,6 +22,7 @@ from collections.abc import Callable
 GEMM_OPS = (
     "mkldnn::_linear_pointwise",
     "quantized::linear",  # int8 weights on CPU (fbgemm)
+    "llm_cpu::wna16_linear",  # 4/8-bit weights of a pre-quantized checkpoint on CPU
     "aten::addmm",
     "aten::mm",
     "aten::bmm",

@@ -52,7 +52,8 @@ class OpenVINOGenAI:
         self.properties = {
             "INFERENCE_NUM_THREADS": threads,
             "INFERENCE_PRECISION_HINT": OV_PRECISION[dtype],
-            "KV_CACHE_PRECISION": OV_PRECISION[dtype],
+            # settings["kv_cache_precision"]: an 8-bit cache ("u8") instead of dtype's.
+            "KV_CACHE_PRECISION": settings.get("kv_cache_precision") or OV_PRECISION[dtype],
         }
         self.pipe = genai.ContinuousBatchingPipeline(path, scheduler, "CPU", self.properties)
         self.info = {

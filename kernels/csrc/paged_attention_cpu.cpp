@@ -14,6 +14,11 @@
 // AVX512-BF16, p rounded to bfloat16 pairs, pv_bf16); the result is written in q's dtype. Items run
 // under at::parallel_for (so torch.set_num_threads holds; built with -fopenmp), longest first, handed
 // out dynamically (their costs differ with the context).
+//
+// 8-bit caches (int8, float8_e4m3fn, with float32 k_scale / v_scale [blocks, block_size, Hkv]; see
+// kernels/kv_cache.py): the rows are read in place and converted to float32 in registers
+// (load_float); a key's scale multiplies its scores, a value's scale its probabilities before
+// p @ V (after the row sums, which stay those of the true probabilities).
 
 // at::vec picks its implementation from these macros (libtorch defines them per build of each
 // kernel); derive them from the ISA this file is compiled for (-march, chosen by cpu_extension.py).
@@ -28,10 +33,12 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <limits>
@@ -70,6 +77,45 @@ inline Vec load_float(const c10::Half* p) {
   at::vec::load_to_float(p, out);
   return out;
 }
+
+// 8-bit cache rows to float32 (their scales are applied by the caller): int8 by sign extension,
+// float8_e4m3fn through a 256-entry table (gathers with AVX2 / AVX-512).
+inline Vec load_float(const int8_t* p) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return Vec(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))));
+#elif defined(CPU_CAPABILITY_AVX2)
+  return Vec(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))));
+#else
+  float buf[kLanes];
+  for (int64_t i = 0; i < kLanes; ++i) buf[i] = static_cast<float>(p[i]);
+  return Vec::loadu(buf);
+#endif
+}
+
+const std::array<float, 256> kFp8Values = [] {
+  std::array<float, 256> table{};
+  for (int i = 0; i < 256; ++i)
+    table[i] = static_cast<float>(c10::Float8_e4m3fn(static_cast<uint8_t>(i), c10::Float8_e4m3fn::from_bits()));
+  return table;
+}();
+
+inline Vec load_float(const c10::Float8_e4m3fn* p) {
+  const auto* bytes = reinterpret_cast<const uint8_t*>(p);
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m512i index = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+  return Vec(_mm512_i32gather_ps(index, kFp8Values.data(), 4));
+#elif defined(CPU_CAPABILITY_AVX2)
+  const __m256i index = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
+  return Vec(_mm256_i32gather_ps(kFp8Values.data(), index, 4));
+#else
+  float buf[kLanes];
+  for (int64_t i = 0; i < kLanes; ++i) buf[i] = kFp8Values[bytes[i]];
+  return Vec::loadu(buf);
+#endif
+}
+
+template <typename cache_t>
+constexpr bool kQuantizedCache = std::is_same_v<cache_t, int8_t> || std::is_same_v<cache_t, c10::Float8_e4m3fn>;
 
 inline float hsum(const Vec& x) {
 #if defined(CPU_CAPABILITY_AVX512)
@@ -333,13 +379,15 @@ struct Item {
 // that the accumulators stay within L1.
 constexpr int64_t kItemAccFloats = 4096;
 
-template <typename scalar_t>
+// scalar_t: q's and out's dtype; cache_t: the cache's (scalar_t, or an 8-bit one with scales).
+template <typename scalar_t, typename cache_t = scalar_t>
 struct PagedAttention {
+  static constexpr bool kQuantized = kQuantizedCache<cache_t>;
   const scalar_t* q;
   int64_t q_stride_t, q_stride_h;
-  const scalar_t* k;
+  const cache_t* k;
   int64_t k_stride_block, k_stride_token, k_stride_head;
-  const scalar_t* v;
+  const cache_t* v;
   int64_t v_stride_block, v_stride_token, v_stride_head;
   scalar_t* out;
   int64_t out_stride_t, out_stride_h;
@@ -353,13 +401,19 @@ struct PagedAttention {
   float softcap;
   // Scores through qk_bf16 (bfloat16 on a CPU with AVX512-BF16): queries kept as bfloat16 in q_raw.
   bool bf16_dot;
+  // An 8-bit cache's float32 scales (null otherwise): [block][token][kv head] by these strides.
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  int64_t scale_stride_block = 0, scale_stride_token = 0, scale_stride_head = 0;
 
   // Scratch of one thread, sized for the largest item. Per-head arrays are head-major.
   struct Scratch {
     std::vector<float> q, acc, scores, max, sum, new_max;
     std::vector<scalar_t> q_raw;
     // This chunk's and the next one's key / value rows: [kv head][kChunk] each.
-    std::vector<const scalar_t*> keys[2], values[2];
+    std::vector<const cache_t*> keys[2], values[2];
+    // An 8-bit cache's scales of those rows, same layout.
+    std::vector<float> key_scales[2], value_scales[2];
     explicit Scratch(const PagedAttention& a) {
       const int64_t rows = a.block_q * a.groups * a.heads_per_item;
       if (a.bf16_dot) q_raw.resize(rows * a.head_dim);
@@ -372,6 +426,10 @@ struct PagedAttention {
       for (int c = 0; c < 2; ++c) {
         keys[c].resize(a.heads_per_item * kChunk);
         values[c].resize(a.heads_per_item * kChunk);
+        if (kQuantized) {
+          key_scales[c].resize(a.heads_per_item * kChunk);
+          value_scales[c].resize(a.heads_per_item * kChunk);
+        }
       }
     }
   };
@@ -379,7 +437,7 @@ struct PagedAttention {
   // scores[r * kChunk + j] = q_r . key_j for NR rows of qf (float, row stride head_dim) and NK keys:
   // NR x NK vector accumulators, so each key load serves NR rows and each query load NK keys.
   template <int NR, int NK>
-  inline void qk_tile(const float* qf, const scalar_t* const* keys, float* scores) const {
+  inline void qk_tile(const float* qf, const cache_t* const* keys, float* scores) const {
     Vec acc[NR * NK];
     for (int i = 0; i < NR * NK; ++i) acc[i] = Vec(0.f);
     int64_t d = 0;
@@ -425,9 +483,9 @@ struct PagedAttention {
   // Rows [r, r + NR) against n keys: NK at a time, then one by one. Meanwhile the rows in
   // `prefetch_rows` (next_n pairs of key and value rows, the next chunk's) are fetched.
   template <int NR, int NK>
-  inline void qk_rows(const float* qf, const scalar_t* const* keys, int64_t n, float* scores,
-                      const scalar_t* const* const* prefetch_rows, int64_t next_n) const {
-    const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(scalar_t));
+  inline void qk_rows(const float* qf, const cache_t* const* keys, int64_t n, float* scores,
+                      const cache_t* const* const* prefetch_rows, int64_t next_n) const {
+    const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(cache_t));
     int64_t j = 0;
     for (; j + NK <= n; j += NK) {
       // Spread over the tiles: a burst of prefetches would stall on the memory system at once.
@@ -442,7 +500,7 @@ struct PagedAttention {
 
   // acc[r] += sum_j p[r][j] * value_j over n values, for NR rows and NC vectors of dims from d0.
   template <int NR, int NC>
-  inline void pv_tile(const float* p, const scalar_t* const* values, int64_t n, float* acc, int64_t d0) const {
+  inline void pv_tile(const float* p, const cache_t* const* values, int64_t n, float* acc, int64_t d0) const {
     Vec sums[NR * NC];
     for (int r = 0; r < NR; ++r)
       for (int c = 0; c < NC; ++c) sums[r * NC + c] = Vec::loadu(acc + r * head_dim + d0 + c * kLanes);
@@ -460,7 +518,7 @@ struct PagedAttention {
 
   // Rows [r, r + NR) over dims [d, head_dim): NC vectors at a time, then one, then scalar.
   template <int NR, int NC>
-  inline void pv_rows(const float* p, const scalar_t* const* values, int64_t n, float* acc, int64_t d) const {
+  inline void pv_rows(const float* p, const cache_t* const* values, int64_t n, float* acc, int64_t d) const {
     for (; d + NC * kLanes <= head_dim; d += NC * kLanes) pv_tile<NR, NC>(p, values, n, acc, d);
     for (; d + kLanes <= head_dim; d += kLanes) pv_tile<NR, 1>(p, values, n, acc, d);
     for (; d < head_dim; ++d) {
@@ -473,17 +531,26 @@ struct PagedAttention {
   }
 
   // Key / value rows of keys [c0, c0 + n) of kv heads [kv_head, kv_head + heads) of the sequence
-  // whose block table row is `table`: keys[h * kChunk + j] for head kv_head + h.
+  // whose block table row is `table`: keys[h * kChunk + j] for head kv_head + h (and for an
+  // 8-bit cache their scales, key_scales / value_scales alike).
   inline void locate(const int32_t* table, int64_t kv_head, int64_t heads, int64_t c0, int64_t n,
-                     const scalar_t** keys, const scalar_t** values) const {
+                     const cache_t** keys, const cache_t** values, float* key_scales = nullptr,
+                     float* value_scales = nullptr) const {
     // Walks the blocks: one division per chunk, not one per key.
     int64_t index = c0 / block_size, offset = c0 - index * block_size;
-    const scalar_t* key = k + table[index] * k_stride_block + offset * k_stride_token + kv_head * k_stride_head;
-    const scalar_t* value = v + table[index] * v_stride_block + offset * v_stride_token + kv_head * v_stride_head;
+    const cache_t* key = k + table[index] * k_stride_block + offset * k_stride_token + kv_head * k_stride_head;
+    const cache_t* value = v + table[index] * v_stride_block + offset * v_stride_token + kv_head * v_stride_head;
     for (int64_t j = 0; j < n; ++j) {
       for (int64_t h = 0; h < heads; ++h) {
         keys[h * kChunk + j] = key + h * k_stride_head;
         values[h * kChunk + j] = value + h * v_stride_head;
+      }
+      if constexpr (kQuantized) {
+        const int64_t at = table[index] * scale_stride_block + offset * scale_stride_token + kv_head * scale_stride_head;
+        for (int64_t h = 0; h < heads; ++h) {
+          key_scales[h * kChunk + j] = k_scale[at + h * scale_stride_head];
+          value_scales[h * kChunk + j] = v_scale[at + h * scale_stride_head];
+        }
       }
       if (++offset == block_size && j + 1 < n) {
         offset = 0;
@@ -512,7 +579,7 @@ struct PagedAttention {
     const int64_t kv_begin = window > 0 ? std::max<int64_t>(first_pos + t0 - window + 1, 0) : 0;
     const int32_t* table = tables + seq * table_stride;
     locate(table, kv_head0, heads, kv_begin, std::min(kChunk, kv_end - kv_begin), s.keys[0].data(),
-           s.values[0].data());
+           s.values[0].data(), s.key_scales[0].data(), s.value_scales[0].data());
 
     // Queries as float32, pre-scaled; row h * rows + r = token r / G, head (kv_head0 + h) * G + r % G.
     for (int64_t h = 0; h < heads; ++h) {
@@ -538,11 +605,14 @@ struct PagedAttention {
       // (The first row group's QK loop of each head issues that head's prefetches.)
       const int64_t next_n = std::max<int64_t>(0, std::min(kChunk, kv_end - c0 - n));
       if (next_n > 0)
-        locate(table, kv_head0, heads, c0 + n, next_n, s.keys[chunk ^ 1].data(), s.values[chunk ^ 1].data());
+        locate(table, kv_head0, heads, c0 + n, next_n, s.keys[chunk ^ 1].data(), s.values[chunk ^ 1].data(),
+               s.key_scales[chunk ^ 1].data(), s.value_scales[chunk ^ 1].data());
       for (int64_t h = 0; h < heads; ++h) {
-        const scalar_t* const* next_rows[2] = {&s.keys[chunk ^ 1][h * kChunk], &s.values[chunk ^ 1][h * kChunk]};
+        const cache_t* const* next_rows[2] = {&s.keys[chunk ^ 1][h * kChunk], &s.values[chunk ^ 1][h * kChunk]};
+        const float* scales[2] = {nullptr, nullptr};
+        if (kQuantized) scales[0] = &s.key_scales[chunk][h * kChunk], scales[1] = &s.value_scales[chunk][h * kChunk];
         attend_chunk(&s.keys[chunk][h * kChunk], &s.values[chunk][h * kChunk], n, c0, next_rows, next_n,
-                     first_pos + t0, rows, h, s);
+                     first_pos + t0, rows, h, s, scales);
       }
     }
 
@@ -579,9 +649,10 @@ struct PagedAttention {
 
   // The rows of kv head h of the item (row r: the token at position row_pos0 + r / G) against keys
   // [c0, c0 + n): scores, the online-softmax update of max / sum / acc, then acc += p @ V.
-  void attend_chunk(const scalar_t* const* keys, const scalar_t* const* values, int64_t n, int64_t c0,
-                    const scalar_t* const* const* next_rows, int64_t next_n, int64_t row_pos0, int64_t rows,
-                    int64_t h, Scratch& s) const {
+  // `scales`: an 8-bit cache's key and value scales of the chunk's keys (nulls otherwise).
+  void attend_chunk(const cache_t* const* keys, const cache_t* const* values, int64_t n, int64_t c0,
+                    const cache_t* const* const* next_rows, int64_t next_n, int64_t row_pos0, int64_t rows,
+                    int64_t h, Scratch& s, const float* const* scales) const {
     const int64_t D = head_dim;
     const float* qf = bf16_dot ? nullptr : &s.q[h * rows * D];
     float* acc = &s.acc[h * rows * D];
@@ -592,7 +663,7 @@ struct PagedAttention {
     // scores[r * kChunk + j]: row r against key c0 + j; 8 (16 with AVX-512) accumulators per tile.
     int64_t r = 0;
 #if defined(CPU_CAPABILITY_AVX512)
-    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && std::is_same_v<cache_t, c10::BFloat16>) {
       if (bf16_dot) {
         qk_bf16(&s.q_raw[h * rows * D], rows, D, keys, n, scale, scores, next_rows, next_n);
         r = rows;
@@ -602,6 +673,12 @@ struct PagedAttention {
     for (; r + 4 <= rows; r += 4, next_n = 0) qk_rows<4, kQkKeys>(qf + r * D, keys, n, scores + r * kChunk, next_rows, next_n);
     for (; r + 2 <= rows; r += 2, next_n = 0) qk_rows<2, 4>(qf + r * D, keys, n, scores + r * kChunk, next_rows, next_n);
     for (; r < rows; ++r, next_n = 0) qk_rows<1, 8>(qf + r * D, keys, n, scores + r * kChunk, next_rows, next_n);
+    if constexpr (kQuantized) {  // each key's scale (q was pre-scaled by the softmax scale)
+      for (r = 0; r < rows; ++r) {
+        float* p = scores + r * kChunk;
+        for (int64_t j = 0; j < n; ++j) p[j] *= scales[0][j];
+      }
+    }
     if (softcap > 0.f) cap_scores(scores, rows, n);
 
     // Online softmax, per row over the keys it sees in this chunk: a contiguous range [lo, hi)
@@ -653,11 +730,17 @@ struct PagedAttention {
       row_sum[r] += hsum(total);
     }
 
+    if constexpr (kQuantized) {  // each value's scale, into the probabilities (the sums are taken)
+      for (r = 0; r < rows; ++r) {
+        float* p = scores + r * kChunk;
+        for (int64_t j = 0; j < n; ++j) p[j] *= scales[1][j];
+      }
+    }
     // acc += p @ V; 8 accumulators per tile. With bf16_dot, the dims past the last block of 32 here
     // (p still float32), then the blocks through pv_bf16.
     int64_t dot_dims = 0;
 #if defined(CPU_CAPABILITY_AVX512)
-    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && std::is_same_v<cache_t, c10::BFloat16>) {
       if (bf16_dot) dot_dims = D - D % 32;
     }
 #endif
@@ -665,28 +748,31 @@ struct PagedAttention {
     for (; r + 2 <= rows; r += 2) pv_rows<2, 4>(scores + r * kChunk, values, n, acc + r * D, dot_dims);
     for (; r < rows; ++r) pv_rows<1, 8>(scores + r * kChunk, values, n, acc + r * D, dot_dims);
 #if defined(CPU_CAPABILITY_AVX512)
-    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && std::is_same_v<cache_t, c10::BFloat16>) {
       if (dot_dims > 0) pv_bf16(scores, values, n, acc, rows, D, dot_dims);
     }
 #endif
   }
 };
 
-template <typename scalar_t>
+template <typename scalar_t, typename cache_t>
 bool bf16_dot_usable() {
 #if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) return has_bf16_dot();
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && std::is_same_v<cache_t, c10::BFloat16>)
+    return has_bf16_dot();
 #endif
   return false;
 }
 
 // Checks the inputs against the contract, builds the work items (tiles of the sequences `seqs`)
 // and runs them.
-template <typename scalar_t>
+template <typename scalar_t, typename cache_t = scalar_t>
 void run_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                          const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
                          const at::Tensor& block_tables, double scale, int64_t sliding_window,
-                         const at::Tensor& seqs, at::Tensor& out, double softcap) {
+                         const at::Tensor& seqs, at::Tensor& out, double softcap,
+                         const std::optional<at::Tensor>& k_scale = std::nullopt,
+                         const std::optional<at::Tensor>& v_scale = std::nullopt) {
   const int64_t num_seqs = seq_lens.size(0);
   const int64_t num_heads = q.size(1), head_dim = q.size(2);
   const int64_t num_blocks = k_cache.size(0), block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
@@ -731,20 +817,27 @@ void run_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const a
   // Longest first, then handed out one by one: a thread that drew short items takes more.
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
 
-  const PagedAttention<scalar_t> attention{
+  PagedAttention<scalar_t, cache_t> attention{
       q.data_ptr<scalar_t>(), q.stride(0), q.stride(1),
-      k_cache.data_ptr<scalar_t>(), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-      v_cache.data_ptr<scalar_t>(), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+      static_cast<const cache_t*>(k_cache.data_ptr()), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+      static_cast<const cache_t*>(v_cache.data_ptr()), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
       out.data_ptr<scalar_t>(), out.stride(0), out.stride(1),
       starts, lens, tables, table_width,
       groups, head_dim, block_size, block_q, sliding_window, heads_per_item, static_cast<float>(scale),
-      static_cast<float>(softcap), bf16_dot_usable<scalar_t>()};
+      static_cast<float>(softcap), bf16_dot_usable<scalar_t, cache_t>()};
+  if constexpr (kQuantizedCache<cache_t>) {
+    attention.k_scale = k_scale->data_ptr<float>();
+    attention.v_scale = v_scale->data_ptr<float>();
+    attention.scale_stride_block = k_scale->stride(0);
+    attention.scale_stride_token = k_scale->stride(1);
+    attention.scale_stride_head = k_scale->stride(2);
+  }
 
   std::atomic<int64_t> next{0};
   const int64_t num_items = static_cast<int64_t>(items.size());
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), num_items);
   at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
-    typename PagedAttention<scalar_t>::Scratch scratch(attention);
+    typename PagedAttention<scalar_t, cache_t>::Scratch scratch(attention);
     for (int64_t worker = begin; worker < end; ++worker) {
       for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1)) attention.run(items[i], scratch);
     }
@@ -754,7 +847,8 @@ void run_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const a
 void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
                      const at::Tensor& block_tables, double scale, int64_t sliding_window,
-                     const at::Tensor& seqs, at::Tensor out, double softcap) {
+                     const at::Tensor& seqs, at::Tensor out, double softcap,
+                     const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu() &&
                   out.device().is_cpu() && query_start_loc.device().is_cpu() &&
                   seq_lens.device().is_cpu() && block_tables.device().is_cpu() && seqs.device().is_cpu(),
@@ -762,9 +856,21 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   TORCH_CHECK(q.dim() == 3 && out.sizes() == q.sizes(), "q and out must be [T, Hq, D] alike");
   TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "k/v cache must be [blocks, block_size, Hkv, D] alike");
   TORCH_CHECK(k_cache.size(3) == q.size(2) && q.size(1) % k_cache.size(2) == 0, "head_dim or GQA group mismatch");
-  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type() &&
-                  out.scalar_type() == q.scalar_type(),
-              "q, caches and out must share a dtype");
+  const auto cache_type = k_cache.scalar_type();
+  const bool quantized = cache_type == at::kChar || cache_type == at::kFloat8_e4m3fn;
+  TORCH_CHECK(v_cache.scalar_type() == cache_type && out.scalar_type() == q.scalar_type() &&
+                  (quantized || cache_type == q.scalar_type()),
+              "q and out must share a dtype, and the caches it (or be int8 / float8_e4m3fn ones alike)");
+  TORCH_CHECK(quantized == k_scale.has_value() && quantized == v_scale.has_value(),
+              "llm_cpu::paged_attention: k_scale and v_scale go with an int8 / float8_e4m3fn cache, and only there");
+  if (quantized) {
+    const auto blocks = k_cache.size(0), block_size = k_cache.size(1), heads = k_cache.size(2);
+    for (const at::Tensor* scales : {&*k_scale, &*v_scale})
+      TORCH_CHECK(scales->device().is_cpu() && scales->scalar_type() == at::kFloat && scales->dim() == 3 &&
+                      scales->size(0) == blocks && scales->size(1) == block_size && scales->size(2) == heads,
+                  "llm_cpu::paged_attention: k_scale, v_scale must be float32 [blocks, block_size, Hkv]");
+    TORCH_CHECK(k_scale->strides() == v_scale->strides(), "k_scale and v_scale must share strides");
+  }
   TORCH_CHECK(q.stride(2) == 1 && out.stride(2) == 1 && k_cache.stride(3) == 1 && v_cache.stride(3) == 1,
               "head_dim must have unit stride");
   TORCH_CHECK(query_start_loc.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt &&
@@ -774,6 +880,28 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
                   seqs.is_contiguous() && seqs.dim() == 1 && block_tables.dim() == 2 &&
                   query_start_loc.size(0) == seq_lens.size(0) + 1 && block_tables.size(0) == seq_lens.size(0),
               "metadata must be contiguous [B+1], [B], [B, max_blocks]");
+  if (quantized) {
+    // q's dtype x the cache's: the float32 work is the same, only the row loads differ.
+    const auto run = [&](auto q_tag) {
+      using scalar_t = decltype(q_tag);
+      if (cache_type == at::kChar)
+        return run_paged_attention<scalar_t, int8_t>(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables,
+                                                     scale, sliding_window, seqs, out, softcap, k_scale, v_scale);
+      return run_paged_attention<scalar_t, c10::Float8_e4m3fn>(q, k_cache, v_cache, query_start_loc, seq_lens,
+                                                               block_tables, scale, sliding_window, seqs, out,
+                                                               softcap, k_scale, v_scale);
+    };
+    switch (q.scalar_type()) {
+      case at::kFloat:
+        return run(float{});
+      case at::kBFloat16:
+        return run(c10::BFloat16{});
+      case at::kHalf:
+        return run(c10::Half{});
+      default:
+        TORCH_CHECK(false, "llm_cpu::paged_attention: unsupported dtype ", q.scalar_type());
+    }
+  }
   switch (q.scalar_type()) {
     case at::kFloat:
       return run_paged_attention<float>(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
@@ -792,10 +920,11 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
 }  // namespace
 
 TORCH_LIBRARY(llm_cpu, m) {
-  // sliding_window <= 0: none; softcap <= 0: none. Only the sequences listed in `seqs` (int32 indices) are attended;
+  // sliding_window <= 0: none; softcap <= 0: none; k_scale, v_scale: an int8 / float8_e4m3fn cache's scales. Only the sequences listed in `seqs` (int32 indices) are attended;
   // the other rows of `out` are left untouched (the caller runs them through SDPA).
   m.def(
       "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor query_start_loc, Tensor seq_lens, "
-      "Tensor block_tables, float scale, int sliding_window, Tensor seqs, Tensor(a!) out, float softcap=0.0) -> ()");
+      "Tensor block_tables, float scale, int sliding_window, Tensor seqs, Tensor(a!) out, float softcap=0.0, "
+      "Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
   m.impl("paged_attention", c10::DispatchKey::CPU, TORCH_FN(paged_attention));
 }

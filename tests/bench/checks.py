@@ -92,7 +92,11 @@ PEER_KEYS = {
         "engine_vs_openvino_genai",
         "engine_bf16_vs_openvino_genai_bf16",
         "engine_vs_ctranslate2",
+        "engine_kv_int8_vs_openvino_genai",
     },
     "embedding_peers": {"embedding_vs_openvino", "embedding_bf16_vs_openvino_bf16"},
 }
 """The summary keys each peer benchmark gives (missing, with a reason, in --quick mode)."""
+
+OTHER_PEER_KEYS = {"quantized_engine": {"engine_w4a16_vs_openvino_genai_int4"}}
+"""Peer figures of benchmarks that give figures of their own too (missing in --quick mode)."""

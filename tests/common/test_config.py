@@ -57,7 +57,13 @@ def test_triton_parameters_flatten_model_config():
 
 def test_llm_config_validation_names_field():
     with pytest.raises(ConfigError, match="tensor_parallel_size"):
-        from_parameters(LLMConfig, {"tensor_parallel_size": "2"})
+        from_parameters(LLMConfig, {"tensor_parallel_size": "0"})
+    with pytest.raises(ConfigError, match="pipeline_parallel_size.*not built"):
+        from_parameters(LLMConfig, {"pipeline_parallel_size": "2"})
+    with pytest.raises(ConfigError, match="nnodes"):
+        from_parameters(LLMConfig, {"tensor_parallel_size": "3", "nnodes": "2"})
+    with pytest.raises(ConfigError, match="master_port"):
+        from_parameters(LLMConfig, {"tensor_parallel_size": "2", "nnodes": "2"})
     with pytest.raises(ConfigError, match="gpu_memory_utilization"):
         from_parameters(LLMConfig, {"gpu_memory_utilization": "1.5"})
     config = from_parameters(LLMConfig, {"max_num_seqs": "8", "enable_prefix_caching": "false"})

@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 
 import helm_python
+import jsonschema
+import kubernetes_validate
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -81,6 +83,69 @@ def by_kind(objects: list[dict], kind: str) -> dict[str, dict]:
 
 
 def crd_schema(filename: str) -> dict:
-    crd = yaml.safe_load((CRD_DIR / filename).read_text())
+    return copy.deepcopy(_crd_schema(filename))
+
+
+@functools.cache
+def _crd_schema(filename: str) -> dict:
+    # Parsed once: the LeaderWorkerSet CRD (two pod templates) is 400 kB of YAML.
+    crd = yaml.load(
+        (CRD_DIR / filename).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    )
     (version,) = crd["spec"]["versions"]
     return version["schema"]["openAPIV3Schema"]
+
+
+KUBERNETES_VERSION = "1.33"
+CRD_SCHEMAS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "monitoring.coreos.com_servicemonitors.yaml",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "monitoring.coreos.com_podmonitors.yaml",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "monitoring.coreos.com_prometheusrules.yaml",
+    ("keda.sh/v1alpha1", "ScaledObject"): "keda.sh_scaledobjects.yaml",
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): "gateway.networking.k8s.io_httproutes.yaml",
+    (
+        "inference.networking.x-k8s.io/v1alpha2",
+        "InferencePool",
+    ): "inference.networking.x-k8s.io_inferencepools.yaml",
+    (
+        "inference.networking.x-k8s.io/v1alpha2",
+        "InferenceModel",
+    ): "inference.networking.x-k8s.io_inferencemodels.yaml",
+    (
+        "leaderworkerset.x-k8s.io/v1",
+        "LeaderWorkerSet",
+    ): "leaderworkerset.x-k8s.io_leaderworkersets.yaml",
+}
+
+
+def closed(schema: dict) -> dict:
+    """The structural schema as the API server applies it: objects with listed properties reject
+    others unless marked x-kubernetes-preserve-unknown-fields."""
+    schema = copy.deepcopy(schema)
+
+    def visit(node):
+        if isinstance(node, dict):
+            if (
+                "properties" in node
+                and "additionalProperties" not in node
+                and not node.get("x-kubernetes-preserve-unknown-fields")
+            ):
+                node["additionalProperties"] = False
+            for value in node.values():
+                visit(value)
+        elif isinstance(node, list):
+            for value in node:
+                visit(value)
+
+    visit(schema)
+    return schema
+
+
+def validate(obj: dict) -> None:
+    key = (obj["apiVersion"], obj["kind"])
+    if key in CRD_SCHEMAS:
+        # No metaschema check: the CRDs' patterns are Go regular expressions (one has `^(?i)`),
+        # which Python's `re` only rejects when a value is matched against them.
+        jsonschema.Draft7Validator(closed(crd_schema(CRD_SCHEMAS[key]))).validate(obj)
+    else:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)

@@ -11,57 +11,14 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from tests.deploy.chart import EVERYTHING_ON, KEDA, VALUES_FILES, by_kind, crd_schema, render
-
-KUBERNETES_VERSION = "1.33"
-CRD_SCHEMAS = {
-    ("monitoring.coreos.com/v1", "ServiceMonitor"): "monitoring.coreos.com_servicemonitors.yaml",
-    ("monitoring.coreos.com/v1", "PodMonitor"): "monitoring.coreos.com_podmonitors.yaml",
-    ("monitoring.coreos.com/v1", "PrometheusRule"): "monitoring.coreos.com_prometheusrules.yaml",
-    ("keda.sh/v1alpha1", "ScaledObject"): "keda.sh_scaledobjects.yaml",
-    ("gateway.networking.k8s.io/v1", "HTTPRoute"): "gateway.networking.k8s.io_httproutes.yaml",
-    (
-        "inference.networking.x-k8s.io/v1alpha2",
-        "InferencePool",
-    ): "inference.networking.x-k8s.io_inferencepools.yaml",
-    (
-        "inference.networking.x-k8s.io/v1alpha2",
-        "InferenceModel",
-    ): "inference.networking.x-k8s.io_inferencemodels.yaml",
-}
-
-
-def closed(schema: dict) -> dict:
-    """The structural schema as the API server applies it: objects with listed properties reject
-    others unless marked x-kubernetes-preserve-unknown-fields."""
-    schema = copy.deepcopy(schema)
-
-    def visit(node):
-        if isinstance(node, dict):
-            if (
-                "properties" in node
-                and "additionalProperties" not in node
-                and not node.get("x-kubernetes-preserve-unknown-fields")
-            ):
-                node["additionalProperties"] = False
-            for value in node.values():
-                visit(value)
-        elif isinstance(node, list):
-            for value in node:
-                visit(value)
-
-    visit(schema)
-    return schema
-
-
-def validate(obj: dict) -> None:
-    key = (obj["apiVersion"], obj["kind"])
-    if key in CRD_SCHEMAS:
-        # No metaschema check: the CRDs' patterns are Go regular expressions (one has `^(?i)`),
-        # which Python's `re` only rejects when a value is matched against them.
-        jsonschema.Draft7Validator(closed(crd_schema(CRD_SCHEMAS[key]))).validate(obj)
-    else:
-        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+from tests.deploy.chart import (
+    EVERYTHING_ON,
+    KEDA,
+    VALUES_FILES,
+    by_kind,
+    render,
+    validate,
+)
 
 
 @pytest.mark.parametrize("overrides", [EVERYTHING_ON, EVERYTHING_ON | KEDA], ids=["hpa", "keda"])

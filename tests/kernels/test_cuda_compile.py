@@ -39,16 +39,21 @@ def signature(fn, pointers, floats, constexprs):
     return sig
 
 def attention(dtype, num_tokens, num_seqs, groups, head_dim, num_splits, window, specialized=None,
-              softcap=False):
+              softcap=False, kv_cache=None):
     # The launch shape the wrapper would choose for this batch.
-    tiles = paged_attention.tile_config(num_tokens, num_seqs, groups, dtype, head_dim)
+    tiles = paged_attention.tile_config(num_tokens, num_seqs, groups, dtype, head_dim,
+                                        kv_cache is not None)
     type_name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
     pointers = {"*": type_name, "query_start_loc_ptr": "i32", "seq_lens_ptr": "i32",
-                "block_tables_ptr": "i32", "part_out_ptr": "fp32", "part_lse_ptr": "fp32"}
+                "block_tables_ptr": "i32", "part_out_ptr": "fp32", "part_lse_ptr": "fp32",
+                "k_scale_ptr": "fp32", "v_scale_ptr": "fp32"}
+    if kv_cache is not None:  # an 8-bit cache (kv_cache_dtype int8 / fp8): "i8" or "fp8e4nv"
+        pointers.update(k_cache_ptr=kv_cache, v_cache_ptr=kv_cache)
     constexprs = dict(NUM_GROUPS=groups, BLOCK_SIZE=16, BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_q,
                       BLOCK_N=tiles.block_n, BLOCK_D=triton.next_power_of_2(head_dim),
                       NUM_SPLITS=num_splits, USE_WINDOW=window, USE_SOFTCAP=softcap,
-                      DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32", **(specialized or {}))
+                      DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+                      QUANTIZED=kv_cache is not None, FP8=kv_cache == "fp8e4nv", **(specialized or {}))
     floats = {"qk_scale", "softcap"}
     return paged_attention._paged_attention_kernel, pointers, floats, constexprs, tiles.num_warps
 
@@ -66,6 +71,12 @@ configs = {
     "attention-bf16-softcap-decode-split": attention(torch.bfloat16, 8, 8, 2, 256, 8, False,
                                                      softcap=True),
     "attention-fp32-decode-split-window": attention(torch.float32, 4, 4, 4, 128, 4, True),
+    "attention-bf16-int8kv-decode-split": attention(torch.bfloat16, 8, 8, 4, 128, 8, False,
+                                                    kv_cache="i8"),
+    "attention-bf16-int8kv-prefill": attention(torch.bfloat16, 512, 2, 4, 128, 1, False,
+                                               kv_cache="i8"),
+    "attention-bf16-fp8kv-decode": attention(torch.bfloat16, 8, 8, 4, 128, 1, False,
+                                             kv_cache="fp8e4nv"),
     "merge-splits-bf16": (paged_attention._merge_splits_kernel, {"*": "fp32", "out_ptr": "bf16"},
                           set(), dict(NUM_SPLITS=8, BLOCK_S=8, BLOCK_D=128), 4),
     "rms-norm-bf16-residual": (rmsnorm._rms_norm_kernel, {"*": "bf16"}, {"eps"},
@@ -74,8 +85,14 @@ configs = {
                       dict(HAS_RESIDUAL=False, BLOCK=128), 1),
     "rotary-bf16": (rotary._rotary_kernel, {"*": "bf16", "positions_ptr": "i64", "cache_ptr": "fp32"},
                     set(), dict(ROT_HALF=64, BLOCK_H=32, BLOCK_HALF=64), 4),
-    "kv-cache-bf16": (kv_cache._write_kv_cache_kernel, {"*": "bf16", "slot_ptr": "i64"}, set(),
-                      dict(NUM_KV_HEADS=8, BLOCK_H=8, BLOCK_D=128), 4),
+    "kv-cache-bf16": (kv_cache._write_kv_cache_kernel,
+                      {"*": "bf16", "slot_ptr": "i64", "k_scale_ptr": "fp32", "v_scale_ptr": "fp32"},
+                      set(), dict(NUM_KV_HEADS=8, BLOCK_H=8, BLOCK_D=128, QMAX=0.0, FP8=False), 4),
+    "kv-cache-bf16-to-int8": (kv_cache._write_kv_cache_kernel,
+                              {"*": "bf16", "slot_ptr": "i64", "k_cache_ptr": "i8",
+                               "v_cache_ptr": "i8", "k_scale_ptr": "fp32", "v_scale_ptr": "fp32"},
+                              set(), dict(NUM_KV_HEADS=8, BLOCK_H=8, BLOCK_D=128, QMAX=127.0,
+                                          FP8=False), 4),
     "silu-and-mul-bf16": (activation._silu_and_mul_kernel, {"*": "bf16"}, set(), dict(BLOCK=1024), 4),
     "gelu-tanh-and-mul-bf16": (activation._gelu_tanh_and_mul_kernel, {"*": "bf16"}, set(),
                                dict(BLOCK=1024), 4),
@@ -90,6 +107,8 @@ failures = {}
 for arch in (80, 90):
     for name, (fn, pointers, floats, constexprs, num_warps) in configs.items():
         key = f"sm_{arch}:{name}"
+        if "fp8" in name and arch < 89:
+            continue  # float8_e4m3fn caches need compute capability 8.9 (kv_cache_dtype's check)
         try:
             src = ASTSource(fn, signature(fn, pointers, floats, constexprs), constexprs)
             compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})

@@ -15,6 +15,7 @@ from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.core.scheduler import ScheduledSequence, SchedulerOutput
 from backend_lib.llm.core.sequence import Sequence
 from backend_lib.llm.execution.model_runner import ModelOutput, ModelRunner
+from backend_lib.llm.execution.step_input import BlockMoves
 from tests.llm.config_helpers import BLOCK_SIZE, llm_config
 from tooling.checkpoints import build_checkpoint
 
@@ -95,7 +96,7 @@ class PagedSession:
     def logits(self, chunks: list[tuple[Sequence, int | None]], **moves: Any) -> torch.Tensor:
         """Run one step and return the sampling rows' logits (no token is appended)."""
         plan = self.plan(chunks, **moves)
-        self.runner.apply_block_moves(plan)
+        self.runner.apply_block_moves(BlockMoves.of(plan))
         logits = self.runner.compute_logits(self.runner.prepare_input(plan.scheduled))
         self._advance(plan)
         return logits

@@ -285,9 +285,11 @@ class LLMEngine:
 
     def close(self) -> None:
         """Release the grammar compile workers (the last engine on them stops them, failing the
-        constraints still compiling) and the bitmask thread; abort held requests first."""
+        constraints still compiling), the bitmask thread and any tensor-parallel workers; abort
+        held requests first."""
         self.grammar_compiler.close()
         self.structured.close()
+        self.runner.close()
 
     # --- stepping ----------------------------------------------------------------------------
 

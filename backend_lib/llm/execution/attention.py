@@ -15,8 +15,10 @@ import torch
 from backend_lib.llm.execution.kernel_backend import resolve_kernel_backend
 from kernels import KernelOps, kernel_ops
 
-KVCache = tuple[torch.Tensor, torch.Tensor]
-"""One layer's (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim]."""
+KVCache = tuple[torch.Tensor, ...]
+"""One layer's (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim]; an
+8-bit cache's (k_cache, v_cache, k_scale, v_scale), scales [num_blocks, block_size, num_kv_heads]
+float32 (kernels/kv_cache.py)."""
 
 
 @dataclass

@@ -22,8 +22,19 @@ from safetensors import safe_open
 from backend_lib.checkpoint import safetensors_files
 from backend_lib.config import ConfigError
 from backend_lib.linear import pack_linear_layers
+from backend_lib.llm.execution.checkpoint_quantization import (
+    CheckpointFormatError,
+    CheckpointQuantization,
+    read_checkpoint_quantization,
+)
+from backend_lib.llm.execution.checkpoint_quantization.layers import (
+    finalize_quantized_layers,
+    install_staging_layers,
+    take_input_permutations,
+)
 from backend_lib.llm.execution.models import MODEL_REGISTRY, supported_architectures
 from backend_lib.llm.execution.models.llama import DEFAULT_MAX_POSITION_EMBEDDINGS
+from backend_lib.llm.execution.tensor_parallel import NO_TENSOR_PARALLEL, TensorParallel
 from backend_lib.quantization import quantize_linear_layers
 from kernels import KernelOps
 
@@ -45,6 +56,9 @@ class CheckpointInfo:
     empty when neither has one."""
     weight_files: tuple[Path, ...]
     """The safetensors files holding the weights (see `backend_lib.checkpoint.safetensors_files`)."""
+    quantization: CheckpointQuantization | None = None
+    """How a pre-quantized checkpoint stores its layers (config.json's `quantization_config`);
+    None for a full-precision one."""
 
 
 def read_checkpoint_info(model_dir: str | Path) -> CheckpointInfo:
@@ -55,6 +69,10 @@ def read_checkpoint_info(model_dir: str | Path) -> CheckpointInfo:
     """
     root = Path(model_dir)
     cfg = load_hf_config(root)
+    try:
+        quantization = read_checkpoint_quantization(cfg)
+    except CheckpointFormatError as e:
+        raise ConfigError("model", str(root), str(e)) from e
     return CheckpointInfo(
         model_dir=root,
         hf_config=MappingProxyType(cfg),
@@ -64,6 +82,7 @@ def read_checkpoint_info(model_dir: str | Path) -> CheckpointInfo:
         ),
         eos_token_ids=_eos_token_ids(root, cfg),
         weight_files=tuple(safetensors_files(root)),
+        quantization=quantization,
     )
 
 
@@ -100,8 +119,6 @@ def model_class_for(cfg: Mapping[str, Any], model_dir: str | Path = "") -> type[
             str(model_dir),
             f"unsupported architecture {arch!r}; supported: {', '.join(supported_architectures())}",
         )
-    if cfg.get("quantization_config"):
-        raise ConfigError("model", str(model_dir), "quantized checkpoints are not supported")
     return MODEL_REGISTRY[arch]
 
 
@@ -113,6 +130,13 @@ def iter_safetensors(
         with safe_open(str(path), framework="pt", device=str(device)) as f:
             for name in f.keys():  # noqa: SIM118 (safe_open objects are not iterable)
                 yield name, f.get_tensor(name)
+
+
+def tensor_names(files: Iterable[Path]) -> Iterator[str]:
+    """Every tensor name of every file (read from the headers; no tensor is loaded)."""
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            yield from f.keys()
 
 
 QUANTIZE_LM_HEAD = True
@@ -129,6 +153,7 @@ def load_model(
     pack_linear_weights: bool = True,
     quantization: str = "none",
     quantize_lm_head: bool = QUANTIZE_LM_HEAD,
+    tp: TensorParallel = NO_TENSOR_PARALLEL,
 ) -> torch.nn.Module:
     """Build the checkpoint's model on `device` in `dtype` and load its weights.
 
@@ -137,27 +162,70 @@ def load_model(
     weights are then pre-packed for oneDNN (`backend_lib.linear`) unless `pack_linear_weights`
     is False. Last, the forward's calls are bound to the final weights (`bind_forward`).
 
+    A pre-quantized checkpoint (`info.quantization`) loads as stored: its quantized projections
+    are staged on the meta device, filled from the format's translated tensors and finalized into
+    the layers that compute (checkpoint_quantization/layers.py).
+
     `quantization` int8 or fp8 replaces the projections (q/k/v, o, gate/up, down; the lm_head
     too when `quantize_lm_head`) by `backend_lib.quantization.QuantizedLinear` layers, quantized
     from the loaded float weights, which are then freed; embeddings and norms stay in `dtype`.
     """
     info = as_checkpoint_info(checkpoint)
-    model_cls = info.model_class
-    try:
-        args = model_cls.args_from_config(info.hf_config)
-    except (KeyError, ValueError) as e:
-        raise ConfigError("model", str(info.model_dir), f"bad config.json: {e}") from e
-    # Parameters start on the meta device (no memory, no random init), then get real storage.
-    with torch.device("meta"):
-        model = model_cls(args, ops, device, max_position)
-    model = model.to(dtype).to_empty(device=device)
-    model.tie_weights()  # to_empty gives tied parameters separate storage
-    model.load_weights(iter_safetensors(info.weight_files, device))
+    model = load_checkpoint_weights(info, device, dtype, ops, max_position, tp)
+    finalize_quantized_layers(model)
     quantize_linear_layers(model, quantization, skip=() if quantize_lm_head else ("lm_head",))
     if pack_linear_weights:
         pack_linear_layers(model)
     model.bind_forward()
     return model.eval()
+
+
+def load_checkpoint_weights(
+    info: CheckpointInfo,
+    device: torch.device,
+    dtype: torch.dtype,
+    ops: KernelOps,
+    max_position: int | None = None,
+    tp: TensorParallel = NO_TENSOR_PARALLEL,
+) -> torch.nn.Module:
+    """The first half of `load_model`: the model built on `device` with the checkpoint's tensors
+    loaded as stored (a pre-quantized checkpoint's layers still `StagingLinear`s); under tensor
+    parallelism (`tp`), this rank's slices of them."""
+    if tp.size > 1:
+        _check_tensor_parallel(info, tp)
+    try:
+        args = info.model_class.args_from_config(info.hf_config)
+    except (KeyError, ValueError) as e:
+        raise ConfigError("model", str(info.model_dir), f"bad config.json: {e}") from e
+    # Parameters start on the meta device (no memory, no random init), then get real storage.
+    with torch.device("meta"):
+        model = info.model_class(args, ops, device, max_position, tp)
+    model = model.to(dtype)
+    weights = iter_safetensors(info.weight_files, device)
+    if info.quantization is not None:
+        # A tied lm_head is the embedding, which stays in `dtype`.
+        tied = ("lm_head",) if args.tie_word_embeddings else ()
+        stored = info.quantization.stored_layers(tensor_names(info.weight_files))
+        staged = install_staging_layers(
+            model,
+            lambda layer: info.quantization.scheme_for(layer) if layer in stored else None,
+            skip=tied,
+        )
+        weights = take_input_permutations(model, info.quantization.translate(weights, staged))
+    model = model.to_empty(device=device)
+    model.tie_weights()  # to_empty gives tied parameters separate storage
+    model.load_weights(weights)
+    return model
+
+
+def _check_tensor_parallel(info: CheckpointInfo, tp: TensorParallel) -> None:
+    arch = info.hf_config["architectures"][0]
+    if not info.model_class.supports_tensor_parallel:
+        raise ConfigError("tensor_parallel_size", tp.size, f"{arch} is not sharded yet")
+    if info.quantization is not None:
+        raise ConfigError(
+            "tensor_parallel_size", tp.size, "pre-quantized checkpoints are not sharded yet"
+        )
 
 
 def as_checkpoint_info(checkpoint: CheckpointInfo | str | Path) -> CheckpointInfo:

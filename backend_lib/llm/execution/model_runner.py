@@ -27,12 +27,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
-from backend_lib.config import require
+from backend_lib.config import ConfigError, require
 from backend_lib.device import resolve_dtype
 from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.scheduler import ScheduledSequence, SchedulerOutput
 from backend_lib.llm.core.sequence import Sequence
+from backend_lib.llm.execution import workers
 from backend_lib.llm.execution.attention import AttentionMetadata, select_kernel_ops
 from backend_lib.llm.execution.kv_pool import (
     GIB,
@@ -41,6 +43,7 @@ from backend_lib.llm.execution.kv_pool import (
     blocks_in,
     check_fits_one_sequence,
     gpu_kv_cache_bytes,
+    resolve_kv_cache_dtype,
 )
 from backend_lib.llm.execution.loader import CheckpointInfo, as_checkpoint_info, load_model
 from backend_lib.llm.execution.prompt_logprobs import (
@@ -50,11 +53,14 @@ from backend_lib.llm.execution.prompt_logprobs import (
     score_prompts,
 )
 from backend_lib.llm.execution.sampler import Sampler, SamplingRow, TokenLogprobs
+from backend_lib.llm.execution.step_input import BlockMoves, StepInput, StepMessage
+from backend_lib.llm.execution.tensor_parallel import TensorParallel
+from backend_lib.llm.execution.workers import WorkerGroup
 from backend_lib.llm.lora.adapter import LoRAModelSpec
 from backend_lib.llm.lora.batch import LoRABatch
 from backend_lib.llm.lora.slots import LoRASlots
 from backend_lib.llm.structured.manager import BitmaskBatch, StructuredOutputManager
-from backend_lib.quantization import check_quantization
+from backend_lib.quantization import check_quantization, resolve_quantization
 from kernels import lora_segments
 
 
@@ -77,6 +83,8 @@ class ModelInput:
     """[S] int64: the flattened rows scoring prompt tokens (None: none this step)."""
     prompt_logprobs: dict[int, PromptLogprobsChunk] = field(default_factory=dict)
     """Filled by `ModelRunner.compute_logits`: seq_id -> its chunk's prompt-token scores."""
+    step: StepInput | None = None
+    """The host data this batch was built from (what the other tensor-parallel ranks get)."""
 
 
 @dataclass
@@ -102,6 +110,31 @@ def resolve_max_model_len(setting: int, max_position_embeddings: int) -> int:
         f"exceeds the checkpoint's max_position_embeddings ({max_position_embeddings})",
     )
     return setting
+
+
+def _in_process_group() -> bool:
+    """Whether this process already is a rank of a torch.distributed group (a worker, or a rank
+    its launcher joined): then it builds its shard and starts no workers."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def _prompt_rows(
+    scheduled: list[ScheduledSequence], layout: list[ScheduledSequence], q_lens: np.ndarray
+) -> tuple[list[int], list[PromptScoring]]:
+    """The flattened rows of chunks that score prompt tokens (prompt_logprobs), scheduled order,
+    and those chunks' scorings."""
+    first_row = {id(s): int(r) for s, r in zip(layout, np.cumsum(q_lens) - q_lens, strict=True)}
+    rows: list[int] = []
+    scorings: list[PromptScoring] = []
+    for s in scheduled:
+        scoring = prompt_scoring(s)
+        if scoring is None:
+            continue
+        # The row at position p scores token p + 1: the chunk's rows from its first one on.
+        first = first_row[id(s)]
+        rows += range(first, first + len(scoring.token_ids))
+        scorings.append(scoring)
+    return rows, scorings
 
 
 def row_layout(
@@ -132,28 +165,57 @@ class ModelRunner:
         device: torch.device,
         checkpoint: CheckpointInfo | str | Path,
     ):
-        """`checkpoint`: the loader's CheckpointInfo, or the directory to read it from."""
+        """`checkpoint`: the loader's CheckpointInfo, or the directory to read it from. With
+        `tensor_parallel_size` > 1 and no torch.distributed group yet, this is rank 0: it starts
+        the other ranks' worker processes (execution/workers.py) and drives them."""
         self.config, self.device = config, device
         self.checkpoint = as_checkpoint_info(checkpoint)
+        self.workers: WorkerGroup | None = None
+        if config.tensor_parallel_size > 1 and (workers.driving() or not _in_process_group()):
+            self.workers = WorkerGroup(config, self.checkpoint.model_dir, device)
+        try:
+            self._build(config, device)
+        except BaseException as exc:
+            if self.workers is not None:
+                died = self.workers.failed_start(exc)
+                self.workers = None
+                if died is not None:
+                    raise died from exc
+            raise
+
+    def _build(self, config: LLMConfig, device: torch.device) -> None:
         self.dtype = resolve_dtype(config.dtype, device)
         self.block_size = config.block_size
         self.max_model_len = resolve_max_model_len(
             config.max_model_len, self.checkpoint.max_position_embeddings
         )
         self.ops = select_kernel_ops(config.kernel_backend, device)
-        check_quantization(config.quantization, device)
+        prequantized = self.checkpoint.quantization
+        quantization = resolve_quantization(
+            config.quantization, None if prequantized is None else prequantized.describe()
+        )
+        check_quantization(quantization, device)
+        kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, device)
+        self.tp = TensorParallel.from_process_group(config.tensor_parallel_size)
+        if self.tp.size > 1 and config.enable_lora:
+            raise ConfigError("enable_lora", True, "LoRA is not sharded for tensor parallelism yet")
         self.model = load_model(
             self.checkpoint,
             device,
             self.dtype,
             self.ops,
             self.max_model_len,
-            quantization=config.quantization,
+            quantization=quantization,
+            tp=self.tp,
         )
         self.sampler = Sampler(self.checkpoint.eos_token_ids, device, config.seed)
         args = self.model.args
         self.kv_spec = KVCacheSpec(
-            args.num_layers, args.num_kv_heads, args.head_dim, config.block_size, self.dtype
+            args.num_layers,
+            args.num_kv_heads,
+            args.head_dim,
+            config.block_size,
+            kv_cache_dtype,
         )
         self.lora_spec = LoRAModelSpec.for_llama(
             self.checkpoint.hf_config["architectures"][0],
@@ -173,6 +235,12 @@ class ModelRunner:
         # After the adapter slots, so that GPU sizing counts their memory.
         self.kv_pool = self._allocate_kv_pool()
 
+    def close(self) -> None:
+        """Stop the tensor-parallel workers this rank started (none: nothing to do)."""
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
+
     @property
     def num_blocks(self) -> int:
         return self.kv_pool.num_blocks
@@ -191,11 +259,31 @@ class ModelRunner:
     ) -> ModelOutput:
         """Run one SchedulerOutput: block moves, forward, sampling. `num_samples` maps seq_id to
         how many tokens to sample from that sequence's row (default 1); `constraints` holds the
-        grammar state of constrained sequences (see the module docstring)."""
-        self.apply_block_moves(sched_out)
-        if not sched_out.scheduled:
+        grammar state of constrained sequences (see the module docstring). A tensor-parallel
+        worker that died fails the step with `WorkerDied` naming its rank."""
+        try:
+            return self._execute(sched_out, num_samples, constraints)
+        except RuntimeError as exc:  # a collective with a rank gone (gloo/NCCL errors)
+            died = None if self.workers is None else self.workers.died(wait=2.0)
+            if died is not None and died is not exc:
+                raise died from exc
+            raise
+
+    def _execute(
+        self,
+        sched_out: SchedulerOutput,
+        num_samples: Mapping[int, int] | None,
+        constraints: StructuredOutputManager | None,
+    ) -> ModelOutput:
+        moves = BlockMoves.of(sched_out)
+        batch = None
+        if sched_out.scheduled:
+            batch = self.prepare_input(sched_out.scheduled, num_samples)
+        if self.workers is not None and (moves or batch is not None):
+            self.workers.send(StepMessage(moves, None if batch is None else batch.step))
+        self.apply_block_moves(moves)
+        if batch is None:
             return ModelOutput()
-        batch = self.prepare_input(sched_out.scheduled, num_samples)
         job = None
         if constraints is not None and batch.sample_rows:
             job = constraints.begin(batch.sample_seq_ids)  # fills while the forward runs
@@ -218,11 +306,18 @@ class ModelRunner:
                 output.logprobs.setdefault(seq_id, []).append(logprob)
         return output
 
-    def apply_block_moves(self, sched_out: SchedulerOutput) -> None:
+    def run_step(self, message: StepMessage) -> None:
+        """A tensor-parallel worker's share of rank 0's step: the same block moves and forward
+        (its collectives included), no sampling."""
+        self.apply_block_moves(message.moves)
+        if message.step is not None:
+            self.compute_logits(self.device_input(message.step))
+
+    def apply_block_moves(self, moves: BlockMoves) -> None:
         """Swap out first (frees device blocks that swap-ins or copies may then reuse)."""
-        self.kv_pool.swap_out(sched_out.blocks_to_swap_out)
-        self.kv_pool.swap_in(sched_out.blocks_to_swap_in)
-        self.kv_pool.copy_blocks(sched_out.blocks_to_copy)
+        self.kv_pool.swap_out(moves.swap_out)
+        self.kv_pool.swap_in(moves.swap_in)
+        self.kv_pool.copy_blocks(moves.copy)
 
     def compute_logits(self, batch: ModelInput) -> torch.Tensor:
         """Forward the flattened batch; float32 logits of the sampling rows only [R, vocab]. Rows
@@ -251,10 +346,28 @@ class ModelRunner:
         self, scheduled: list[ScheduledSequence], num_samples: Mapping[int, int] | None = None
     ) -> ModelInput:
         """Flatten ScheduledSequences (seq, num_new_tokens) into one device batch."""
-        num_samples = num_samples or {}
         slot_of = self._activate_loras(scheduled)
         # Sampling rows (and so the logits rows) keep the scheduled order; token rows do not.
         layout = row_layout(scheduled, slot_of)
+        step, rows, seq_ids = self._host_step(scheduled, layout, num_samples or {})
+        batch = self.device_input(step, rows, seq_ids)
+        if slot_of:
+            segments = lora_segments(
+                [slot_of.get(s.seq.lora_int_id, -1) for s in layout],
+                self.device,
+                step.q_lens.tolist(),
+            )
+            if segments is not None:
+                batch.lora = LoRABatch(self.lora_slots, segments, self.ops)
+        return batch
+
+    def _host_step(
+        self,
+        scheduled: list[ScheduledSequence],
+        layout: list[ScheduledSequence],
+        num_samples: Mapping[int, int],
+    ) -> tuple[StepInput, list[SamplingRow], list[int]]:
+        """The step's host data, with the sampling rows and their seq ids (rank 0's alone)."""
         starts = np.array([s.seq.num_computed_tokens for s in layout], dtype=np.int64)
         q_lens = np.array([s.num_new_tokens for s in layout], dtype=np.int64)
         tokens: list[int] = []
@@ -272,22 +385,38 @@ class ModelRunner:
             rows += [row] * k
             seq_ids += [s.seq.seq_id] * k
             sample_indices += [last_row[id(s)]] * k
-        batch = self._device_input(
+        prompt_rows, scorings = _prompt_rows(scheduled, layout, q_lens)
+        step = StepInput(
             np.array(tokens, dtype=np.int64),
             starts,
             q_lens,
             [s.seq.block_table for s in layout],
             sample_indices,
-            rows,
-            seq_ids,
+            prompt_rows,
+            scorings,
         )
-        self._add_prompt_rows(batch, scheduled, layout, q_lens)
-        if slot_of:
-            segments = lora_segments(
-                [slot_of.get(s.seq.lora_int_id, -1) for s in layout], self.device, q_lens.tolist()
-            )
-            if segments is not None:
-                batch.lora = LoRABatch(self.lora_slots, segments, self.ops)
+        return step, rows, seq_ids
+
+    def device_input(
+        self,
+        step: StepInput,
+        rows: list[SamplingRow] | None = None,
+        seq_ids: list[int] | None = None,
+    ) -> ModelInput:
+        """`step` as a device batch (with its sampling rows on rank 0; none on the others)."""
+        batch = self._device_input(
+            step.tokens,
+            step.starts,
+            step.q_lens,
+            step.block_tables,
+            step.sample_indices,
+            rows or [],
+            seq_ids or [],
+        )
+        batch.step = step
+        if step.prompt_rows:
+            batch.prompt_rows = torch.tensor(step.prompt_rows, dtype=torch.long).to(self.device)
+            batch.prompt_scorings = list(step.prompt_scorings)
         if self.ops.plan_attention is not None:
             meta = batch.meta
             meta.plan = self.ops.plan_attention(
@@ -297,27 +426,6 @@ class ModelRunner:
                 self.kv_pool.layer_caches[0][0],
             )
         return batch
-
-    def _add_prompt_rows(
-        self,
-        batch: ModelInput,
-        scheduled: list[ScheduledSequence],
-        layout: list[ScheduledSequence],
-        q_lens: np.ndarray,
-    ) -> None:
-        """The rows of chunks that score prompt tokens (prompt_logprobs), scheduled order."""
-        first_row = {id(s): int(r) for s, r in zip(layout, np.cumsum(q_lens) - q_lens, strict=True)}
-        rows: list[int] = []
-        for s in scheduled:
-            scoring = prompt_scoring(s)
-            if scoring is None:
-                continue
-            # The row at position p scores token p + 1: the chunk's rows from its first one on.
-            first = first_row[id(s)]
-            rows += range(first, first + len(scoring.token_ids))
-            batch.prompt_scorings.append(scoring)
-        if rows:
-            batch.prompt_rows = torch.tensor(rows, dtype=torch.long).to(self.device)
 
     def _activate_loras(self, scheduled: list[ScheduledSequence]) -> dict[int, int]:
         """Load the step's adapters into slots; lora_int_id -> slot (empty: no adapter)."""
@@ -393,6 +501,8 @@ class ModelRunner:
         else:
             num_blocks = blocks_in(c.cpu_kv_cache_gb * GIB, self.kv_spec)
             key, value = "cpu_kv_cache_gb", c.cpu_kv_cache_gb
+        # Every rank's cache must hold the same blocks (the scheduler's ids index them all).
+        num_blocks = self.tp.min_over_ranks(num_blocks, self.device)
         check_fits_one_sequence(num_blocks, self.max_model_len, self.block_size, key, value)
         num_host_blocks = (
             blocks_in(c.swap_space * GIB, self.kv_spec) if c.preemption_mode == "swap" else 0

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from backend_lib import contract
-from backend_lib.config import from_parameters
+from backend_lib.config import ConfigError, from_parameters
 from backend_lib.errors import InputError, RequestCancelled, error_code
 from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.outputs import CompletionOutput, Logprob, RequestOutput
@@ -92,6 +92,13 @@ class LLMService:
         enable_lora, the adapters listed in `<version>/multi_lora.json` (as the vLLM backend).
         The environment variable BACKEND_LIB_FAULT_INJECTION sets the test-only `faults`."""
         config = from_parameters(LLMConfig, context.parameters)
+        if config.tensor_parallel_size > 1 and context.instance_kind == "GPU":
+            raise ConfigError(
+                "tensor_parallel_size",
+                config.tensor_parallel_size,
+                "a sharded model places its own ranks (rank r on GPU r): serve it as "
+                "instance_group [{kind: KIND_MODEL}], not KIND_GPU",
+            )
         lora_modules = (
             read_multi_lora(context.model_dir / context.version, context.model_dir)
             if config.enable_lora

@@ -21,6 +21,7 @@ from backend_lib.quantization import (
     dequantize_weight,
     quantize_linear_layers,
     quantize_weight,
+    resolve_quantization,
 )
 from tests.llm.config_helpers import llm_config
 from tests.llm.engine_helpers import greedy
@@ -146,7 +147,9 @@ def test_loader_quantizes_every_projection_and_head_not_embeddings_or_norms():
 
 def test_quantization_parameter_parses_and_validates():
     assert from_parameters(LLMConfig, {"quantization": "int8"}).quantization == "int8"
-    assert LLMConfig().quantization == "none"
+    assert LLMConfig().quantization == "auto"
+    assert resolve_quantization("auto", None) == "none"
+    assert resolve_quantization("int8", None) == "int8"
     with pytest.raises(ConfigError) as err:
         from_parameters(LLMConfig, {"quantization": "int4"})
     assert "quantization" in str(err.value) and "int8" in str(err.value)

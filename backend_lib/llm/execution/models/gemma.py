@@ -36,6 +36,7 @@ from backend_lib.llm.execution.models.llama import (
     _projection,
 )
 from backend_lib.llm.execution.models.step_kernels import StepKernels
+from backend_lib.llm.execution.tensor_parallel import NO_TENSOR_PARALLEL, TensorParallel
 from backend_lib.llm.lora.batch import LoRABatch
 from kernels import KernelOps
 from kernels.rotary import rope_cos_sin_cache
@@ -136,6 +137,8 @@ class GemmaMLPCalls:
 class Gemma2ForCausalLM(LlamaForCausalLM):
     """Gemma 2 (module docstring)."""
 
+    supports_tensor_parallel = False  # its own shapes are not sharded yet
+
     SLIDING_PATTERN = 2
     """transformers' default for configs without layer_types: every second layer global."""
     QK_NORM = False
@@ -145,9 +148,14 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
     args: GemmaArgs
 
     def __init__(
-        self, args: GemmaArgs, ops: KernelOps, device: torch.device, max_position: int | None = None
+        self,
+        args: GemmaArgs,
+        ops: KernelOps,
+        device: torch.device,
+        max_position: int | None = None,
+        tp: TensorParallel = NO_TENSOR_PARALLEL,
     ):
-        super().__init__(args, ops, device, max_position)
+        super().__init__(args, ops, device, max_position, tp)
         self.model.embed_tokens = ScaledEmbedding(args.vocab_size, args.hidden_size)
         for layer in self.model.layers:
             layer.pre_feedforward_layernorm = RMSNorm(args.hidden_size)

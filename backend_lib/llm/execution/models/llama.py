@@ -33,6 +33,7 @@ from backend_lib.llm.execution.models.step_kernels import (
     OpsKernels,
     StepKernels,
 )
+from backend_lib.llm.execution.tensor_parallel import NO_TENSOR_PARALLEL, TensorParallel, reduced
 from backend_lib.llm.lora.batch import LoRABatch
 from kernels import KernelOps, cpu_extension, kernel_ops
 from kernels.rotary import rope_cos_sin_cache
@@ -170,9 +171,10 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """The parameters under the checkpoint's names; `LlamaForCausalLM.forward` computes with them."""
 
-    def __init__(self, args: LlamaArgs, mlp_factory: MLPFactory):
+    def __init__(self, args: LlamaArgs, mlp_factory: MLPFactory, vocab_rows: int | None = None):
+        """`vocab_rows`: the embedding rows this rank holds (tensor parallelism; default all)."""
         super().__init__()
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.embed_tokens = nn.Embedding(vocab_rows or args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(args, mlp_factory(args, i)) for i in range(args.num_layers)
         )
@@ -277,14 +279,27 @@ class LlamaForCausalLM(nn.Module):
     """Llama decoder over a paged KV cache. `forward` returns hidden states of the flattened
     tokens; `compute_logits` projects only the rows that are sampled."""
 
+    supports_tensor_parallel = True
+    """Whether `tensor_parallel.TensorParallel` can shard this class (subclasses with other
+    shapes say False until their sharding is written)."""
+
     def __init__(
-        self, args: LlamaArgs, ops: KernelOps, device: torch.device, max_position: int | None = None
+        self,
+        args: LlamaArgs,
+        ops: KernelOps,
+        device: torch.device,
+        max_position: int | None = None,
+        tp: TensorParallel = NO_TENSOR_PARALLEL,
     ):
+        """`tp`: this rank's share of a tensor-parallel group; `args` then become this rank's
+        shapes (`args`: its heads and MLP width; `full_args`: the whole model's)."""
         super().__init__()
-        self.args = args
+        self.tp, self.full_args = tp, args
+        args = self.args = tp.local_args(args)
         self.ops = ops
-        self.model = LlamaModel(args, self.build_mlp)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        _, vocab_rows = tp.vocab_rows(args.vocab_size)
+        self.model = LlamaModel(args, self.build_mlp, vocab_rows)
+        self.lm_head = nn.Linear(args.hidden_size, vocab_rows, bias=False)
         self.tie_weights()
         q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
         self._qkv_sizes = (q_size, kv_size, kv_size)
@@ -333,12 +348,21 @@ class LlamaForCausalLM(nn.Module):
         Returns `layer_calls`."""
         layers = self.model.layers
         self.layer_calls = tuple(
-            LayerCalls.of(layer, i, self.args, self.bind_mlp(layer.mlp, i))
+            self._row_parallel(LayerCalls.of(layer, i, self.args, self.bind_mlp(layer.mlp, i)))
             for i, layer in enumerate(layers)
         )
         native = self.ops == kernel_ops("torch") and cpu_extension.takes(self.model.norm.weight)
         self.cpp_ops = CppOps.load() if native else None
         return self.layer_calls
+
+    def _row_parallel(self, calls: LayerCalls) -> LayerCalls:
+        """`calls` with o_proj and a dense MLP's down_proj summed over the tensor-parallel ranks."""
+        if self.tp.size == 1:
+            return calls
+        mlp = calls.mlp
+        if isinstance(mlp, DenseMLPCalls):
+            mlp = replace(mlp, down=reduced(mlp.down, self.tp))
+        return replace(calls, o=reduced(calls.o, self.tp), mlp=mlp)
 
     def forward(
         self,
@@ -358,7 +382,7 @@ class LlamaForCausalLM(nn.Module):
         a later token needs, are written before). Same values as selecting afterwards."""
         layers = self.layer_calls if self.layer_calls is not None else self.bind_forward()
         kernels = self.step_kernels(positions, meta)
-        hidden = self.model.embed_tokens(input_ids)
+        hidden = self.embed(input_ids)
         # The residual stream is carried separately so each norm fuses the residual add.
         residual = None
         # With LoRA rows the MLP's adapters follow the full row layout: select at the end instead.
@@ -376,6 +400,12 @@ class LlamaForCausalLM(nn.Module):
         if output_rows is not None and keep_rows is None:
             hidden = hidden.index_select(0, output_rows)
         return hidden
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] -> [T, hidden_size] (vocabulary-parallel under tensor parallelism)."""
+        if self.tp.size == 1:
+            return self.model.embed_tokens(input_ids)
+        return self.tp.embed(self.model.embed_tokens.weight, input_ids, self.args.vocab_size)
 
     def step_kernels(self, positions: torch.Tensor, meta: AttentionMetadata) -> StepKernels:
         """The kernel binding of a step (models/step_kernels.py): straight C++ op calls where
@@ -419,8 +449,9 @@ class LlamaForCausalLM(nn.Module):
         return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[R, hidden_size] -> float32 logits [R, vocab_size]."""
-        return self.lm_head(hidden).float()
+        """[R, hidden_size] -> float32 logits [R, vocab_size] (each rank's vocabulary rows
+        gathered under tensor parallelism)."""
+        return self.tp.gather_columns(self.lm_head(hidden)).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors (HF names) into the parameters, merging fused projections.
@@ -434,10 +465,11 @@ class LlamaForCausalLM(nn.Module):
                 continue  # recomputed, never loaded
             if name == "lm_head.weight" and self.args.tie_word_embeddings:
                 continue  # tied to embed_tokens (some checkpoints store the copy anyway)
+            tensor = self.tp.shard(name, tensor, self.full_args)
             target, shard = self.fused_target(name)
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no matching parameter")
-            dest = self._shard_view(params[target], target, shard)
+            dest = self.shard_view(params[target], target, shard)
             if dest.shape != tensor.shape:
                 raise ValueError(
                     f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
@@ -468,7 +500,8 @@ class LlamaForCausalLM(nn.Module):
         """The checkpoint tensor name that fills `shard` of `param_name` (for error messages)."""
         return _checkpoint_name(param_name, shard)
 
-    def _shard_view(self, param: torch.Tensor, name: str, shard: int | None) -> torch.Tensor:
+    def shard_view(self, param: torch.Tensor, name: str, shard: int | None) -> torch.Tensor:
+        """The rows of parameter `name` that checkpoint shard `shard` fills (all of it for None)."""
         if shard is None:
             return param.data
         a = self.args

@@ -43,6 +43,7 @@ from backend_lib.llm.execution.models.llama import (
     _projection,
 )
 from backend_lib.llm.execution.models.step_kernels import StepKernels
+from backend_lib.llm.execution.tensor_parallel import NO_TENSOR_PARALLEL, TensorParallel
 from backend_lib.llm.lora.batch import LoRABatch
 from kernels import KernelOps, kernel_ops
 from kernels.fused_moe import ExpertCalls, grouped_moe, moe_route
@@ -185,6 +186,8 @@ _SHARED_SHARDS = {
 class MoEForCausalLM(LlamaForCausalLM):
     """The Llama forward with `SparseMoeBlock`s on the sparse layers (module docstring)."""
 
+    supports_tensor_parallel = False  # its own shapes are not sharded yet
+
     LORA_COVERS_MLP = False
     """Adapters may target the attention projections only (model_runner builds the spec)."""
     _HUB_BLOCK = "mlp"
@@ -200,10 +203,11 @@ class MoEForCausalLM(LlamaForCausalLM):
         ops: KernelOps,
         device: torch.device,
         max_position: int | None = None,
+        tp: TensorParallel = NO_TENSOR_PARALLEL,
     ):
         # Read by build_mlp, which LlamaForCausalLM.__init__ calls.
         self._stacked = ops is kernel_ops("triton")
-        super().__init__(args, ops, device, max_position)
+        super().__init__(args, ops, device, max_position, tp)
 
     def build_mlp(self, args: MoEArgs, index: int) -> nn.Module:  # type: ignore[override]
         if args.sparse_layers[index]:
@@ -292,7 +296,7 @@ class MoEForCausalLM(LlamaForCausalLM):
             return param_name.replace(".mlp.", f".{self._HUB_BLOCK}.")
         return LlamaForCausalLM.checkpoint_name(param_name, shard)
 
-    def _shard_view(self, param: torch.Tensor, name: str, shard: int | None) -> torch.Tensor:
+    def shard_view(self, param: torch.Tensor, name: str, shard: int | None) -> torch.Tensor:
         if shard is not None:
             match = _STACKED.match(name)
             if match is not None:
@@ -304,7 +308,7 @@ class MoEForCausalLM(LlamaForCausalLM):
             if ".gate_up_proj." in name:  # experts, shared expert, dense layers: halves
                 half = param.shape[0] // 2
                 return param.data.narrow(0, shard * half, half)
-        return super()._shard_view(param, name, shard)
+        return super().shard_view(param, name, shard)
 
 
 def _split_stacked(

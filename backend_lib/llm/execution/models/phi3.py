@@ -48,6 +48,8 @@ def _phi3_rope_scaling(cfg: Mapping[str, Any], scaling: dict[str, Any] | None) -
 class Phi3ForCausalLM(LlamaForCausalLM):
     """Phi-3 (module docstring)."""
 
+    supports_tensor_parallel = False  # its own shapes are not sharded yet
+
     @classmethod
     def args_from_config(cls, cfg: Mapping[str, Any]) -> LlamaArgs:
         args = LlamaArgs.from_hf_config(cfg)

@@ -126,9 +126,10 @@ class CppKernels:
         softcap: float | None = None,
     ) -> torch.Tensor:
         """Write k, v [T, Hkv, D] into the cache, then attend q [T, Hq, D] over it -> [T, Hq, D];
-        `softcap`: Gemma's attention logit soft-capping (None: none)."""
-        k_cache, v_cache = kv_cache
-        self._ops.write_kv_cache(k, v, k_cache, v_cache, self._slots)
+        `softcap`: Gemma's attention logit soft-capping (None: none). An 8-bit cache's scales
+        (kv_cache[2:]) go to both ops."""
+        k_cache, v_cache, *scales = kv_cache
+        self._ops.write_kv_cache(k, v, k_cache, v_cache, self._slots, *scales)
         out = torch.empty_like(q)
         self._ops.paged_attention(
             q,
@@ -142,6 +143,7 @@ class CppKernels:
             self._seqs,
             out,
             softcap or 0.0,
+            *scales,
         )
         return out
 
@@ -199,9 +201,11 @@ class OpsKernels:
         sliding_window: int | None,
         softcap: float | None = None,
     ) -> torch.Tensor:
-        k_cache, v_cache = kv_cache
+        k_cache, v_cache, *scales = kv_cache
         meta = self._meta
-        self._ops.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        self._ops.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping, *scales)
+        # An 8-bit cache's scales, only then: bit-for-bit the same calls otherwise.
+        scale_kw = {"k_scale": scales[0], "v_scale": scales[1]} if scales else {}
         return self._ops.paged_attention(
             q,
             k_cache,
@@ -213,6 +217,7 @@ class OpsKernels:
             sliding_window=sliding_window,
             **self._plan,
             **({"softcap": softcap} if softcap else {}),
+            **scale_kw,
         )
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:

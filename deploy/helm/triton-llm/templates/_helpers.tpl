@@ -122,3 +122,90 @@ scaleDown:
 {{- define "triton-llm.encoderQueueMean" -}}
 sum(rate(encoder_queue_seconds_sum{ {{- .matchers -}} }[{{ .window }}])) / clamp_min(sum(rate(encoder_queue_seconds_count{ {{- .matchers -}} }[{{ .window }}])), 1e-9)
 {{- end }}
+
+{{/* Whether the llm role runs as a LeaderWorkerSet (roles.llm.multiNode.enabled). */}}
+{{- define "triton-llm.multiNode" -}}
+{{- if and .Values.roles.llm.enabled (dig "multiNode" "enabled" false .Values.roles.llm) }}true{{ end }}
+{{- end }}
+
+{{/* The LeaderWorkerSet's name: not the client Service's, since LWS creates a headless Service of
+its own name for the pods' DNS; short enough for the worker pods' "<name>-<group>-<worker>". */}}
+{{- define "triton-llm.lwsName" -}}
+{{- printf "%s-group" (include "triton-llm.roleName" (dict "root" . "role" "llm")) | trunc 50 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The multi-node model repository: a sibling of modelRepository.path (same depth, so relative
+checkpoint paths in config.pbtxt resolve to the same place). */}}
+{{- define "triton-llm.multiNodeRepository" -}}
+{{- printf "%s-multinode" (.Values.modelRepository.path | trimSuffix "/") }}
+{{- end }}
+
+{{/* The multi-node pods' init container: the repository copy with the multi-node parameters. */}}
+{{- define "triton-llm.multiNodeInit" -}}
+{{- $root := .root -}}
+- name: prepare-repository
+  image: {{ include "triton-llm.image" $root }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  command:
+    - python3
+    - /etc/triton-llm-multinode/prepare_multinode_repository.py
+    - {{ $root.Values.modelRepository.path }}
+    - {{ include "triton-llm.multiNodeRepository" $root }}
+    - {{ .model }}
+    - /etc/triton-llm-multinode/parameters.json
+  resources:
+    requests: {cpu: 100m, memory: 64Mi}
+    limits: {memory: 256Mi}
+  securityContext:
+    {{- toYaml $root.Values.containerSecurityContext | nindent 4 }}
+  volumeMounts:
+    {{- include "triton-llm.volumeMounts" $root | nindent 4 }}
+    - {name: multinode-repository, mountPath: {{ include "triton-llm.multiNodeRepository" $root }}}
+    - {name: multinode-config, mountPath: /etc/triton-llm-multinode, readOnly: true}
+{{- end }}
+
+{{/* The engine's rendezvous, from the variables LWS adds to every container of a group (first
+in the list, so $(...) expands them): the leader's address, this pod's index (leader 0). */}}
+{{- define "triton-llm.multiNodeEnv" -}}
+- {name: MASTER_ADDR, value: $(LWS_LEADER_ADDRESS)}
+- {name: MASTER_PORT, value: {{ .Values.roles.llm.multiNode.masterPort | int | toString | quote }}}
+- {name: NODE_RANK, value: $(LWS_WORKER_INDEX)}
+{{- end }}
+
+{{- define "triton-llm.multiNodeVolumes" -}}
+- name: tmp
+  emptyDir: {}
+- name: cache
+  emptyDir: {}
+- name: dshm  # the Python backend talks to its stubs through shared memory
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .Values.roles.llm.shmSizeLimit }}
+{{- if eq .Values.modelRepository.source "pvc" }}
+- name: model-repository
+  persistentVolumeClaim:
+    claimName: {{ required "modelRepository.pvc.claimName is required when modelRepository.source=pvc" .Values.modelRepository.pvc.claimName }}
+    readOnly: true
+{{- end }}
+- name: multinode-repository
+  emptyDir: {}
+- name: multinode-config
+  configMap:
+    name: {{ include "triton-llm.lwsName" . }}
+{{- end }}
+
+{{- define "triton-llm.multiNodeScheduling" -}}
+{{- $cfg := .Values.roles.llm }}
+{{- with $cfg.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $cfg.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $cfg.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}

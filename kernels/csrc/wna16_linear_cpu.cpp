@@ -1,0 +1,594 @@
+// Weight-only 4/8-bit integer linear ("WNA16") on CPU: the C++ fast path of kernels/wna16_linear.py
+// (the contract is that module's docstring), on the layout prepare_wna16_cpu repacks once at load.
+// Built with the other kernels/csrc sources into one library (kernels/cpu_extension.py); registers
+// torch.ops.llm_cpu.wna16_linear.
+//
+// Packed layout (prepare_wna16_cpu): the output rows in tiles of 16; packed[t, i, l] (int32
+// [T, K / E, 16], E = 32 / bits values per word) is word i of row 16 t + l of the checkpoint's
+// qweight (4-bit: its nibbles reordered, slot_k), so one 512-bit load holds E consecutive k of 16
+// output rows, and each value goes to its own lane with one shift. scales, zeros: float32
+// [T, G, 16] (G groups along K). Rows past N (the last tile's padding) have zero words, scale and
+// zero point.
+//
+// Decode (M < gemm_min_rows): for each k, the vector of values u of 16 output rows is made into the
+// floats f = 1 + u / 2^bits (the value shifted into the top of the mantissa and 1.0's exponent OR-ed
+// in: a shift and a vpternlogd, where converting an integer would take a third op) and multiplied by
+// x[m, k] (broadcast) into a float32 accumulator. Since x . f = xsum + (x . u) / 2^bits, with xsum the
+// sum of x over the same k, each group (or chunk of a long group) adds s * (2^bits (acc - xsum) -
+// z xsum) = s * (x . (u - z)) to the output: the scale and zero point cost a few ops per group, not
+// per weight. With bfloat16 x, 4-bit weights and AVX512-BF16, pairs of f are made as bfloat16 and
+// multiplied by pairs of x with vdpbf16ps, 32 products per instruction (micro_tile_bf16). Register
+// tiles of up to 4 rows of x by up to 64 output rows (AVX-512; AVX2 half as many), so each unpacked
+// weight vector feeds up to 4 FMAs; work items of 64 output rows under at::parallel_for.
+//
+// Prefill (M >= gemm_min_rows): blocks of output rows are dequantized exactly as the contract reads,
+// (u - z) * s in float32 (the twin's bits), into a [K, block] tile of x's dtype (in parallel), and
+// each block is one at::addmm (oneDNN/MKL, all threads) into its columns of the output. Where that
+// pays depends on the ISA (kAutoGemmMinRows): with AVX-512 never, as measured.
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+#define CPU_CAPABILITY_AVX512
+#elif defined(__AVX2__) && defined(__FMA__)
+#define CPU_CAPABILITY_AVX2
+#endif
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kTile = 16;       // output rows per packed tile
+constexpr int64_t kItemTiles = 4;   // tiles per parallel work item (64 output rows)
+// Bytes of one dequantized GEMM block (prefill): few blocks, since each costs two thread joins (a
+// loaded machine makes them expensive), and at the M where that path pays the GEMM reads its B in its
+// own cache blocks anyway (128 to 1024 output rows per block measured the same on AMD EPYC).
+constexpr int64_t kGemmBlockBytes = 8 << 20;
+// Rows of x from which the op takes the dequantize-and-GEMM path when the caller passes
+// gemm_min_rows < 0, per ISA, as measured on AMD EPYC (4096 x 4096 and 11008 x 4096, 4-bit, 1 and 2
+// threads). AVX-512: the decode kernel was as fast or faster at every M tried (bfloat16, 4096 x 4096,
+// one thread: 357 vs 367 ms at 1024 rows, 753 vs 923 at 2048; float32 819 vs 1066 at 1024), so never.
+// AVX2 (8 lanes, no BF16 dot, half the register tile): the GEMM from about 64 rows (bfloat16 48 vs
+// 98 ms at 64, 136 vs 392 at 256; 21 vs 24 at 16). Baseline: the scalar decode kernel loses even at
+// one row (66 vs 21 ms), so always.
+#if defined(CPU_CAPABILITY_AVX512)
+constexpr int64_t kAutoGemmMinRows = std::numeric_limits<int64_t>::max();
+#elif defined(CPU_CAPABILITY_AVX2)
+constexpr int64_t kAutoGemmMinRows = 64;
+#else
+constexpr int64_t kAutoGemmMinRows = 1;
+#endif
+// Longest run of k summed in one float32 chain by the decode kernels (Problem::chunk).
+constexpr int64_t kMaxChunk = 256;
+
+// Value slot j (bits [bits j, bits (j + 1))) of a packed word holds k offset slot_k(j) of its word.
+// 4-bit: even k in the low half-word, odd k in the high one (prepare_wna16_cpu reorders them), so one
+// shift moves the pair (2 J, 2 J + 1) into the two bfloat16 halves of a 32-bit lane (micro_tile_bf16).
+constexpr int slot_k(int bits, int j) { return bits == 4 ? (j < 4 ? 2 * j : 2 * (j - 4) + 1) : j; }
+inline int k_slot(int bits, int offset) { return bits == 4 ? (offset % 2 ? 4 + offset / 2 : offset / 2) : offset; }
+
+#if defined(CPU_CAPABILITY_AVX512)
+struct Simd {
+  using F = __m512;
+  using I = __m512i;
+  static constexpr int kLanes = 16;
+  static constexpr int kMaxRows = 4;  // x rows per register tile
+  static F zero() { return _mm512_setzero_ps(); }
+  static F set1(float v) { return _mm512_set1_ps(v); }
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static I load_words(const int32_t* p) { return _mm512_loadu_si512(p); }
+  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F fmsub(F a, F b, F c) { return _mm512_fmsub_ps(a, b, c); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  template <int S>
+  static I shift(I w) {
+    if constexpr (S > 0) return _mm512_slli_epi32(w, S);
+    else if constexpr (S < 0) return _mm512_srli_epi32(w, -S);
+    else return w;
+  }
+  // (v & mask) | one in one vpternlogd (truth table of a & b | c).
+  static F mantissa(I v, I mask, I one) { return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(v, mask, one, 0xEA)); }
+  static I set1_words(int32_t v) { return _mm512_set1_epi32(v); }
+  static F to_float(I v) { return _mm512_cvtepi32_ps(v); }
+  static I and_words(I a, I b) { return _mm512_and_si512(a, b); }
+  // Rounded to nearest even (finite values), as c10::BFloat16(float).
+  static void store_bf16(c10::BFloat16* p, F v) {
+    const I b = _mm512_castps_si512(v);
+    const I odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    const I r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  }
+};
+#elif defined(CPU_CAPABILITY_AVX2)
+struct Simd {
+  using F = __m256;
+  using I = __m256i;
+  static constexpr int kLanes = 8;
+  static constexpr int kMaxRows = 2;  // 16 vector registers
+  static F zero() { return _mm256_setzero_ps(); }
+  static F set1(float v) { return _mm256_set1_ps(v); }
+  static F load(const float* p) { return _mm256_loadu_ps(p); }
+  static I load_words(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F fmsub(F a, F b, F c) { return _mm256_fmsub_ps(a, b, c); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  template <int S>
+  static I shift(I w) {
+    if constexpr (S > 0) return _mm256_slli_epi32(w, S);
+    else if constexpr (S < 0) return _mm256_srli_epi32(w, -S);
+    else return w;
+  }
+  static F mantissa(I v, I mask, I one) { return _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(v, mask), one)); }
+  static I set1_words(int32_t v) { return _mm256_set1_epi32(v); }
+  static F to_float(I v) { return _mm256_cvtepi32_ps(v); }
+  static I and_words(I a, I b) { return _mm256_and_si256(a, b); }
+  static void store_bf16(c10::BFloat16* p, F v) {
+    const I b = _mm256_castps_si256(v);
+    const I odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    const I r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+    const I packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xD8);  // lanes 0-3 and 4-7 together
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+  }
+};
+#endif
+
+// Arguments shared by every work item of one call.
+struct Problem {
+  const float* x;      // [M, K] float32, row stride ldx (null on the bfloat16-dot path)
+  int64_t ldx;
+  const c10::BFloat16* xb;  // [M, K] bfloat16, row stride ldxb (the bfloat16-dot path only)
+  int64_t ldxb;
+  const float* xsum;   // [M, H]: each chunk's sum of x
+  const int32_t* w;    // packed [T, K / E, 16]
+  const float* s;      // [T, G, 16]
+  const float* z;      // [T, G, 16]
+  int64_t M, N, K, G, group_size, tiles;
+  // The decode kernels' unit along K: a group, or (long groups) a divisor of it of at most
+  // kMaxChunk; H = K / chunk of them. Each chunk's sum restarts, so a per-channel row's x . f is not
+  // one float32 chain over all of K (which measured 1e-5 relative error at K = 11008 for 8 bits).
+  int64_t chunk, H;
+};
+
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+
+// tot += s * (2^BITS (acc - xsum) - z xsum) for chunk h (in group g), i.e. s * (x . (u - z)) over
+// the chunk, where acc = x . (1 + u / 2^BITS) over it.
+template <int BITS, int MR, int NV>
+__attribute__((always_inline)) inline void fold_chunk(const Problem& p, int64_t m0, int64_t t0, int64_t h,
+                                                      const Simd::F (&acc)[MR][NV], Simd::F (&tot)[MR][NV]) {
+  const int64_t g = h * p.chunk / p.group_size;
+  using S = Simd;
+  constexpr int kPerTile = kTile / S::kLanes;
+  const S::F two_bits = S::set1(static_cast<float>(1 << BITS));
+  S::F sv[NV], zv[NV];
+  for (int v = 0; v < NV; ++v) {
+    const int64_t at = ((t0 + v / kPerTile) * p.G + g) * kTile + (v % kPerTile) * S::kLanes;
+    sv[v] = S::load(p.s + at);
+    zv[v] = S::load(p.z + at);
+  }
+  for (int r = 0; r < MR; ++r) {
+    const S::F xs = S::set1(p.xsum[(m0 + r) * p.H + h]);
+    for (int v = 0; v < NV; ++v) {
+      const S::F d = S::fmsub(S::sub(acc[r][v], xs), two_bits, S::mul(zv[v], xs));
+      tot[r][v] = S::fmadd(sv[v], d, tot[r][v]);
+    }
+  }
+}
+
+// out[r * ldo + c] = sum_k x[r, k] * w[n0 + c, k] for MR rows of x and NV vectors of output rows
+// (NV * kLanes / 16 whole tiles from tile t0), in float32.
+template <int BITS, int MR, int NV>
+inline void micro_tile(const Problem& p, int64_t m0, int64_t t0, float* out, int64_t ldo) {
+  using S = Simd;
+  constexpr int E = 32 / BITS;
+  constexpr int kPerTile = kTile / S::kLanes;  // vectors per tile
+  static_assert(NV % kPerTile == 0);
+  const int64_t words_per_chunk = p.chunk / E, tile_words = (p.K / E) * kTile;
+  const S::I mask = S::set1_words(((1 << BITS) - 1) << (23 - BITS));
+  const S::I one = S::set1_words(0x3F800000);
+  // Vector v covers lanes [v % kPerTile * kLanes, ...) of tile t0 + v / kPerTile.
+  const int32_t* wv_base[NV];
+  for (int v = 0; v < NV; ++v) wv_base[v] = p.w + (t0 + v / kPerTile) * tile_words + (v % kPerTile) * S::kLanes;
+  const float* xr[MR];
+  for (int r = 0; r < MR; ++r) xr[r] = p.x + (m0 + r) * p.ldx;
+  S::F tot[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) tot[r][v] = S::zero();
+  for (int64_t h = 0; h < p.H; ++h) {
+    S::F acc[MR][NV];
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v) acc[r][v] = S::zero();
+    const int64_t i0 = h * words_per_chunk;
+    for (int64_t i = i0; i < i0 + words_per_chunk; ++i) {
+      S::I words[NV];
+      for (int v = 0; v < NV; ++v) words[v] = S::load_words(wv_base[v] + i * kTile);
+      const int64_t k = i * E;
+      // Value j of each word, shifted to mantissa bits [23 - BITS, 23): f = 1 + u / 2^BITS.
+      [&]<int... J>(std::integer_sequence<int, J...>) {
+        (
+            [&] {
+              S::F f[NV];
+              for (int v = 0; v < NV; ++v)
+                f[v] = S::mantissa(S::template shift<(23 - BITS) - BITS * J>(words[v]), mask, one);
+              for (int r = 0; r < MR; ++r) {
+                const S::F xb = S::set1(xr[r][k + slot_k(BITS, J)]);
+                for (int v = 0; v < NV; ++v) acc[r][v] = S::fmadd(f[v], xb, acc[r][v]);
+              }
+            }(),
+            ...);
+      }(std::make_integer_sequence<int, E>{});
+    }
+    fold_chunk<BITS, MR, NV>(p, m0, t0, h, acc, tot);
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) S::store(out + r * ldo + v * S::kLanes, tot[r][v]);
+}
+
+// MR rows x `tiles` tiles from t0: the widest register tile that fits, then single tiles.
+template <int BITS, int MR>
+void rows_tiles(const Problem& p, int64_t m0, int64_t t0, int64_t tiles, float* out, int64_t ldo) {
+  constexpr int kPerTile = kTile / Simd::kLanes;
+  // Tiles per register tile: MR * NV accumulators and as many totals, within the register file
+  // (32 vectors with AVX-512, 16 with AVX2) with room for the words and unpacked values.
+  constexpr int kWide = Simd::kLanes == 16 ? (MR <= 2 ? 4 : 2) : (MR == 1 ? 2 : 1);
+  int64_t t = 0;
+  if constexpr (kWide > 1) {
+    for (; t + kWide <= tiles; t += kWide) micro_tile<BITS, MR, kWide * kPerTile>(p, m0, t0 + t, out + t * kTile, ldo);
+  }
+  for (; t < tiles; ++t) micro_tile<BITS, MR, kPerTile>(p, m0, t0 + t, out + t * kTile, ldo);
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+// AVX512-BF16 (vdpbf16ps: per float32 lane, the two products of a pair of bfloat16 elements, exact in
+// float32, added to the accumulator) for 4-bit weights and bfloat16 x: one instruction per 32 weights
+// and row of x, against two FMAs. Pair J of a word (slots J and 4 + J, k = 2 J and 2 J + 1) is
+// shifted into bits [3, 7) and [19, 23) of each lane, and OR-ed with two bfloat16 1.0s: the pair of
+// bfloat16 f = 1 + u / 16 (exact: 4 of their 7 mantissa bits); x's pairs (x[k], x[k + 1]) are one
+// 32-bit broadcast each. Chosen at run time (has_bf16_dot): the library is built for AVX-512, which
+// does not imply the BF16 extension.
+bool has_bf16_dot() {
+  static const bool supported = __builtin_cpu_supports("avx512bf16");
+  return supported;
+}
+
+// acc += x[:, k + 2 J .. k + 2 J + 1] . f (pair J of each word) for MR rows and NV tiles.
+template <int J, int MR, int NV>
+__attribute__((target("avx512bf16"), always_inline)) inline void pair_step_bf16(
+    const __m512i (&words)[NV], const c10::BFloat16* const (&xr)[MR], int64_t k, __m512i mask, __m512i ones,
+    __m512 (&acc)[MR][NV]) {
+  __m512bh f[NV];
+  for (int v = 0; v < NV; ++v)
+    f[v] = (__m512bh)_mm512_ternarylogic_epi32(Simd::template shift<3 - 4 * J>(words[v]), mask, ones, 0xEA);
+  for (int r = 0; r < MR; ++r) {
+    uint32_t pair;
+    std::memcpy(&pair, xr[r] + k + 2 * J, sizeof(pair));
+    const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(pair));
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], f[v], xb);
+  }
+}
+
+template <int MR, int NV>
+__attribute__((target("avx512bf16"), always_inline)) inline void micro_tile_bf16(const Problem& p, int64_t m0,
+                                                                                int64_t t0, float* out, int64_t ldo) {
+  using S = Simd;
+  constexpr int E = 8;
+  const int64_t words_per_chunk = p.chunk / E, tile_words = (p.K / E) * kTile;
+  const __m512i mask = _mm512_set1_epi32(0x00780078), ones = _mm512_set1_epi32(0x3F803F80);
+  const int32_t* wv_base[NV];
+  for (int v = 0; v < NV; ++v) wv_base[v] = p.w + (t0 + v) * tile_words;
+  const c10::BFloat16* xr[MR];
+  for (int r = 0; r < MR; ++r) xr[r] = p.xb + (m0 + r) * p.ldxb;
+  S::F tot[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) tot[r][v] = S::zero();
+  for (int64_t h = 0; h < p.H; ++h) {
+    S::F acc[MR][NV];
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v) acc[r][v] = S::zero();
+    const int64_t i0 = h * words_per_chunk;
+    for (int64_t i = i0; i < i0 + words_per_chunk; ++i) {
+      __m512i words[NV];
+      for (int v = 0; v < NV; ++v) words[v] = _mm512_loadu_si512(wv_base[v] + i * kTile);
+      const int64_t k = i * E;
+      // Spelled out: a lambda would not inherit the target attribute.
+      pair_step_bf16<0, MR, NV>(words, xr, k, mask, ones, acc);
+      pair_step_bf16<1, MR, NV>(words, xr, k, mask, ones, acc);
+      pair_step_bf16<2, MR, NV>(words, xr, k, mask, ones, acc);
+      pair_step_bf16<3, MR, NV>(words, xr, k, mask, ones, acc);
+    }
+    fold_chunk<4, MR, NV>(p, m0, t0, h, acc, tot);
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) S::store(out + r * ldo + v * S::kLanes, tot[r][v]);
+}
+
+template <int MR>
+__attribute__((target("avx512bf16"))) void rows_tiles_bf16(const Problem& p, int64_t m0, int64_t t0, int64_t tiles,
+                                                           float* out, int64_t ldo) {
+  constexpr int kWide = MR <= 2 ? 4 : 2;  // as rows_tiles
+  int64_t t = 0;
+  for (; t + kWide <= tiles; t += kWide) micro_tile_bf16<MR, kWide>(p, m0, t0 + t, out + t * kTile, ldo);
+  for (; t < tiles; ++t) micro_tile_bf16<MR, 1>(p, m0, t0 + t, out + t * kTile, ldo);
+}
+
+void item_bf16(const Problem& p, int64_t t0, int64_t tiles, float* buf) {
+  constexpr int64_t ldo = kItemTiles * kTile;
+  for (int64_t m0 = 0; m0 < p.M;) {
+    const int64_t mr = std::min<int64_t>(Simd::kMaxRows, p.M - m0);
+    float* out = buf + m0 * ldo;
+    switch (mr) {
+      case 1: rows_tiles_bf16<1>(p, m0, t0, tiles, out, ldo); break;
+      case 2: rows_tiles_bf16<2>(p, m0, t0, tiles, out, ldo); break;
+      case 3: rows_tiles_bf16<3>(p, m0, t0, tiles, out, ldo); break;
+      default: rows_tiles_bf16<4>(p, m0, t0, tiles, out, ldo); break;
+    }
+    m0 += mr;
+  }
+}
+#endif
+
+template <int BITS>
+void item_simd(const Problem& p, int64_t t0, int64_t tiles, float* buf) {
+  constexpr int64_t ldo = kItemTiles * kTile;
+  for (int64_t m0 = 0; m0 < p.M;) {
+    const int64_t mr = std::min<int64_t>(Simd::kMaxRows, p.M - m0);
+    float* out = buf + m0 * ldo;
+    switch (mr) {
+      case 1: rows_tiles<BITS, 1>(p, m0, t0, tiles, out, ldo); break;
+      case 2: rows_tiles<BITS, 2>(p, m0, t0, tiles, out, ldo); break;
+#if defined(CPU_CAPABILITY_AVX512)
+      case 3: rows_tiles<BITS, 3>(p, m0, t0, tiles, out, ldo); break;
+      case 4: rows_tiles<BITS, 4>(p, m0, t0, tiles, out, ldo); break;
+#endif
+      default: TORCH_CHECK(false, "llm_cpu::wna16_linear: internal row tile ", mr);
+    }
+    m0 += mr;
+  }
+}
+
+#endif
+
+// The baseline ISA's version of item_simd: the same sums, one lane at a time.
+[[maybe_unused]] void item_scalar(const Problem& p, int bits, int64_t t0, int64_t tiles, float* buf) {
+  const int E = 32 / bits;
+  const uint32_t mask = (1u << bits) - 1;
+  const int64_t words_per_row = p.K / E;
+  for (int64_t m = 0; m < p.M; ++m) {
+    const float* xr = p.x + m * p.ldx;
+    for (int64_t tt = 0; tt < tiles; ++tt) {
+      const int64_t t = t0 + tt;
+      for (int64_t l = 0; l < kTile; ++l) {
+        float total = 0.f;
+        for (int64_t h = 0; h < p.H; ++h) {
+          float dot = 0.f;
+          for (int64_t k = h * p.chunk; k < (h + 1) * p.chunk; ++k) {
+            const auto word = static_cast<uint32_t>(p.w[(t * words_per_row + k / E) * kTile + l]);
+            dot += xr[k] * static_cast<float>((word >> (k_slot(bits, static_cast<int>(k % E)) * bits)) & mask);
+          }
+          const int64_t at = (t * p.G + h * p.chunk / p.group_size) * kTile + l;
+          total += p.s[at] * (dot - p.z[at] * p.xsum[m * p.H + h]);
+        }
+        buf[m * kItemTiles * kTile + tt * kTile + l] = total;
+      }
+    }
+  }
+}
+
+template <typename T>
+void store_row(const float* src, const float* bias, int64_t n, T* dst) {
+  for (int64_t c = 0; c < n; ++c) dst[c] = static_cast<T>(bias ? src[c] + bias[c] : src[c]);
+}
+
+// Rows 16 t0 .. 16 (t0 + tiles) of the weight as a [K, 16 * tiles] tile (row stride ld) of T:
+// (u - z) * s in float32 (the twin's bits), then rounded to T. k-major, so each (k, tile) is one
+// vector of 16 output rows.
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+template <int BITS, typename T>
+void dequantize_tiles(const Problem& p, int64_t t0, int64_t tiles, T* out, int64_t ld) {
+  using S = Simd;
+  constexpr int E = 32 / BITS, kPerTile = kTile / S::kLanes;
+  const int64_t words_per_row = p.K / E, words_per_group = p.group_size / E;
+  const S::I mask = S::set1_words((1 << BITS) - 1);
+  for (int64_t tt = 0; tt < tiles; ++tt) {
+    const int64_t t = t0 + tt;
+    for (int64_t g = 0; g < p.G; ++g)
+      for (int c = 0; c < kPerTile; ++c) {
+        const int64_t at = (t * p.G + g) * kTile + c * S::kLanes;
+        const S::F sv = S::load(p.s + at), zv = S::load(p.z + at);
+        for (int64_t i = g * words_per_group; i < (g + 1) * words_per_group; ++i) {
+          const S::I words = S::load_words(p.w + (t * words_per_row + i) * kTile + c * S::kLanes);
+          T* dst = out + i * E * ld + tt * kTile + c * S::kLanes;
+          [&]<int... J>(std::integer_sequence<int, J...>) {
+            (
+                [&] {
+                  const S::F u = S::to_float(S::and_words(S::template shift<-BITS * J>(words), mask));
+                  const S::F w = S::mul(S::sub(u, zv), sv);
+                  if constexpr (std::is_same_v<T, float>) S::store(dst + slot_k(BITS, J) * ld, w);
+                  else S::store_bf16(dst + slot_k(BITS, J) * ld, w);
+                }(),
+                ...);
+          }(std::make_integer_sequence<int, E>{});
+        }
+      }
+  }
+}
+#else
+template <int BITS, typename T>
+void dequantize_tiles(const Problem& p, int64_t t0, int64_t tiles, T* out, int64_t ld) {
+  constexpr int E = 32 / BITS;
+  constexpr uint32_t mask = (1u << BITS) - 1;
+  const int64_t words_per_row = p.K / E;
+  for (int64_t tt = 0; tt < tiles; ++tt) {
+    const int64_t t = t0 + tt;
+    for (int64_t k = 0; k < p.K; ++k) {
+      const int32_t* words = p.w + (t * words_per_row + k / E) * kTile;
+      const int64_t at = (t * p.G + k / p.group_size) * kTile;
+      const int shift = k_slot(BITS, static_cast<int>(k % E)) * BITS;
+      T* dst = out + k * ld + tt * kTile;
+      for (int64_t l = 0; l < kTile; ++l) {
+        const float u = static_cast<float>((static_cast<uint32_t>(words[l]) >> shift) & mask);
+        dst[l] = static_cast<T>((u - p.z[at + l]) * p.s[at + l]);
+      }
+    }
+  }
+}
+#endif
+
+at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
+                        const at::Tensor& zeros, int64_t bits, int64_t group_size, int64_t n,
+                        const std::optional<at::Tensor>& bias, int64_t gemm_min_rows) {
+  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu() && scales.device().is_cpu() && zeros.device().is_cpu(),
+              "llm_cpu::wna16_linear: CPU tensors only");
+  TORCH_CHECK(bits == 4 || bits == 8, "llm_cpu::wna16_linear: bits must be 4 or 8, got ", bits);
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "llm_cpu::wna16_linear: x must be float32 or bfloat16 [M, K] with unit stride along K");
+  const int64_t M = x.size(0), K = x.size(1), E = 32 / bits;
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kInt && packed.is_contiguous() &&
+                  packed.size(1) * E == K && packed.size(2) == kTile,
+              "llm_cpu::wna16_linear: packed must be contiguous int32 [tiles, K / (32 / bits), 16]");
+  const int64_t tiles = packed.size(0);
+  TORCH_CHECK(n > 0 && n <= tiles * kTile && n > (tiles - 1) * kTile, "llm_cpu::wna16_linear: n = ", n,
+              " does not match ", tiles, " tiles of 16 rows");
+  TORCH_CHECK(group_size > 0 && K % group_size == 0 && group_size % E == 0,
+              "llm_cpu::wna16_linear: group_size must divide K and be a multiple of 32 / bits");
+  const int64_t G = K / group_size;
+  TORCH_CHECK(scales.sizes() == at::IntArrayRef({tiles, G, kTile}) && scales.scalar_type() == at::kFloat &&
+                  scales.is_contiguous() && zeros.sizes() == scales.sizes() &&
+                  zeros.scalar_type() == at::kFloat && zeros.is_contiguous(),
+              "llm_cpu::wna16_linear: scales and zeros must be contiguous float32 [tiles, K / group_size, 16]");
+  at::Tensor bias_f;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->device().is_cpu() && bias->dim() == 1 && bias->size(0) == n,
+                "llm_cpu::wna16_linear: bias must be [N]");
+    bias_f = bias->to(at::kFloat).contiguous();
+  }
+  at::Tensor out = at::empty({M, n}, x.options());
+  if (M == 0) return out;
+
+  int64_t chunk = group_size;
+  if (chunk > kMaxChunk) {  // the largest divisor of the group within kMaxChunk (E divides the group)
+    chunk = kMaxChunk - kMaxChunk % E;
+    while (group_size % chunk) chunk -= E;
+  }
+  Problem p{nullptr, 0, nullptr, 0, nullptr, packed.data_ptr<int32_t>(), scales.data_ptr<float>(),
+            zeros.data_ptr<float>(), M, n, K, G, group_size, tiles, chunk, K / chunk};
+
+  if (gemm_min_rows < 0) gemm_min_rows = kAutoGemmMinRows;
+  if (M >= gemm_min_rows) {
+    // Prefill: dequantize kGemmBlockBytes of output rows at a time, then one GEMM per block (all threads).
+    const auto dtype = x.scalar_type();
+    const int64_t block_tiles = std::max<int64_t>(8, kGemmBlockBytes / (K * x.element_size() * kTile));
+    at::Tensor tile = at::empty({K, std::min(tiles, block_tiles) * kTile}, x.options());
+    std::optional<at::Tensor> bias_x;
+    if (bias.has_value()) bias_x = bias->to(dtype);
+    for (int64_t t0 = 0; t0 < tiles; t0 += block_tiles) {
+      const int64_t bt = std::min(block_tiles, tiles - t0), cols = std::min(bt * kTile, n - t0 * kTile);
+      const int64_t ld = tile.size(1);
+      at::parallel_for(0, bt, 1, [&](int64_t begin, int64_t end) {
+        const int64_t from = t0 + begin, count = end - begin, col = begin * kTile;
+        if (dtype == at::kFloat) {
+          float* dst = tile.data_ptr<float>() + col;
+          bits == 4 ? dequantize_tiles<4>(p, from, count, dst, ld) : dequantize_tiles<8>(p, from, count, dst, ld);
+        } else {
+          c10::BFloat16* dst = tile.data_ptr<c10::BFloat16>() + col;
+          bits == 4 ? dequantize_tiles<4>(p, from, count, dst, ld) : dequantize_tiles<8>(p, from, count, dst, ld);
+        }
+      });
+      at::Tensor dst = out.narrow(1, t0 * kTile, cols);
+      const at::Tensor w = tile.narrow(1, 0, cols);
+      if (bias_x.has_value()) at::addmm_out(dst, bias_x->narrow(0, t0 * kTile, cols), x, w);
+      else at::mm_out(dst, x, w);
+    }
+    return out;
+  }
+
+  // Decode. bfloat16 x with 4-bit weights on a CPU with AVX512-BF16: x as it is (item_bf16); otherwise
+  // float32 x (converted once when bfloat16). Either way each group's sum of x, in float32.
+#if defined(CPU_CAPABILITY_AVX512)
+  const bool bf16_dot = bits == 4 && x.scalar_type() == at::kBFloat16 && has_bf16_dot();
+#else
+  const bool bf16_dot = false;
+#endif
+  at::Tensor xf;
+  if (bf16_dot) {
+    p.xb = x.data_ptr<c10::BFloat16>();
+    p.ldxb = x.stride(0);
+  } else {
+    xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+    p.x = xf.data_ptr<float>();
+    p.ldx = xf.stride(0);
+  }
+  const int64_t H = p.H;
+  at::Tensor xsum = at::empty({M, H}, x.options().dtype(at::kFloat));
+  auto group_sums = [&](auto* xp, int64_t ldx) {
+    float* sp = xsum.data_ptr<float>();
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t h = 0; h < H; ++h) {
+        // 8 partial sums: independent chains (the compiler keeps them in one vector).
+        float part[8] = {};
+        const auto* src = xp + m * ldx + h * chunk;
+        int64_t k = 0;
+        for (; k + 8 <= chunk; k += 8)
+          for (int j = 0; j < 8; ++j) part[j] += static_cast<float>(src[k + j]);
+        for (; k < chunk; ++k) part[0] += static_cast<float>(src[k]);
+        sp[m * H + h] = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+      }
+  };
+  if (bf16_dot) group_sums(p.xb, p.ldxb);
+  else group_sums(p.x, p.ldx);
+  p.xsum = xsum.data_ptr<float>();
+  const float* bp = bias.has_value() ? bias_f.data_ptr<float>() : nullptr;
+  const int64_t items = (tiles + kItemTiles - 1) / kItemTiles;
+  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(M * kItemTiles * kTile);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t t0 = item * kItemTiles, nt = std::min(kItemTiles, tiles - t0);
+#if defined(CPU_CAPABILITY_AVX512)
+      if (bf16_dot) item_bf16(p, t0, nt, buf.data());
+      else if (bits == 4) item_simd<4>(p, t0, nt, buf.data());
+      else item_simd<8>(p, t0, nt, buf.data());
+#elif defined(CPU_CAPABILITY_AVX2)
+      if (bits == 4) item_simd<4>(p, t0, nt, buf.data());
+      else item_simd<8>(p, t0, nt, buf.data());
+#else
+      item_scalar(p, static_cast<int>(bits), t0, nt, buf.data());
+#endif
+      const int64_t c0 = t0 * kTile, cols = std::min(nt * kTile, n - c0);
+      for (int64_t m = 0; m < M; ++m) {
+        const float* src = buf.data() + m * kItemTiles * kTile;
+        const float* b = bp ? bp + c0 : nullptr;
+        if (out.scalar_type() == at::kFloat) store_row(src, b, cols, out.data_ptr<float>() + m * n + c0);
+        else store_row(src, b, cols, out.data_ptr<c10::BFloat16>() + m * n + c0);
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(llm_cpu, m) {
+  // x [M, K] float32/bfloat16 -> [M, n] in x's dtype; packed/scales/zeros from prepare_wna16_cpu;
+  // gemm_min_rows < 0: this build's kAutoGemmMinRows.
+  m.def(
+      "wna16_linear(Tensor x, Tensor packed, Tensor scales, Tensor zeros, int bits, int group_size, int n, "
+      "Tensor? bias, int gemm_min_rows) -> Tensor");
+  m.impl("wna16_linear", c10::DispatchKey::CPU, TORCH_FN(wna16_linear));
+}

@@ -1,0 +1,361 @@
+"""Weight-only integer linear ("WNA16": 4- or 8-bit weights, 16/32-bit activations) for
+pre-quantized checkpoints (compressed-tensors' pack-quantized layout; GPTQ/AWQ once converted).
+
+Contract, for an out x in = N x K linear:
+
+- `qweight` int32 [N, K * bits // 32]: element k of row n is the unsigned value u in [0, 2^bits)
+  in bits [(k * bits) % 32, +bits) of word (k * bits) // 32 of row n (for bits=4, element k is
+  nibble k % 8 of word k // 8).
+- `scales` float32 [N, K // group_size]; `zeros` uint8 [N, K // group_size], in u's unsigned
+  domain (a symmetric checkpoint gives 2^(bits - 1)).
+- w[n, k] = (u[n, k] - zeros[n, k // group_size]) * scales[n, k // group_size], in float32.
+- bits in {4, 8}; group_size divides K, and K and group_size are multiples of 32 // bits
+  (per-channel: group_size = K).
+
+`wna16_linear_*(x, qweight, scales, zeros, group_size, bits, bias=None)` returns `x @ w.T + bias`
+for x [M, K], in x's dtype: products accumulated in float32, rounded once to x's dtype.
+Activations are never quantized.
+
+PyTorch twin (`wna16_linear_torch`): dequantize in float32, float32 matmul, bias, cast; the
+reference, and the fallback wherever no kernel applies.
+Triton kernel (`wna16_linear_triton`): one program per [BLOCK_M, BLOCK_N] output tile; each K
+step gathers the packed words of its [BLOCK_K, BLOCK_N] weight tile, unpacks and dequantizes them
+in registers (float32), converts to x's dtype and `tl.dot`s into a float32 accumulator.
+CPU fast path (`prepare_wna16_cpu` once at load, then `wna16_linear_cpu` per call, only where
+`wna16_cpu_takes(x)`): torch.ops.llm_cpu.wna16_linear (kernels/csrc/wna16_linear_cpu.cpp), which
+unpacks and FMAs straight from the packed words (bfloat16 pairs through AVX512-BF16's dot product
+where it can), or dequantizes blocks of the weight for a GEMM from a row count that depends on the
+ISA (with AVX-512 the direct kernel measured as fast at every M, so only AVX2 and baseline builds
+switch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import cpu_extension
+
+BITS = (4, 8)
+
+_CPU_TILE = 16
+"""Output rows per tile of the CPU layout (kTile in kernels/csrc/wna16_linear_cpu.cpp)."""
+_NIBBLE_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+"""The k offset (within its word) of nibble j of a CPU-layout 4-bit word (slot_k in the C++)."""
+
+
+def _check_layout(
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    group_size: int,
+    bits: int,
+) -> tuple[int, int]:
+    """(N, K) of a valid weight; ValueError naming the first bad argument otherwise."""
+    if bits not in BITS:
+        raise ValueError(f"bits must be 4 or 8, got {bits!r}")
+    if qweight.dim() != 2 or qweight.dtype != torch.int32:
+        raise ValueError(
+            f"qweight must be int32 [N, K * bits // 32], got {qweight.dtype} {tuple(qweight.shape)}"
+        )
+    n, k = qweight.shape[0], qweight.shape[1] * 32 // bits
+    if (
+        not isinstance(group_size, int)
+        or group_size <= 0
+        or k % group_size
+        or group_size % (32 // bits)
+    ):
+        raise ValueError(
+            f"group_size must divide K = {k} and be a multiple of {32 // bits} (32 // bits), got {group_size!r}"
+        )
+    groups = k // group_size
+    if scales.shape != (n, groups) or not scales.is_floating_point():
+        raise ValueError(
+            f"scales must be float [N, K // group_size] = [{n}, {groups}], got {scales.dtype} {tuple(scales.shape)}"
+        )
+    if zeros.shape != (n, groups) or zeros.is_floating_point() or zeros.is_complex():
+        raise ValueError(
+            f"zeros must be uint8 [N, K // group_size] = [{n}, {groups}], got {zeros.dtype} {tuple(zeros.shape)}"
+        )
+    return n, k
+
+
+def _check_x(x: torch.Tensor, k: int, bias: torch.Tensor | None, n: int) -> None:
+    if x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"x must be [M, K] with K = {k}, got {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"x must be a float tensor, got {x.dtype}")
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"bias must be [N] = [{n}], got {tuple(bias.shape)}")
+
+
+def pack_wna16(u: torch.Tensor, bits: int) -> torch.Tensor:
+    """Unsigned values u (integer [N, K], each in [0, 2^bits)) -> qweight int32 [N, K * bits // 32]
+    in the contract's layout (element k in bits (k * bits) % 32 of word (k * bits) // 32)."""
+    if bits not in BITS:
+        raise ValueError(f"bits must be 4 or 8, got {bits!r}")
+    per_word = 32 // bits
+    if u.dim() != 2 or u.is_floating_point() or u.shape[1] % per_word:
+        raise ValueError(
+            f"u must be integer [N, K] with K a multiple of {per_word}, got {u.dtype} {tuple(u.shape)}"
+        )
+    if u.numel() and (int(u.min()) < 0 or int(u.max()) >= 1 << bits):
+        raise ValueError(f"u must hold values in [0, {1 << bits}) for bits={bits}")
+    shifts = torch.arange(per_word, device=u.device, dtype=torch.int64) * bits
+    words = (u.to(torch.int64).view(u.shape[0], -1, per_word) << shifts).sum(-1)
+    # Words >= 2^31 wrap to negative int32, the same 32 bits.
+    return (words - ((words >> 31) << 32)).to(torch.int32)
+
+
+def unpack_wna16(qweight: torch.Tensor, bits: int, k: int) -> torch.Tensor:
+    """qweight int32 [N, K * bits // 32] -> its unsigned values uint8 [N, K] (`k` = K)."""
+    if bits not in BITS:
+        raise ValueError(f"bits must be 4 or 8, got {bits!r}")
+    per_word = 32 // bits
+    if qweight.dim() != 2 or qweight.dtype != torch.int32 or qweight.shape[1] * per_word != k:
+        raise ValueError(
+            f"qweight must be int32 [N, k * bits // 32] with k = {k}, got {qweight.dtype} {tuple(qweight.shape)}"
+        )
+    shifts = torch.arange(per_word, device=qweight.device, dtype=torch.int32) * bits
+    # Arithmetic shift of a negative word fills with ones; the mask keeps only the value's bits.
+    u = (qweight.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+    return u.reshape(qweight.shape[0], k).to(torch.uint8)
+
+
+def dequantize_wna16(
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    group_size: int,
+    bits: int,
+) -> torch.Tensor:
+    """The weight w [N, K] float32: (u - zeros[group]) * scales[group], as the contract reads."""
+    n, k = _check_layout(qweight, scales, zeros, group_size, bits)
+    u = unpack_wna16(qweight, bits, k).float().view(n, k // group_size, group_size)
+    w = (u - zeros.float().unsqueeze(-1)) * scales.float().unsqueeze(-1)
+    return w.view(n, k)
+
+
+def wna16_linear_torch(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    group_size: int,
+    bits: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The contract in plain PyTorch: x [M, K] @ dequantized w.T in float32, + bias, in x's dtype."""
+    n, k = _check_layout(qweight, scales, zeros, group_size, bits)
+    _check_x(x, k, bias, n)
+    y = x.float() @ dequantize_wna16(qweight, scales, zeros, group_size, bits).T
+    if bias is not None:
+        y += bias.float()
+    return y.to(x.dtype)
+
+
+# --- Triton ----------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _wna16_linear_kernel(
+    x_ptr,
+    qw_ptr,
+    scale_ptr,
+    zero_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_x,
+    stride_qw,
+    stride_sz,
+    stride_out,
+    group_size,
+    BITS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    PER_WORD: tl.constexpr = 32 // BITS
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < M
+    col_mask = cols < N
+    rows64 = rows.to(tl.int64)
+    cols64 = cols.to(tl.int64)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_mask = ks < K
+        x = tl.load(
+            x_ptr + rows64[:, None] * stride_x + ks[None, :],
+            mask=row_mask[:, None] & k_mask[None, :],
+            other=0.0,
+        )
+        wmask = col_mask[None, :] & k_mask[:, None]
+        # [BLOCK_K, BLOCK_N] (W.T): each packed word is gathered once per value it holds (cached).
+        words = tl.load(
+            qw_ptr + cols64[None, :] * stride_qw + (ks // PER_WORD)[:, None], mask=wmask, other=0
+        )
+        # Shift of the int32 word (arithmetic for words >= 2^31), then the mask: u unsigned.
+        u = (words >> ((ks % PER_WORD) * BITS)[:, None]) & ((1 << BITS) - 1)
+        groups = (ks // group_size)[:, None]
+        scale = tl.load(scale_ptr + cols64[None, :] * stride_sz + groups, mask=wmask, other=0.0)
+        zero = tl.load(zero_ptr + cols64[None, :] * stride_sz + groups, mask=wmask, other=0)
+        w = (u.to(tl.float32) - zero.to(tl.float32)) * scale
+        acc += tl.dot(x, w.to(x.dtype), input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(
+        out_ptr + rows64[:, None] * stride_out + cols64[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=row_mask[:, None] & col_mask[None, :],
+    )
+
+
+def wna16_linear_triton(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    group_size: int,
+    bits: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Triton version of `wna16_linear_torch` (same contract). The weight is dequantized in
+    float32 and rounded to x's dtype before the dot (exact for float32 x; float16/bfloat16 x round
+    each weight once, as their GEMMs would)."""
+    n, k = _check_layout(qweight, scales, zeros, group_size, bits)
+    _check_x(x, k, bias, n)
+    x = x if x.stride(1) == 1 else x.contiguous()
+    qweight = qweight.contiguous()
+    scales = scales.float().contiguous()
+    zeros = zeros.contiguous()
+    m = x.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+    block_n, block_k = 64, 64
+    _wna16_linear_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
+        x,
+        qweight,
+        scales,
+        zeros,
+        bias if bias is not None else scales,  # never read without HAS_BIAS
+        out,
+        m,
+        n,
+        k,
+        x.stride(0),
+        qweight.stride(0),
+        scales.stride(0),
+        out.stride(0),
+        group_size,
+        BITS=bits,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+    )
+    return out
+
+
+# --- CPU -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WNA16CPUWeight:
+    """A WNA16 weight in the CPU op's layout (`prepare_wna16_cpu`); T = ceil(N / 16) tiles of 16
+    output rows, the last one padded with zero words, scales and zeros."""
+
+    packed: torch.Tensor
+    """int32 [T, K * bits // 32, 16]: packed[t, i, l] is word i of row 16 t + l (one SIMD load
+    holds 32 // bits consecutive k of 16 output rows). 8-bit words as in qweight; 4-bit words hold
+    the even k of the word in their low 16 bits and the odd k in the high ones (slot j holds k
+    offset `_NIBBLE_ORDER[j]`), so one shift moves a pair (k, k + 1) into two bfloat16 halves."""
+    scales: torch.Tensor
+    """float32 [T, K // group_size, 16]: scales[t, g, l] = scales[16 t + l, g]."""
+    zeros: torch.Tensor
+    """float32 [T, K // group_size, 16]: the zero points as floats (exact), same order as scales."""
+    bits: int
+    group_size: int
+    out_features: int
+    """N."""
+    in_features: int
+    """K."""
+
+
+def prepare_wna16_cpu(
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    group_size: int,
+    bits: int,
+) -> WNA16CPUWeight:
+    """Repack a contract weight once (at load) for `wna16_linear_cpu`; plain PyTorch, so it runs
+    whether or not the C++ library is loaded."""
+    n, k = _check_layout(qweight, scales, zeros, group_size, bits)
+    qweight = qweight.cpu()
+    if bits == 4:
+        u = unpack_wna16(qweight, bits, k).view(n, k // 8, 8)[:, :, list(_NIBBLE_ORDER)]
+        qweight = pack_wna16(u.reshape(n, k), bits)
+    tiles = -(-n // _CPU_TILE)
+    pad = tiles * _CPU_TILE - n
+
+    def tiled(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        t = torch.nn.functional.pad(t.to(dtype), (0, 0, 0, pad))
+        return t.view(tiles, _CPU_TILE, t.shape[1]).transpose(1, 2).contiguous()
+
+    return WNA16CPUWeight(
+        packed=tiled(qweight, torch.int32),
+        scales=tiled(scales.cpu(), torch.float32),
+        zeros=tiled(zeros.cpu(), torch.float32),
+        bits=bits,
+        group_size=group_size,
+        out_features=n,
+        in_features=k,
+    )
+
+
+def wna16_cpu_takes(x: torch.Tensor) -> bool:
+    """Whether `wna16_linear_cpu` takes x: the C++ library is loaded, x is a CPU float32 or
+    bfloat16 tensor. Otherwise call `wna16_linear_torch` (or the Triton kernel on CUDA)."""
+    return x.dtype in (torch.float32, torch.bfloat16) and cpu_extension.takes(x)
+
+
+def wna16_linear_cpu(
+    x: torch.Tensor,
+    prepared: WNA16CPUWeight,
+    bias: torch.Tensor | None = None,
+    gemm_min_rows: int = -1,
+) -> torch.Tensor:
+    """`wna16_linear_torch`'s contract on a prepared weight through the C++ op; only where
+    `wna16_cpu_takes(x)`. x [M, K] float32 or bfloat16 (any row stride; a strided K is copied)
+    -> [M, N] in x's dtype. `gemm_min_rows`: from how many rows the op dequantizes blocks of the
+    weight for a GEMM instead of unpacking per FMA; -1: the crossover measured for the build's ISA
+    (AVX-512: never; AVX2: 64 rows; baseline: always; kAutoGemmMinRows in the C++)."""
+    _check_x(x, prepared.in_features, bias, prepared.out_features)
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"x must be float32 or bfloat16 for the CPU op, got {x.dtype}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    return torch.ops.llm_cpu.wna16_linear(
+        x,
+        prepared.packed,
+        prepared.scales,
+        prepared.zeros,
+        prepared.bits,
+        prepared.group_size,
+        prepared.out_features,
+        bias,
+        gemm_min_rows,
+    )

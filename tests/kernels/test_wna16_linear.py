@@ -1,0 +1,258 @@
+"""WNA16 linear (kernels/wna16_linear.py): the packing against the layout written out by hand, the
+dequantization against an element-by-element formula on the raw words, the C++ CPU op (both its
+decode and GEMM paths) and the Triton kernel (interpreter on CPU: float32 and float16) against the
+PyTorch twin, strided x, and bad arguments.
+
+Tolerances (relative, conftest.TOLERANCE): float32 1e-5, float16 2e-3, bfloat16 1.6e-2.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu_extension
+from kernels.wna16_linear import (
+    dequantize_wna16,
+    pack_wna16,
+    prepare_wna16_cpu,
+    unpack_wna16,
+    wna16_cpu_takes,
+    wna16_linear_cpu,
+    wna16_linear_torch,
+    wna16_linear_triton,
+)
+
+# Not `dtype`: tests/kernels/conftest.py parametrizes that name itself (bfloat16 skipped on CPU).
+CPU_DTYPES = [torch.float32, torch.bfloat16]
+CPU_DTYPE_IDS = ["float32", "bfloat16"]
+
+
+def _weight(n: int, k: int, group_size: int, bits: int, seed: int = 0):
+    """A random weight in the contract's layout, asymmetric zero points: (qweight, scales, zeros)."""
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.randint(0, 1 << bits, (n, k), generator=gen)
+    scales = (torch.rand(n, k // group_size, generator=gen) + 0.5) / (k * (1 << bits)) ** 0.5
+    zeros = torch.randint(0, 1 << bits, (n, k // group_size), generator=gen).to(torch.uint8)
+    return pack_wna16(u, bits), scales, zeros
+
+
+def _x(m: int, k: int, dtype: torch.dtype, seed: int = 1) -> torch.Tensor:
+    return torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    diff = (got.double() - want.double()).abs().max()
+    return (diff / want.double().abs().max().clamp_min(1e-30)).item()
+
+
+# --- layout ---------------------------------------------------------------------------------------
+
+
+def test_pack_follows_the_layout_written_out():
+    # 4-bit: element k is nibble k % 8 of word k // 8; 8-bit: byte k % 4 of word k // 4.
+    u4 = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8, 15, 0, 0, 0, 0, 0, 0, 9]])
+    assert pack_wna16(u4, 4).tolist() == [[0x87654321 - (1 << 32), 0x9000000F - (1 << 32)]]
+    u8 = torch.tensor([[0x11, 0x22, 0x33, 0xF4]])
+    assert pack_wna16(u8, 8).tolist() == [[0xF4332211 - (1 << 32)]]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_pack_unpack_roundtrip(bits):
+    u = torch.randint(0, 1 << bits, (7, 64), generator=torch.Generator().manual_seed(bits))
+    u[0] = (1 << bits) - 1  # words with the top bit set (negative int32)
+    qweight = pack_wna16(u, bits)
+    assert qweight.dtype == torch.int32 and qweight.shape == (7, 64 * bits // 32)
+    got = unpack_wna16(qweight, bits, 64)
+    assert got.dtype == torch.uint8 and torch.equal(got.long(), u)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [8, 32, 64])
+def test_dequantize_matches_elementwise_formula(bits, group_size):
+    n, k = 5, 64
+    qweight, scales, zeros = _weight(n, k, group_size, bits)
+    got = dequantize_wna16(qweight, scales, zeros, group_size, bits)
+    assert got.dtype == torch.float32 and got.shape == (n, k)
+    words = qweight.tolist()
+    want = torch.empty(n, k)
+    for r in range(n):
+        for c in range(k):
+            word = words[r][c * bits // 32] & 0xFFFFFFFF
+            u = (word >> ((c * bits) % 32)) & ((1 << bits) - 1)
+            g = c // group_size
+            want[r, c] = (u - int(zeros[r, g])) * scales[r, g].item()
+    assert torch.equal(got, want)
+
+
+def test_symmetric_zero_points_give_signed_values():
+    qweight = pack_wna16(torch.tensor([[0, 7, 8, 15, 1, 2, 3, 4]]), 4)
+    w = dequantize_wna16(qweight, torch.ones(1, 1), torch.full((1, 1), 8, dtype=torch.uint8), 8, 4)
+    assert w.tolist() == [[-8, -1, 0, 7, -7, -6, -5, -4]]
+
+
+def test_torch_twin_is_the_float64_dequantized_matmul():
+    qweight, scales, zeros = _weight(48, 128, 32, 4)
+    x, bias = _x(9, 128, torch.float32), torch.randn(48)
+    got = wna16_linear_torch(x, qweight, scales, zeros, 32, 4, bias)
+    w = dequantize_wna16(qweight, scales, zeros, 32, 4).double()
+    want = x.double() @ w.T + bias.double()
+    assert got.dtype == torch.float32 and _relative_error(got, want) <= 1e-6
+
+
+# --- C++ CPU op -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cpu_dtype", CPU_DTYPES, ids=CPU_DTYPE_IDS)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize(
+    "group_size", [32, 64, 128, 256], ids=["g32", "g64", "g128", "per_channel"]
+)
+def test_cpu_op_matches_twin(cpu_kernels, assert_close, cpu_dtype, bits, group_size):
+    n, k = 72, 256  # n: 4 tiles and a half, so the register tiles of 64 rows, 32 and 16 all run
+    qweight, scales, zeros = _weight(n, k, group_size, bits)
+    prepared = prepare_wna16_cpu(qweight, scales, zeros, group_size, bits)
+    for m in (1, 3, 17, 64):
+        for bias in (None, torch.randn(n).to(cpu_dtype)):
+            x = _x(m, k, cpu_dtype, seed=m)
+            want = wna16_linear_torch(x, qweight, scales, zeros, group_size, bits, bias)
+            # The decode kernel, then the dequantize-and-GEMM path on the same call.
+            for gemm_min_rows in (1 << 30, 1):
+                got = wna16_linear_cpu(x, prepared, bias, gemm_min_rows=gemm_min_rows)
+                assert got.shape == (m, n)
+                assert_close(got, want, cpu_dtype)
+
+
+@pytest.mark.parametrize("cpu_dtype", CPU_DTYPES, ids=CPU_DTYPE_IDS)
+def test_cpu_op_default_path_and_larger_k(cpu_kernels, assert_close, cpu_dtype):
+    qweight, scales, zeros = _weight(40, 1024, 128, 4, seed=3)
+    prepared = prepare_wna16_cpu(qweight, scales, zeros, 128, 4)
+    x = _x(16, 1024, cpu_dtype)
+    assert_close(
+        wna16_linear_cpu(x, prepared),
+        wna16_linear_torch(x, qweight, scales, zeros, 128, 4),
+        cpu_dtype,
+    )
+
+
+@pytest.mark.parametrize("bits,k", [(4, 520), (8, 1040)])
+def test_cpu_op_long_groups_split_into_chunks(cpu_kernels, assert_close, bits, k):
+    # Per-channel groups longer than the kernel's 256-k chunk and not a multiple of it (chunks of
+    # 104 and 208): every chunk folded with its group's scale and zero point.
+    qweight, scales, zeros = _weight(24, k, k, bits, seed=k)
+    prepared = prepare_wna16_cpu(qweight, scales, zeros, k, bits)
+    for cpu_dtype in CPU_DTYPES:
+        x = _x(5, k, cpu_dtype)
+        want = wna16_linear_torch(x, qweight, scales, zeros, k, bits)
+        assert_close(wna16_linear_cpu(x, prepared), want, cpu_dtype)
+
+
+def test_cpu_op_strided_and_empty_x(cpu_kernels, assert_close):
+    qweight, scales, zeros = _weight(32, 128, 64, 8)
+    prepared = prepare_wna16_cpu(qweight, scales, zeros, 64, 8)
+    wide = _x(5, 160, torch.float32)
+    rows = wide[:, 16:144]  # row stride 160
+    want = wna16_linear_torch(rows.contiguous(), qweight, scales, zeros, 64, 8)
+    assert_close(wna16_linear_cpu(rows, prepared), want, torch.float32)
+    transposed = rows.T.contiguous().T  # unit stride along M, copied by the entry
+    assert_close(wna16_linear_cpu(transposed, prepared), want, torch.float32)
+    assert wna16_linear_cpu(rows[:0], prepared).shape == (0, 32)
+
+
+def test_prepare_pads_the_last_tile(cpu_kernels):
+    qweight, scales, zeros = _weight(20, 64, 32, 4)
+    prepared = prepare_wna16_cpu(qweight, scales, zeros, 32, 4)
+    assert prepared.packed.shape == (2, 8, 16) and prepared.scales.shape == (2, 2, 16)
+    assert not prepared.packed[1, :, 4:].any() and not prepared.scales[1, :, 4:].any()
+    assert prepared.out_features == 20 and prepared.in_features == 64
+
+
+def test_cpu_takes_only_float32_and_bfloat16_with_the_library(cpu_kernels, monkeypatch):
+    assert wna16_cpu_takes(torch.zeros(1, 8))
+    assert wna16_cpu_takes(torch.zeros(1, 8, dtype=torch.bfloat16))
+    assert not wna16_cpu_takes(torch.zeros(1, 8, dtype=torch.float16))
+    monkeypatch.setattr(cpu_extension, "load", lambda: False)
+    assert not wna16_cpu_takes(torch.zeros(1, 8))
+
+
+# --- Triton (interpreter on CPU) ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [32, 128], ids=["g32", "per_channel"])
+def test_triton_matches_twin(device, dtype, assert_close, run_poisoned, bits, group_size):
+    n, k = 80, 128  # two column blocks (one partial), two K steps
+    qweight, scales, zeros = _weight(n, k, group_size, bits)
+    for m, bias in ((1, True), (3, False), (17, True), (64, False)):
+        x = _x(m, k, dtype, seed=m)
+        b = torch.randn(n).to(dtype) if bias else None
+        want = wna16_linear_torch(x, qweight, scales, zeros, group_size, bits, b)
+        args = [t if t is None else t.to(device) for t in (x, qweight, scales, zeros)]
+        got = run_poisoned(
+            wna16_linear_triton, *args, group_size, bits, None if b is None else b.to(device)
+        )
+        assert_close(got.cpu(), want, dtype)
+
+
+def test_triton_strided_x(device):
+    qweight, scales, zeros = _weight(48, 64, 32, 4)
+    wide = _x(6, 96, torch.float32)
+    want = wna16_linear_torch(wide[:, :64].contiguous(), qweight, scales, zeros, 32, 4)
+    args = [t.to(device) for t in (wide[:, :64], qweight, scales, zeros)]
+    got = wna16_linear_triton(*args, 32, 4)
+    assert _relative_error(got.cpu(), want) <= 1e-5
+
+
+# --- bad arguments --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "change,name",
+    [
+        (dict(bits=3), "bits"),
+        (dict(group_size=48), "group_size"),
+        (dict(group_size=4), "group_size"),  # not a multiple of 32 // bits
+        (dict(qweight=torch.zeros(8, 8, dtype=torch.int64)), "qweight"),
+        (dict(scales=torch.ones(8, 3)), "scales"),
+        (dict(zeros=torch.zeros(8, 2)), "zeros"),
+        (dict(x=torch.zeros(2, 32)), "x"),
+        (dict(bias=torch.zeros(9)), "bias"),
+    ],
+)
+def test_bad_arguments_name_the_argument(change, name):
+    qweight, scales, zeros = _weight(8, 64, 32, 4)
+    args = dict(
+        x=torch.zeros(2, 64),
+        qweight=qweight,
+        scales=scales,
+        zeros=zeros,
+        group_size=32,
+        bits=4,
+        bias=None,
+    )
+    args.update(change)
+    for fn in (wna16_linear_torch, wna16_linear_triton):
+        with pytest.raises(ValueError, match=f"^{name} "):
+            fn(**args)
+    if "x" not in change and "bias" not in change:
+        with pytest.raises(ValueError, match=f"^{name} "):
+            prepare_wna16_cpu(
+                args["qweight"], args["scales"], args["zeros"], args["group_size"], args["bits"]
+            )
+
+
+def test_cpu_entry_rejects_bad_x(cpu_kernels):
+    prepared = prepare_wna16_cpu(*_weight(8, 64, 32, 4), 32, 4)
+    with pytest.raises(ValueError, match="^x "):
+        wna16_linear_cpu(torch.zeros(2, 32), prepared)
+    with pytest.raises(ValueError, match="^x "):
+        wna16_linear_cpu(torch.zeros(2, 64, dtype=torch.float16), prepared)
+    with pytest.raises(ValueError, match="^bias "):
+        wna16_linear_cpu(torch.zeros(2, 64), prepared, torch.zeros(7))
+
+
+def test_pack_rejects_out_of_range_values():
+    with pytest.raises(ValueError, match="^u "):
+        pack_wna16(torch.tensor([[16, 0, 0, 0, 0, 0, 0, 0]]), 4)
+    with pytest.raises(ValueError, match="^bits "):
+        unpack_wna16(torch.zeros(1, 1, dtype=torch.int32), 2, 16)
