@@ -16,25 +16,13 @@ import pytest
 
 from tests.e2e.llm_client import grpc_stream, http_generate
 from tests.llm.shakespeare_helpers import SHAKESPEARE
+from tests.llm.tensor_parallel_helpers import worker_pids
 from tooling.repository import ModelSpec, write_model
 
 pytestmark = pytest.mark.e2e
 
-WORKER = b"backend_lib.llm.execution.worker"
 PARAMS = {"temperature": 0, "max_tokens": 12, "ignore_eos": True}
 PROMPTS = ("ROMEO:\nWhat light", "JULIET:\nO Romeo, Romeo,")
-
-
-def worker_pids() -> list[int]:
-    """Every live tensor-parallel worker process on this machine."""
-    pids = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if WORKER in cmdline.read_bytes():
-                pids.append(int(cmdline.parent.name))
-        except OSError:
-            continue
-    return pids
 
 
 @pytest.fixture
@@ -103,8 +91,8 @@ def test_a_multi_node_llm_serves_with_a_worker_node_started_apart(tmp_path, make
     import subprocess
     import sys
 
-    from tests.llm.tensor_parallel_helpers import free_port
     from tests.server_helpers import stop_server
+    from tooling.tritonserver import free_port
 
     port = free_port()
     common = {"model": str(SHAKESPEARE), "dtype": "float32", "cpu_kv_cache_gb": "0.05"}

@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import pickle
-import socket
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from backend_lib.llm.execution.workers import WORKER_MODULE
+from tooling.tritonserver import free_port
+
 RANK_TIMEOUT_S = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(fn, args, rank: int, size: int, port: int, results) -> None:
@@ -64,6 +61,21 @@ def run_on_ranks(fn: Callable[..., Any], size: int, *args: Any) -> list[Any]:
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+
+
+def worker_pids(parent: int | None = None) -> list[int]:
+    """Live tensor-parallel worker processes: children of `parent`, or all of them (None)."""
+    pids = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines())
+            cmdline = (status.parent / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        ours = parent is None or int(fields.get("PPid", "0")) == parent
+        if ours and WORKER_MODULE.encode() in cmdline:
+            pids.append(int(status.parent.name))
+    return pids
 
 
 def engine_workloads(model_dirs: list[str], tensor_parallel_size: int) -> list[dict[str, Any]]:

@@ -177,7 +177,7 @@ class ModelRunner:
             self._build(config, device)
         except BaseException as exc:
             if self.workers is not None:
-                died = self.workers.failed_start(exc)
+                died = self.workers.failed_start()
                 self.workers = None
                 if died is not None:
                     raise died from exc
@@ -265,7 +265,7 @@ class ModelRunner:
             return self._execute(sched_out, num_samples, constraints)
         except RuntimeError as exc:  # a collective with a rank gone (gloo/NCCL errors)
             died = None if self.workers is None else self.workers.died(wait=2.0)
-            if died is not None and died is not exc:
+            if died is not None:
                 raise died from exc
             raise
 

@@ -158,6 +158,7 @@ class WorkerGroup:
         except Exception as exc:
             died = self.died()
             self._kill()
+            self._leave()
             if isinstance(exc, WorkerDied):
                 raise
             raise died or WorkerDied(f"tensor-parallel rendezvous failed: {exc}") from exc
@@ -197,15 +198,12 @@ class WorkerGroup:
         except RuntimeError as exc:  # a peer gone mid-broadcast
             raise self.died() or exc from exc
 
-    def failed_start(self, exc: BaseException) -> WorkerDied | None:
+    def failed_start(self) -> WorkerDied | None:
         """The error to report when rank 0's load failed after the rendezvous: a worker's own
         failure (e.g. out of memory) when one exited, None otherwise. Stops the workers."""
-        global _driving
         died = self.died(wait=5.0)
         self._kill()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        _driving = False
+        self._leave()
         return died
 
     def close(self, timeout: float = 30.0) -> None:
@@ -219,6 +217,10 @@ class WorkerGroup:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        self._leave()
+
+    def _leave(self) -> None:
+        """After the workers ended: leave the process group, drop their logs."""
         global _driving
         if dist.is_initialized():
             dist.destroy_process_group()

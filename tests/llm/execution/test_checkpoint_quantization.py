@@ -10,17 +10,12 @@ compressed-tensors itself (tooling/quantized_checkpoints.py), loaded as stored.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from backend_lib.config import ConfigError
 from backend_lib.llm.execution.checkpoint_quantization.layers import StagingLinear, WNA16Linear
 from backend_lib.llm.execution.loader import (
-    load_checkpoint_weights,
     load_model,
     read_checkpoint_info,
 )
@@ -31,7 +26,10 @@ from tests.llm.quantized_checkpoint_helpers import (
     PACKED_PRESETS,
     PRESETS,
     copy_checkpoint,
+    edit_quantization_config,
+    edit_tensors,
     quantized_shakespeare,
+    staged_model,
 )
 from tests.llm.shakespeare_helpers import HELD_OUT
 from tooling import quantized_checkpoints
@@ -41,11 +39,6 @@ from tooling.quantized_checkpoints import reference_dequantized_weights
 CPU = torch.device("cpu")
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
-
-
-def staged_model(checkpoint: Path):
-    info = read_checkpoint_info(checkpoint)
-    return load_checkpoint_weights(info, CPU, torch.float32, kernel_ops("torch"))
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -191,25 +184,11 @@ def test_own_quantization_of_a_quantized_checkpoint_is_refused():
 # Bad checkpoints: each fails the load naming what is wrong.
 
 
-def _edit_config(checkpoint: Path, edit) -> None:
-    path = checkpoint / "config.json"
-    config = json.loads(path.read_text())
-    edit(config["quantization_config"])
-    path.write_text(json.dumps(config))
-
-
-def _edit_tensors(checkpoint: Path, edit) -> None:
-    path = checkpoint / "model.safetensors"
-    tensors = load_file(path)
-    edit(tensors)
-    save_file(tensors, path, metadata={"format": "pt"})
-
-
 Q_PROJ = "model.layers.0.self_attn.q_proj"
 
 
 @pytest.mark.parametrize(
-    ("edit_config", "edit_tensors", "message"),
+    ("config_edit", "tensors_edit", "message"),
     [
         (
             lambda q: q.update(quant_method="bitsandbytes"),
@@ -258,12 +237,12 @@ Q_PROJ = "model.layers.0.self_attn.q_proj"
     ],
 )
 def test_a_bad_checkpoint_fails_the_load_naming_the_problem(
-    tmp_path, edit_config, edit_tensors, message
+    tmp_path, config_edit, tensors_edit, message
 ):
     checkpoint = copy_checkpoint(quantized_shakespeare("W4A16_G128"), tmp_path / "ckpt")
-    if edit_config is not None:
-        _edit_config(checkpoint, edit_config)
-    if edit_tensors is not None:
-        _edit_tensors(checkpoint, edit_tensors)
+    if config_edit is not None:
+        edit_quantization_config(checkpoint, config_edit)
+    if tensors_edit is not None:
+        edit_tensors(checkpoint, tensors_edit)
     with pytest.raises((ConfigError, ValueError), match=message):
         load_model(checkpoint, CPU, torch.float32, kernel_ops("torch"))

@@ -14,18 +14,16 @@ channel, act-order on and off, symmetric and with zero points, v1 and v2 zero po
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from backend_lib.config import ConfigError
 from backend_lib.llm.execution.checkpoint_quantization.layers import StagingLinear, WNA16Linear
 from backend_lib.llm.execution.loader import (
-    load_checkpoint_weights,
     load_model,
     read_checkpoint_info,
 )
@@ -36,6 +34,11 @@ from tests.llm.gptq_awq_checkpoint_helpers import (
     PRESETS,
     gptq_awq_shakespeare,
     gptq_awq_tiny,
+)
+from tests.llm.quantized_checkpoint_helpers import (
+    edit_quantization_config,
+    edit_tensors,
+    staged_model,
 )
 from tests.llm.shakespeare_helpers import HELD_OUT, SHAKESPEARE
 from tooling.gptq_awq_checkpoints import reference_dequantized_weights
@@ -51,11 +54,6 @@ QUANTIZED_LAYERS = {
     "GPTQ_W4_G64_DYNAMIC": 42 - 4,
     "AWQ_G32_NOT_DOWN_PROJ": 42 - 6,
 }
-
-
-def staged_model(checkpoint: Path):
-    info = read_checkpoint_info(checkpoint)
-    return load_checkpoint_weights(info, CPU, torch.float32, kernel_ops("torch"))
 
 
 def staged_weights(model, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -200,20 +198,6 @@ K_PROJ = "model.layers.1.self_attn.k_proj"
 O_PROJ = "model.layers.1.self_attn.o_proj"
 
 
-def _edit_config(checkpoint: Path, edit) -> None:
-    path = checkpoint / "config.json"
-    config = json.loads(path.read_text())
-    edit(config["quantization_config"])
-    path.write_text(json.dumps(config))
-
-
-def _edit_tensors(checkpoint: Path, edit) -> None:
-    path = checkpoint / "model.safetensors"
-    tensors = load_file(path)
-    edit(tensors)
-    save_file(tensors, path, metadata={"format": "pt"})
-
-
 def _replace(name: str, make):
     return lambda t: t.update({name: make(t[name])})
 
@@ -314,13 +298,13 @@ AWQ_CASES = {
 }
 
 
-def _bad_load(checkpoint: Path, tmp_path: Path, edit_config, edit_tensors, message: str) -> None:
+def _bad_load(checkpoint: Path, tmp_path: Path, config_edit, tensors_edit, message: str) -> None:
     copy = tmp_path / "ckpt"
     shutil.copytree(checkpoint, copy)
-    if edit_config is not None:
-        _edit_config(copy, edit_config)
-    if edit_tensors is not None:
-        _edit_tensors(copy, edit_tensors)
+    if config_edit is not None:
+        edit_quantization_config(copy, config_edit)
+    if tensors_edit is not None:
+        edit_tensors(copy, tensors_edit)
     with pytest.raises((ConfigError, ValueError), match=message):
         load_model(copy, CPU, torch.float32, kernel_ops("torch"))
 

@@ -10,17 +10,20 @@ in which rank 0 alone schedules and broadcasts is not built yet."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
 from backend_lib.config import ConfigError
 from backend_lib.llm.execution import workers
-from backend_lib.llm.execution.workers import WORKER_MODULE
 from backend_lib.llm.serving.engine_loop import EngineLoop
 from tests.llm.engine_helpers import engine_checkpoint, greedy, make_engine, random_prompt
-from tests.llm.tensor_parallel_helpers import engine_workload, engine_workloads, run_on_ranks
+from tests.llm.tensor_parallel_helpers import (
+    engine_workload,
+    engine_workloads,
+    run_on_ranks,
+    worker_pids,
+)
 from tooling.hf_reference import hf_greedy
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -100,20 +103,6 @@ def test_two_ranks_give_the_tokens_of_one(arch, checkpoints, two_ranks):
     assert single["chunked"] == expected
 
 
-def _worker_pids() -> list[int]:
-    """This process's tensor-parallel worker children still alive."""
-    pids = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines())
-            cmdline = (status.parent / "cmdline").read_bytes()
-        except (OSError, ValueError):
-            continue
-        if int(fields.get("PPid", "0")) == os.getpid() and WORKER_MODULE.encode() in cmdline:
-            pids.append(int(status.parent.name))
-    return pids
-
-
 def test_rank_zero_drives_a_worker_process_and_leaves_none(checkpoints):
     """The engine of this process is rank 0: it starts rank 1 as a worker process, which
     replays its steps; same tokens as one rank (structured outputs too: only rank 0 schedules,
@@ -128,7 +117,7 @@ def test_rank_zero_drives_a_worker_process_and_leaves_none(checkpoints):
         text and set(text) <= set("abcdefghijklmnopqrstuvwxyz ") for text in driven["structured"]
     )
     assert driven["swap_preemptions"] > 0
-    assert _worker_pids() == []
+    assert worker_pids(os.getpid()) == []
 
 
 def test_a_killed_worker_fails_its_requests_naming_the_rank():
@@ -152,7 +141,7 @@ def test_a_killed_worker_fails_its_requests_naming_the_rank():
     finally:
         loop.stop(timeout=60)
         engine.close()
-    assert _worker_pids() == []
+    assert worker_pids(os.getpid()) == []
 
 
 def test_a_worker_that_fails_to_start_fails_the_load_with_its_error(monkeypatch):
@@ -163,7 +152,7 @@ def test_a_worker_that_fails_to_start_fails_the_load_with_its_error(monkeypatch)
         match=r"rank 1 \(pid \d+\) exited with code 1:\s+RuntimeError: out of memory",
     ):
         make_engine(model_dir, tensor_parallel_size=2)
-    assert _worker_pids() == []
+    assert worker_pids(os.getpid()) == []
     assert not workers.driving()
 
 
@@ -193,8 +182,8 @@ def test_a_leader_serves_with_a_worker_node_started_apart(tmp_path):
     from backend_lib.config import from_parameters
     from backend_lib.llm.config import LLMConfig
     from backend_lib.llm.engine.llm_engine import LLMEngine
-    from tests.llm.tensor_parallel_helpers import free_port
     from tooling.repository import ModelSpec, write_model
+    from tooling.tritonserver import free_port
 
     model_dir, _ = engine_checkpoint("Qwen3ForCausalLM")
     port = free_port()
