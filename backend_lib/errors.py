@@ -14,6 +14,11 @@ class QueueFullError(RuntimeError):
     """The engine's waiting queue is at its configured maximum; the request is refused."""
 
 
+class ModelUnavailable(RuntimeError):
+    """The model cannot serve any request (e.g. a worker process of a sharded model died); it asks
+    to be unloaded, and serves again once loaded anew."""
+
+
 class RequestCancelled(Exception):
     """The client cancelled or disconnected; the engine request was aborted and its blocks freed."""
 
@@ -26,6 +31,8 @@ def error_code(exc: BaseException) -> ErrorCode:
         return ErrorCode.QUEUE_FULL
     if isinstance(exc, RequestCancelled):
         return ErrorCode.CANCELLED
+    if isinstance(exc, ModelUnavailable):
+        return ErrorCode.UNAVAILABLE
     return ErrorCode.INTERNAL
 
 

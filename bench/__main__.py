@@ -60,7 +60,7 @@ class SuiteEntry:
 BENCHMARKS = (
     SuiteEntry("engine", "LLM engine vs transformers", ("--repeats", "1")),
     SuiteEntry("moe_engine", "Mixture-of-experts engine vs transformers"),
-    SuiteEntry("parallel", "Tensor parallelism: TP=2 vs TP=1"),
+    SuiteEntry("parallel", "Tensor and pipeline parallelism: TP=2 and PP=2 vs TP=1"),
     SuiteEntry("engine_peers", "LLM engine vs OpenVINO GenAI and CTranslate2 (CPU)"),
     SuiteEntry("quantized_engine", "W4A16 checkpoint vs bfloat16 and OpenVINO GenAI int4"),
     SuiteEntry("batching_spread", "Continuous vs static batching"),

@@ -40,13 +40,14 @@ class LLMConfig:
     """Ranks the model is sharded over (Megatron-style, `execution/tensor_parallel.py`), one
     process each: the engine's process is rank 0 and starts the others (execution/workers.py)."""
     pipeline_parallel_size: int = 1
-    """Stages the layers are split over (vLLM's name). Only 1: pipeline parallelism is not built
-    yet, and another value fails the load naming this field."""
+    """Stages the layers are split over (vLLM's name; `execution/pipeline_parallel.py`), each of
+    `tensor_parallel_size` ranks: evenly, the remainder to the last stages. Stage 0 also holds the
+    embedding and lm_head and samples; activations pass from stage to stage each step."""
     distributed_executor_backend: Literal["mp"] = "mp"
     """How the other ranks run (vLLM's name): mp, worker processes started by rank 0 on its node;
     on other nodes (`nnodes` > 1) by `python -m backend_lib.llm.execution.worker_node`."""
     nnodes: int = 1
-    """Machines the ranks span (vLLM's name); each runs tensor_parallel_size / nnodes of them."""
+    """Machines the ranks span (vLLM's name); each runs world_size / nnodes of them."""
     node_rank: int = 0
     """This machine's index among `nnodes` (vLLM's name). The Triton model is node 0, which holds
     rank 0; worker nodes pass theirs to the worker_node entry point (NODE_RANK)."""
@@ -111,6 +112,11 @@ class LLMConfig:
     max_cpu_loras: int = 0
     """Adapters cached in host memory (0: max_loras, as vLLM); at least max_loras."""
 
+    @property
+    def world_size(self) -> int:
+        """Ranks of the engine: tensor_parallel_size x pipeline_parallel_size, one process each."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
     def validate(self) -> None:
         require(
             self.tensor_parallel_size >= 1,
@@ -119,11 +125,10 @@ class LLMConfig:
             "must be >= 1",
         )
         require(
-            self.pipeline_parallel_size == 1,
+            self.pipeline_parallel_size >= 1,
             "pipeline_parallel_size",
             self.pipeline_parallel_size,
-            "only 1 is supported (pipeline parallelism is not built yet; shard with "
-            "tensor_parallel_size instead)",
+            "must be >= 1",
         )
         require(
             self.distributed_executor_backend == "mp",
@@ -132,10 +137,11 @@ class LLMConfig:
             "expected mp",
         )
         require(
-            self.nnodes >= 1 and self.tensor_parallel_size % self.nnodes == 0,
+            self.nnodes >= 1 and self.world_size % self.nnodes == 0,
             "nnodes",
             self.nnodes,
-            f"must be >= 1 and divide tensor_parallel_size ({self.tensor_parallel_size})",
+            f"must be >= 1 and divide the world size, tensor_parallel_size x "
+            f"pipeline_parallel_size ({self.world_size})",
         )
         require(
             0 <= self.node_rank < self.nnodes, "node_rank", self.node_rank, "must be in [0, nnodes)"

@@ -42,11 +42,15 @@ def multi_node(**settings) -> dict:
     return {"roles": {"llm": {"multiNode": {"enabled": True, **settings}}}}
 
 
-# A 70B model over 2 nodes x 4 GPUs: tensor parallel over the 8 GPUs, 4 ranks per node (the engine
-# has no pipeline parallelism); the weights on a PVC.
+# A 70B model over 2 nodes x 4 GPUs: tensor parallel over the 8 GPUs, 4 ranks per node; the
+# weights on a PVC.
 MULTI_NODE_70B = multi_node(nodes=2, gpusPerNode=4, tensorParallelSize=8)
-LLAMA_70B = merge(
-    MULTI_NODE_70B, {"modelRepository": {"source": "pvc", "pvc": {"claimName": "llama-70b"}}}
+LLAMA_70B_PVC = {"modelRepository": {"source": "pvc", "pvc": {"claimName": "llama-70b"}}}
+LLAMA_70B = merge(MULTI_NODE_70B, LLAMA_70B_PVC)
+# The same over 2 pipeline stages, one per node: TP 4 inside a node, PP across the nodes.
+LLAMA_70B_PP = merge(
+    multi_node(nodes=2, gpusPerNode=4, tensorParallelSize=4, pipelineParallelSize=2),
+    LLAMA_70B_PVC,
 )
 
 
@@ -102,10 +106,15 @@ def test_multi_node_objects_validate(values, overrides):
     kinds = [o["kind"] for o in objects]
     assert kinds.count("LeaderWorkerSet") == 1
     assert set(by_kind(objects, "Deployment")) == {"rel-triton-llm-encoders"}
+    validate_with_pod_templates(objects)
+
+
+def validate_with_pod_templates(objects: list[dict]) -> None:
+    """Every object (core kinds: Kubernetes 1.33, strict; the LWS: its CRD's schema), and the
+    pod templates inside the LWS strictly against Kubernetes 1.33 as well (the CRD embeds the
+    PodTemplateSpec schema, without the API server's own checks)."""
     for obj in objects:
-        validate(obj)  # core kinds: Kubernetes 1.33 (strict); the LWS: its CRD's schema
-    # The pod templates inside the LWS, strictly against Kubernetes 1.33 as well (the CRD embeds
-    # the PodTemplateSpec schema, without the API server's own checks).
+        validate(obj)
     for which in ("leader", "worker"):
         template = the_lws(objects)["spec"]["leaderWorkerTemplate"][f"{which}Template"]
         pod_template = {
@@ -202,6 +211,7 @@ def test_llama_70b_on_two_nodes_of_four_gpus():
         "nnodes": "2",
         "master_port": "29500",
         "tensor_parallel_size": "8",
+        "pipeline_parallel_size": "1",
     }
 
 
@@ -232,6 +242,7 @@ def test_the_modes_values():
         "nnodes": "4",
         "master_port": "23456",
         "tensor_parallel_size": "8",
+        "pipeline_parallel_size": "1",
         "gpu_memory_utilization": "0.92",
         "max_num_seqs": "128",
     }
@@ -349,6 +360,7 @@ def test_the_init_container_adds_the_parameters_to_the_models_config(tmp_path):
         "nnodes": "2",
         "master_port": "29500",
         "tensor_parallel_size": "8",
+        "pipeline_parallel_size": "1",
     }
     # What the engine (node 0 in tritonserver, and every worker node) builds from that file.
     message = text_format.Parse(
@@ -357,7 +369,8 @@ def test_the_init_container_adds_the_parameters_to_the_models_config(tmp_path):
     model_config = json_format.MessageToDict(message, preserving_proto_field_name=True)
     engine = from_parameters(LLMConfig, version_parameters(model_config, "1"))
     assert (engine.nnodes, engine.master_port, engine.tensor_parallel_size) == (2, 29500, 8)
-    assert engine.tensor_parallel_size // engine.nnodes == 4  # ranks per node: its 4 GPUs
+    assert engine.pipeline_parallel_size == 1
+    assert engine.world_size // engine.nnodes == 4  # ranks per node: its 4 GPUs
     assert (
         (model / "config.pbtxt")
         .read_text()
@@ -386,8 +399,42 @@ def test_the_init_container_adds_the_parameters_to_the_models_config(tmp_path):
         "nnodes": "2",
         "master_port": "29500",
         "tensor_parallel_size": "8",
+        "pipeline_parallel_size": "1",
         "max_model_len": 'a "b"',
     }
+
+
+def test_llama_70b_on_two_pipeline_stages_of_one_node_each(tmp_path):
+    """tp 4 x pp 2 over 2 nodes x 4 GPUs: each node one pipeline stage (4 ranks, TP inside it)."""
+    objects = render("values-gpu.yaml", merge(EVERYTHING_ON, LLAMA_70B_PP))
+    validate_with_pod_templates(objects)
+    lws = the_lws(objects)
+    for which in ("leader", "worker"):
+        for c in pod_spec(lws, which)["containers"]:
+            if c["name"] != "openai-frontend":
+                assert c["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+    parameters = {
+        "nnodes": "2",
+        "master_port": "29500",
+        "tensor_parallel_size": "4",
+        "pipeline_parallel_size": "2",
+    }
+    config = by_kind(objects, "ConfigMap")[LWS_NAME]
+    assert json.loads(config["data"]["parameters.json"]) == parameters
+
+    source = REPO_ROOT / "model_repository"
+    model = _prepare(objects, source, tmp_path / "model_repository-multinode")
+    assert _parameters(model / "config.pbtxt") == (
+        _parameters(source / "llm" / "config.pbtxt") | parameters
+    )
+    message = text_format.Parse(
+        (model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
+    model_config = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    engine = from_parameters(LLMConfig, version_parameters(model_config, "1"))
+    assert (engine.nnodes, engine.tensor_parallel_size, engine.pipeline_parallel_size) == (2, 4, 2)
+    assert engine.world_size // engine.nnodes == 4  # ranks per node: its 4 GPUs, one stage
 
 
 @pytest.mark.parametrize(
@@ -399,12 +446,27 @@ def test_the_init_container_adds_the_parameters_to_the_models_config(tmp_path):
             r"tensorParallelSize x pipelineParallelSize \(16\) must equal nodes x gpusPerNode \(8\)",
         ),
         (
-            multi_node(tensorParallelSize=4, pipelineParallelSize=2),
-            "pipelineParallelSize must be 1, not 2: the engine has no pipeline parallelism",
+            multi_node(tensorParallelSize=4, pipelineParallelSize=4),
+            r"tensorParallelSize x pipelineParallelSize \(16\) must equal nodes x gpusPerNode \(8\)",
+        ),
+        (
+            # 8 ranks over 3 nodes: checked before the GPUs (3 x 4 = 12).
+            multi_node(nodes=3, tensorParallelSize=4, pipelineParallelSize=2),
+            r"tensorParallelSize x pipelineParallelSize \(4 x 2 = 8\) must be a multiple of nodes"
+            r" \(3\)",
+        ),
+        (
+            multi_node(gpusPerNode=0, tensorParallelSize=0),
+            "tensorParallelSize must be at least 1, not 0",
+        ),
+        (
+            multi_node(gpusPerNode=0, pipelineParallelSize=-2),
+            "pipelineParallelSize must be at least 1, not -2",
         ),
         (
             multi_node(gpusPerNode=0, tensorParallelSize=3),
-            r"tensorParallelSize \(3\) must be a multiple of nodes \(2\)",
+            r"tensorParallelSize x pipelineParallelSize \(3 x 1 = 3\) must be a multiple of nodes"
+            r" \(2\)",
         ),
         (
             merge(multi_node(), {"roles": {"llm": {"models": ["llm", "llm_small"]}}}),

@@ -1,8 +1,9 @@
-"""End to end: a `tensor_parallel_size: 2` llm (rank 0 in its Triton stub, rank 1 a worker
-process it starts) served by a real tritonserver beside a single-device one on the same
-checkpoint: the same greedy text, streamed and not; a worker killed mid-stream ends that request
-with an error naming the rank, no hang, the other model still serves; stopping the server leaves
-no worker process."""
+"""End to end: a `tensor_parallel_size: 2` llm and a `pipeline_parallel_size: 2` one (rank 0 in
+its Triton stub, rank 1 a worker process it starts) served by a real tritonserver beside a
+single-device one on the same checkpoint: the same greedy text, streamed and not; a worker killed
+mid-stream ends that request with an error naming the rank, no hang, the other models still
+serve; stopping the server leaves no worker process; several nodes, with tensor or pipeline
+parallelism across them."""
 
 from __future__ import annotations
 
@@ -28,7 +29,11 @@ PROMPTS = ("ROMEO:\nWhat light", "JULIET:\nO Romeo, Romeo,")
 @pytest.fixture
 def repository(tmp_path: Path) -> Path:
     common = {"model": str(SHAKESPEARE), "dtype": "float32", "cpu_kv_cache_gb": "0.05"}
-    for name, extra in (("llm", {}), ("llm_tp2", {"tensor_parallel_size": "2"})):
+    for name, extra in (
+        ("llm", {}),
+        ("llm_tp2", {"tensor_parallel_size": "2"}),
+        ("llm_pp2", {"pipeline_parallel_size": "2"}),
+    ):
         write_model(ModelSpec(name, "llm", {**common, **extra}, max_batch_size=0), tmp_path)
     return tmp_path
 
@@ -46,18 +51,19 @@ def test_a_sharded_llm_serves_beside_a_single_device_one(repository, make_server
     before = set(worker_pids())
     server = make_server(repository)
     workers = set(worker_pids()) - before
-    assert len(workers) == 1  # rank 1 of llm_tp2
+    assert len(workers) == 2  # rank 1 of llm_tp2, stage 1 of llm_pp2
     for prompt in PROMPTS:
         expected = http_generate(server.http_url, body(prompt), model="llm")["text_output"]
-        sharded = http_generate(server.http_url, body(prompt), model="llm_tp2")["text_output"]
-        assert sharded == expected
-        streamed = grpc_stream(server.grpc_url, prompt, PARAMS, model="llm_tp2")
-        assert streamed.error is None and "".join(streamed.pieces) == expected
+        for model in ("llm_tp2", "llm_pp2"):
+            sharded = http_generate(server.http_url, body(prompt), model=model)["text_output"]
+            assert sharded == expected, model
+            streamed = grpc_stream(server.grpc_url, prompt, PARAMS, model=model)
+            assert streamed.error is None and "".join(streamed.pieces) == expected, model
 
     # A worker killed mid-stream: that request ends with an error naming the rank, at once.
     started = time.monotonic()
     long = {**PARAMS, "max_tokens": 200}
-    (worker,) = workers
+    (worker,) = [pid for pid in workers if b'"pipeline_parallel_size": 1' in _cmdline(pid)]
     stream = grpc_stream(
         server.grpc_url, PROMPTS[0], long, model="llm_tp2", cancel_after=2, timeout=60
     )
@@ -67,8 +73,13 @@ def test_a_sharded_llm_serves_beside_a_single_device_one(repository, make_server
     failure = broken.error or "".join(str(r.get("error", "")) for r in broken.responses)
     assert "tensor-parallel rank 1" in failure, broken
     assert time.monotonic() - started < 60
-    # The single-device model is untouched.
-    assert http_generate(server.http_url, body(PROMPTS[0]), model="llm")["text_output"]
+    # The other models are untouched.
+    for model in ("llm", "llm_pp2"):
+        assert http_generate(server.http_url, body(PROMPTS[0]), model=model)["text_output"]
+
+
+def _cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
 def test_stopping_the_server_leaves_no_worker(repository, make_server):
@@ -84,10 +95,12 @@ def test_stopping_the_server_leaves_no_worker(repository, make_server):
     assert not set(worker_pids()) - before
 
 
-def test_a_multi_node_llm_serves_with_a_worker_node_started_apart(tmp_path, make_server):
-    """nnodes 2 on one machine: tritonserver's llm is node 0 (rank 0); rank 1 is run by the
-    worker-node entry point, started separately with a worker pod's environment, on the same
-    model directory. Same text as the single-device model; stopping the server ends the node."""
+@pytest.mark.parametrize("across", ("tensor_parallel_size", "pipeline_parallel_size"))
+def test_a_multi_node_llm_serves_with_a_worker_node_started_apart(across, tmp_path, make_server):
+    """nnodes 2 on one machine: tritonserver's llm is node 0 (rank 0); rank 1 (the other
+    tensor-parallel rank, or the second pipeline stage) is run by the worker-node entry point,
+    started separately with a worker pod's environment, on the same model directory. Same text
+    as the single-device model; stopping the server ends the node."""
     import subprocess
     import sys
 
@@ -96,7 +109,7 @@ def test_a_multi_node_llm_serves_with_a_worker_node_started_apart(tmp_path, make
 
     port = free_port()
     common = {"model": str(SHAKESPEARE), "dtype": "float32", "cpu_kv_cache_gb": "0.05"}
-    sharded = {"tensor_parallel_size": "2", "nnodes": "2", "master_port": str(port)}
+    sharded = {across: "2", "nnodes": "2", "master_port": str(port)}
     for name, extra in (("llm", {}), ("llm_nodes", sharded)):
         write_model(ModelSpec(name, "llm", {**common, **extra}, max_batch_size=0), tmp_path)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": "1"}
@@ -114,3 +127,45 @@ def test_a_multi_node_llm_serves_with_a_worker_node_started_apart(tmp_path, make
         if node.poll() is None:
             node.kill()
             node.wait()
+
+
+def test_a_model_whose_worker_died_is_unloaded_and_loads_again(tmp_path, make_server):
+    """Explicit model control, as the Helm chart runs it: the pipeline stage's worker is killed
+    mid-stream; that request and the next fail naming the rank, the model asks to be unloaded
+    (the vLLM backend's `pb_utils.unload_model`), so it stops being ready; loading it again
+    starts a new worker and it serves the single-device model's text again."""
+    import urllib.request
+
+    from tooling.tritonserver import http_status
+
+    common = {"model": str(SHAKESPEARE), "dtype": "float32", "cpu_kv_cache_gb": "0.05"}
+    for name, extra in (("llm", {}), ("llm_pp2", {"pipeline_parallel_size": "2"})):
+        write_model(ModelSpec(name, "llm", {**common, **extra}, max_batch_size=0), tmp_path)
+    before = set(worker_pids())
+    server = make_server(tmp_path, extra_args=("--model-control-mode=explicit", "--load-model=*"))
+    (worker,) = set(worker_pids()) - before
+    expected = http_generate(server.http_url, body(PROMPTS[0]), model="llm")["text_output"]
+    long = {**PARAMS, "max_tokens": 200}
+    stream = grpc_stream(server.grpc_url, PROMPTS[0], long, model="llm_pp2", cancel_after=2)
+    assert stream.error is None
+    os.kill(worker, signal.SIGKILL)
+    broken = grpc_stream(server.grpc_url, PROMPTS[1], long, model="llm_pp2", timeout=60)
+    failure = broken.error or "".join(str(r.get("error", "")) for r in broken.responses)
+    assert "rank 1 (tensor-parallel rank 0 of pipeline stage 1" in failure, broken
+
+    ready = f"http://{server.http_url}/v2/models/llm_pp2/ready"
+    deadline = time.monotonic() + 60
+    while http_status(ready) == 200 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert http_status(ready) != 200, server.log_tail(60)  # unloaded
+    assert http_status(f"http://{server.http_url}/v2/models/llm/ready") == 200
+
+    load = urllib.request.Request(
+        f"http://{server.http_url}/v2/repository/models/llm_pp2/load", method="POST"
+    )
+    with urllib.request.urlopen(load, timeout=180) as response:
+        assert response.status == 200
+    assert http_generate(server.http_url, body(PROMPTS[0]), model="llm_pp2")["text_output"] == (
+        expected
+    )
+    assert len(set(worker_pids()) - before) == 1 and worker not in worker_pids()

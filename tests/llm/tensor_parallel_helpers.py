@@ -63,6 +63,17 @@ def run_on_ranks(fn: Callable[..., Any], size: int, *args: Any) -> list[Any]:
                 proc.join()
 
 
+def variant_checkpoint(out: Path, arch: str = "LlamaForCausalLM", **overrides: Any):
+    """(dir, HF model) of a tiny `arch` checkpoint (tooling.checkpoints) with config `overrides`
+    (e.g. one KV head, three layers) and the engine tests' tokenizer, written to `out`."""
+    from tests.llm.engine_helpers import _save_tokenizer
+    from tooling.checkpoints import build_checkpoint
+
+    model = build_checkpoint(arch, out, **overrides)
+    _save_tokenizer(out)
+    return out, model
+
+
 def worker_pids(parent: int | None = None) -> list[int]:
     """Live tensor-parallel worker processes: children of `parent`, or all of them (None)."""
     pids = []
@@ -86,21 +97,31 @@ def engine_workloads(model_dirs: list[str], tensor_parallel_size: int) -> list[d
 
 
 def engine_workload(
-    model_dir: str, tensor_parallel_size: int, logits: bool = True, structured: bool = True
+    model_dir: str,
+    tensor_parallel_size: int,
+    logits: bool = True,
+    structured: bool = True,
+    pipeline_parallel_size: int = 1,
+    preemption: bool = True,
 ) -> dict[str, Any]:
     """What the tensor-parallel tests compare between ranks and with one rank: greedy tokens with
     chunked prefill and a prefix-cache hit, seeded samples with n > 1, structured outputs (a
     regex; compiled off the engine's path), greedy tokens under
-    preemption by recompute and by swap, and (`logits`) float32 logits of one prompt, run on the
-    runner's model directly: only where every rank runs the same engine, not on a rank 0 that
-    drives workers (they would miss that forward's collectives)."""
+    preemption by recompute and by swap, the top prompt logprobs of one prompt through the engine
+    (float32, so a rank 0 that drives workers is checked to the logits' precision too), and
+    (`logits`) float32 logits of one prompt, run on the runner's model directly: only where every
+    rank runs the same engine, not on a rank 0 that drives workers (they would miss that
+    forward's collectives)."""
     import torch
 
     from backend_lib.llm.core.sampling_params import SamplingParams
     from tests.llm.engine_helpers import greedy, make_engine, output_ids, random_prompt
     from tests.llm.execution.logits_helpers import all_logits
 
-    tp = {"tensor_parallel_size": tensor_parallel_size}
+    tp = {
+        "tensor_parallel_size": tensor_parallel_size,
+        "pipeline_parallel_size": pipeline_parallel_size,
+    }
     # One tensor-parallel engine per process at a time: each is closed before the next.
     engine = make_engine(model_dir, max_num_batched_tokens=16, **tp)
     prompts = [random_prompt(n, 30 + n) for n in (27, 12, 5)]
@@ -120,11 +141,18 @@ def engine_workload(
             temperature=0.0, max_tokens=6, structured_outputs={"regex": "[a-z ]+"}
         )
         out["structured"] = [o.outputs[0].text for o in engine.generate(prompts, constrained)]
+    scored = engine.generate(
+        [prompts[0]], SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=8)
+    )[0]
+    out["prompt_logprobs"] = [
+        None if entry is None else {t: lp.logprob for t, lp in entry.items()}
+        for entry in scored.prompt_logprobs
+    ]
     if logits:
         out["logits"] = all_logits(engine.runner, prompts[0])
         assert isinstance(out["logits"], torch.Tensor)
     engine.close()
-    for mode in ("recompute", "swap"):
+    for mode in ("recompute", "swap") if preemption else ():
         small = make_engine(
             model_dir,
             num_blocks=10,

@@ -51,6 +51,7 @@ from backend_lib.llm.engine.output_processor import OutputProcessor
 from backend_lib.llm.engine.parallel_sampling import ParallelSampling
 from backend_lib.llm.execution.loader import read_checkpoint_info
 from backend_lib.llm.execution.model_runner import ModelOutput, ModelRunner
+from backend_lib.llm.execution.workers import WorkerDied
 from backend_lib.llm.lora.registry import LoRARegistry
 from backend_lib.llm.lora.request import LoRARequest
 from backend_lib.llm.structured.compiler import GrammarCompiler
@@ -77,6 +78,9 @@ class LLMEngine:
         self.device = torch.device(device)
         checkpoint = read_checkpoint_info(model_dir)
         self.runner = ModelRunner(config, self.device, checkpoint)
+        self.fatal_error: WorkerDied | None = None
+        """Set when a step failed in a way no later step recovers from: a worker process (another
+        rank) died, so the model's shard it held is gone."""
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
         self.max_model_len = self.runner.max_model_len
         self.vocab_size = self.runner.model.args.vocab_size
@@ -318,6 +322,8 @@ class LLMEngine:
                 failed += self._fail_constrained(request_id, error, model_out, samples_due)
         except Exception as exc:
             logger.exception("engine step failed; failing the requests of this step")
+            if isinstance(exc, WorkerDied):
+                self.fatal_error = exc
             return failed + self.outputs.fail_step(sched_out, exc)
         return failed + self.outputs.process(sched_out, model_out, forks, time.monotonic())
 

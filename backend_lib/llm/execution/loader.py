@@ -10,7 +10,7 @@ at a time.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -34,6 +34,7 @@ from backend_lib.llm.execution.checkpoint_quantization.layers import (
 )
 from backend_lib.llm.execution.models import MODEL_REGISTRY, supported_architectures
 from backend_lib.llm.execution.models.llama import DEFAULT_MAX_POSITION_EMBEDDINGS
+from backend_lib.llm.execution.pipeline_parallel import NO_PIPELINE, PipelineStage
 from backend_lib.llm.execution.tensor_parallel import NO_TENSOR_PARALLEL, TensorParallel
 from backend_lib.quantization import quantize_linear_layers
 from kernels import KernelOps
@@ -123,13 +124,15 @@ def model_class_for(cfg: Mapping[str, Any], model_dir: str | Path = "") -> type[
 
 
 def iter_safetensors(
-    files: Iterable[Path], device: torch.device
+    files: Iterable[Path], device: torch.device, keep: Callable[[str], bool] | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every tensor of every file, each loaded directly onto `device`."""
+    """(name, tensor) for every tensor of every file (those whose name `keep` accepts), each
+    loaded directly onto `device`; a tensor not kept is never read."""
     for path in files:
         with safe_open(str(path), framework="pt", device=str(device)) as f:
             for name in f.keys():  # noqa: SIM118 (safe_open objects are not iterable)
-                yield name, f.get_tensor(name)
+                if keep is None or keep(name):
+                    yield name, f.get_tensor(name)
 
 
 def tensor_names(files: Iterable[Path]) -> Iterator[str]:
@@ -154,6 +157,7 @@ def load_model(
     quantization: str = "none",
     quantize_lm_head: bool = QUANTIZE_LM_HEAD,
     tp: TensorParallel = NO_TENSOR_PARALLEL,
+    pp: PipelineStage = NO_PIPELINE,
 ) -> torch.nn.Module:
     """Build the checkpoint's model on `device` in `dtype` and load its weights.
 
@@ -171,7 +175,7 @@ def load_model(
     from the loaded float weights, which are then freed; embeddings and norms stay in `dtype`.
     """
     info = as_checkpoint_info(checkpoint)
-    model = load_checkpoint_weights(info, device, dtype, ops, max_position, tp)
+    model = load_checkpoint_weights(info, device, dtype, ops, max_position, tp, pp)
     finalize_quantized_layers(model)
     quantize_linear_layers(model, quantization, skip=() if quantize_lm_head else ("lm_head",))
     if pack_linear_weights:
@@ -187,45 +191,111 @@ def load_checkpoint_weights(
     ops: KernelOps,
     max_position: int | None = None,
     tp: TensorParallel = NO_TENSOR_PARALLEL,
+    pp: PipelineStage = NO_PIPELINE,
 ) -> torch.nn.Module:
     """The first half of `load_model`: the model built on `device` with the checkpoint's tensors
     loaded as stored (a pre-quantized checkpoint's layers still `StagingLinear`s); under tensor
-    parallelism (`tp`), this rank's slices of them."""
-    if tp.size > 1:
-        _check_tensor_parallel(info, tp)
-    try:
-        args = info.model_class.args_from_config(info.hf_config)
-    except (KeyError, ValueError) as e:
-        raise ConfigError("model", str(info.model_dir), f"bad config.json: {e}") from e
+    parallelism (`tp`), this rank's slices of them; under pipeline parallelism (`pp`), only its
+    stage's tensors (the others are never read)."""
+    args = check_parallelism(info, tp.size, pp.size)
     # Parameters start on the meta device (no memory, no random init), then get real storage.
     with torch.device("meta"):
-        model = info.model_class(args, ops, device, max_position, tp)
+        model = info.model_class(args, ops, device, max_position, tp, pp)
     model = model.to(dtype)
-    weights = iter_safetensors(info.weight_files, device)
+    held = None if pp.size == 1 else lambda name: pp.holds(name, args.num_layers)
+    weights = iter_safetensors(info.weight_files, device, held)
     if info.quantization is not None:
         # A tied lm_head is the embedding, which stays in `dtype`.
         tied = ("lm_head",) if args.tie_word_embeddings else ()
         stored = info.quantization.stored_layers(tensor_names(info.weight_files))
-        staged = install_staging_layers(
-            model,
-            lambda layer: info.quantization.scheme_for(layer) if layer in stored else None,
-            skip=tied,
-        )
-        weights = take_input_permutations(model, info.quantization.translate(weights, staged))
+
+        def scheme_for(layer: str):
+            return info.quantization.scheme_for(layer) if layer in stored else None
+
+        staged = install_staging_layers(model, scheme_for, skip=tied)
+        if tp.size > 1:
+            # The files hold whole layers: check and translate them against the whole model's
+            # shapes; `load_weights` then takes this rank's slices of the staging tensors.
+            with torch.device("meta"):
+                whole = info.model_class(args, ops, device, max_position, NO_TENSOR_PARALLEL, pp)
+            staged = install_staging_layers(whole, scheme_for, skip=tied)
+            weights = _sharded_input_orders(info.quantization.translate(weights, staged), tp)
+        else:
+            weights = info.quantization.translate(weights, staged)
+        weights = take_input_permutations(model, weights)
     model = model.to_empty(device=device)
     model.tie_weights()  # to_empty gives tied parameters separate storage
     model.load_weights(weights)
     return model
 
 
-def _check_tensor_parallel(info: CheckpointInfo, tp: TensorParallel) -> None:
+def _sharded_input_orders(
+    weights: Iterable[tuple[str, torch.Tensor]], tp: TensorParallel
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """`weights` with the input orders (GPTQ act-order `.perm`) of row-parallel layers, whose
+    inputs the ranks split, dropped where they are the identity; any other order cannot be split
+    into contiguous input ranges (ConfigError naming tensor_parallel_size). Column-parallel
+    layers see every input: their orders pass whole."""
+    for name, tensor in weights:
+        row_parallel = ".self_attn.o_proj." in name or ".mlp.down_proj." in name
+        if not (row_parallel and name.endswith(".perm")):
+            yield name, tensor
+            continue
+        if not torch.equal(tensor, torch.arange(len(tensor), device=tensor.device)):
+            raise ConfigError(
+                "tensor_parallel_size",
+                tp.size,
+                f"{name.removesuffix('.perm')} is quantized with act-order (GPTQ desc_act): its "
+                "inputs are permuted, so the ranks cannot split them (use a checkpoint without "
+                "desc_act, or tensor_parallel_size 1)",
+            )
+
+
+def _check_quantized_groups(info: CheckpointInfo, args, tp_size: int) -> None:
+    """ConfigError naming tensor_parallel_size when a quantized row-parallel layer's groups
+    straddle the ranks: each rank takes in_features / tp_size of its inputs, in whole groups."""
+    stored = info.quantization.stored_layers(tensor_names(info.weight_files))
+    widths = {"self_attn.o_proj": args.num_heads * args.head_dim}
+    widths["mlp.down_proj"] = args.intermediate_size
+    for layer in range(args.num_layers):
+        for projection, in_features in widths.items():
+            module = f"model.layers.{layer}.{projection}"
+            scheme = info.quantization.scheme_for(module) if module in stored else None
+            if scheme is None or scheme.kind != "wna16":
+                continue
+            group = scheme.group_size_for(in_features)
+            share = in_features // tp_size
+            if scheme.strategy == "group" and share % group:
+                raise ConfigError(
+                    "tensor_parallel_size",
+                    tp_size,
+                    f"{module} is quantized in groups of {group}: each rank's {share} of its "
+                    f"{in_features} inputs would not hold whole groups",
+                )
+
+
+def check_parallelism(info: CheckpointInfo, tp_size: int = 1, pp_size: int = 1):
+    """The checkpoint's model args, once they are known to split over `tp_size` tensor-parallel
+    ranks and `pp_size` pipeline stages: a ConfigError naming the field otherwise (or naming
+    `model` for a bad config.json). Rank 0 calls it before it starts any worker."""
+    try:
+        args = info.model_class.args_from_config(info.hf_config)
+    except (KeyError, ValueError) as e:
+        raise ConfigError("model", str(info.model_dir), f"bad config.json: {e}") from e
     arch = info.hf_config["architectures"][0]
-    if not info.model_class.supports_tensor_parallel:
-        raise ConfigError("tensor_parallel_size", tp.size, f"{arch} is not sharded yet")
-    if info.quantization is not None:
-        raise ConfigError(
-            "tensor_parallel_size", tp.size, "pre-quantized checkpoints are not sharded yet"
-        )
+    if tp_size > 1:
+        if not info.model_class.supports_tensor_parallel:
+            raise ConfigError("tensor_parallel_size", tp_size, f"{arch} is not sharded yet")
+        TensorParallel(0, tp_size).check(args)
+        if info.quantization is not None:
+            _check_quantized_groups(info, args, tp_size)
+    if pp_size > 1:
+        if not info.model_class.supports_pipeline_parallel:
+            raise ConfigError(
+                "pipeline_parallel_size", pp_size, f"{arch} is not split into stages yet"
+            )
+        PipelineStage(0, pp_size).layers(args.num_layers)
+    return args
 
 
 def as_checkpoint_info(checkpoint: CheckpointInfo | str | Path) -> CheckpointInfo:

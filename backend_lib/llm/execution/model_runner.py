@@ -21,15 +21,16 @@ batched LoRA call per projection covers every adapter of the step, base rows unt
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from backend_lib.config import ConfigError, require
+from backend_lib.config import require
 from backend_lib.device import resolve_dtype
 from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.scheduler import ScheduledSequence, SchedulerOutput
@@ -45,7 +46,13 @@ from backend_lib.llm.execution.kv_pool import (
     gpu_kv_cache_bytes,
     resolve_kv_cache_dtype,
 )
-from backend_lib.llm.execution.loader import CheckpointInfo, as_checkpoint_info, load_model
+from backend_lib.llm.execution.loader import (
+    CheckpointInfo,
+    as_checkpoint_info,
+    check_parallelism,
+    load_model,
+)
+from backend_lib.llm.execution.pipeline_parallel import NO_PIPELINE, PipelineStage
 from backend_lib.llm.execution.prompt_logprobs import (
     PromptLogprobsChunk,
     PromptScoring,
@@ -53,11 +60,12 @@ from backend_lib.llm.execution.prompt_logprobs import (
     score_prompts,
 )
 from backend_lib.llm.execution.sampler import Sampler, SamplingRow, TokenLogprobs
-from backend_lib.llm.execution.step_input import BlockMoves, StepInput, StepMessage
+from backend_lib.llm.execution.step_input import BlockMoves, LoRAStep, StepInput, StepMessage
 from backend_lib.llm.execution.tensor_parallel import TensorParallel
 from backend_lib.llm.execution.workers import WorkerGroup
-from backend_lib.llm.lora.adapter import LoRAModelSpec
+from backend_lib.llm.lora.adapter import LoRAAdapter, LoRAModelSpec, LoRAModule, load_adapter
 from backend_lib.llm.lora.batch import LoRABatch
+from backend_lib.llm.lora.request import LoRARequest
 from backend_lib.llm.lora.slots import LoRASlots
 from backend_lib.llm.structured.manager import BitmaskBatch, StructuredOutputManager
 from backend_lib.quantization import check_quantization, resolve_quantization
@@ -118,6 +126,14 @@ def _in_process_group() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def _min_over_ranks(value: int, device: torch.device) -> int:
+    """The smallest of every rank's `value` (e.g. KV blocks each rank's memory allows), over the
+    whole world: every tensor-parallel rank and pipeline stage."""
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
 def _prompt_rows(
     scheduled: list[ScheduledSequence], layout: list[ScheduledSequence], q_lens: np.ndarray
 ) -> tuple[list[int], list[PromptScoring]]:
@@ -166,12 +182,17 @@ class ModelRunner:
         checkpoint: CheckpointInfo | str | Path,
     ):
         """`checkpoint`: the loader's CheckpointInfo, or the directory to read it from. With
-        `tensor_parallel_size` > 1 and no torch.distributed group yet, this is rank 0: it starts
-        the other ranks' worker processes (execution/workers.py) and drives them."""
+        several ranks (`LLMConfig.world_size` > 1) and no torch.distributed group yet, this is
+        rank 0: it starts the other ranks' worker processes (execution/workers.py) and drives
+        them."""
         self.config, self.device = config, device
         self.checkpoint = as_checkpoint_info(checkpoint)
         self.workers: WorkerGroup | None = None
-        if config.tensor_parallel_size > 1 and (workers.driving() or not _in_process_group()):
+        if config.world_size > 1:
+            check_parallelism(
+                self.checkpoint, config.tensor_parallel_size, config.pipeline_parallel_size
+            )
+        if config.world_size > 1 and (workers.driving() or not _in_process_group()):
             self.workers = WorkerGroup(config, self.checkpoint.model_dir, device)
         try:
             self._build(config, device)
@@ -196,9 +217,11 @@ class ModelRunner:
         )
         check_quantization(quantization, device)
         kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, device)
-        self.tp = TensorParallel.from_process_group(config.tensor_parallel_size)
-        if self.tp.size > 1 and config.enable_lora:
-            raise ConfigError("enable_lora", True, "LoRA is not sharded for tensor parallelism yet")
+        tp_size, pp_size = config.tensor_parallel_size, config.pipeline_parallel_size
+        self.tp = TensorParallel.from_process_group(tp_size, pp_size)
+        self.pp = NO_PIPELINE
+        if pp_size > 1:
+            self.pp = PipelineStage.of_rank(dist.get_rank(), tp_size, pp_size)
         self.model = load_model(
             self.checkpoint,
             device,
@@ -207,17 +230,36 @@ class ModelRunner:
             self.max_model_len,
             quantization=quantization,
             tp=self.tp,
+            pp=self.pp,
         )
         self.sampler = Sampler(self.checkpoint.eos_token_ids, device, config.seed)
         args = self.model.args
         self.kv_spec = KVCacheSpec(
-            args.num_layers,
+            len(self.model.held_layers),  # a pipeline stage caches its own layers
             args.num_kv_heads,
             args.head_dim,
             config.block_size,
             kv_cache_dtype,
         )
-        self.lora_spec = LoRAModelSpec.for_llama(
+        self.lora_spec = self._lora_spec(self.model.full_args)
+        """What an adapter must match to run on this model (the whole model's shapes)."""
+        self.lora_slots: LoRASlots | None = None
+        if config.enable_lora:
+            self.lora_slots = LoRASlots(
+                self._lora_spec(args),  # this rank's shapes
+                config.max_loras,
+                config.max_lora_rank,
+                device,
+                self.dtype,
+                shard=self._shard_lora if self.tp.size > 1 else None,
+            )
+        self._rank_adapters: OrderedDict[int, LoRAAdapter] = OrderedDict()
+        """On the other ranks: adapters loaded from the paths rank 0 names, by lora_int_id."""
+        # After the adapter slots, so that GPU sizing counts their memory.
+        self.kv_pool = self._allocate_kv_pool()
+
+    def _lora_spec(self, args) -> LoRAModelSpec:
+        return LoRAModelSpec.for_llama(
             self.checkpoint.hf_config["architectures"][0],
             args.num_layers,
             args.hidden_size,
@@ -226,14 +268,11 @@ class ModelRunner:
             args.num_kv_heads * args.head_dim,
             mlp=getattr(self.model, "LORA_COVERS_MLP", True),
         )
-        """What an adapter must match to run on this model."""
-        self.lora_slots = (
-            LoRASlots(self.lora_spec, config.max_loras, config.max_lora_rank, device, self.dtype)
-            if config.enable_lora
-            else None
+
+    def _shard_lora(self, layer: int, projection: str, module: LoRAModule):
+        return self.tp.shard_lora(
+            layer, projection, module.lora_a, module.lora_b, self.model.full_args
         )
-        # After the adapter slots, so that GPU sizing counts their memory.
-        self.kv_pool = self._allocate_kv_pool()
 
     def close(self) -> None:
         """Stop the tensor-parallel workers this rank started (none: nothing to do)."""
@@ -319,10 +358,10 @@ class ModelRunner:
         self.kv_pool.swap_in(moves.swap_in)
         self.kv_pool.copy_blocks(moves.copy)
 
-    def compute_logits(self, batch: ModelInput) -> torch.Tensor:
+    def compute_logits(self, batch: ModelInput) -> torch.Tensor | None:
         """Forward the flattened batch; float32 logits of the sampling rows only [R, vocab]. Rows
         scoring prompt tokens (`batch.prompt_rows`) are scored on the way, into
-        `batch.prompt_logprobs`."""
+        `batch.prompt_logprobs`. A later pipeline stage runs its layers only: None."""
         rows = batch.sample_indices
         if batch.prompt_rows is not None:
             rows = torch.cat((rows, batch.prompt_rows))
@@ -335,6 +374,8 @@ class ModelRunner:
                 batch.lora,
                 output_rows=rows,
             )
+            if not self.pp.first:
+                return None
             num_samples = len(batch.sample_indices)
             if batch.prompt_rows is not None:
                 batch.prompt_logprobs = score_prompts(
@@ -346,20 +387,15 @@ class ModelRunner:
         self, scheduled: list[ScheduledSequence], num_samples: Mapping[int, int] | None = None
     ) -> ModelInput:
         """Flatten ScheduledSequences (seq, num_new_tokens) into one device batch."""
-        slot_of = self._activate_loras(scheduled)
+        requests = [s.seq.lora_request for s in scheduled if s.seq.lora_request is not None]
+        slot_of = self._activate_loras(requests)
         # Sampling rows (and so the logits rows) keep the scheduled order; token rows do not.
         layout = row_layout(scheduled, slot_of)
         step, rows, seq_ids = self._host_step(scheduled, layout, num_samples or {})
-        batch = self.device_input(step, rows, seq_ids)
-        if slot_of:
-            segments = lora_segments(
-                [slot_of.get(s.seq.lora_int_id, -1) for s in layout],
-                self.device,
-                step.q_lens.tolist(),
-            )
-            if segments is not None:
-                batch.lora = LoRABatch(self.lora_slots, segments, self.ops)
-        return batch
+        if requests:
+            adapters = [(r.lora_int_id, r.lora_name, r.lora_path) for r in requests]
+            step = replace(step, lora=LoRAStep(adapters, [s.seq.lora_int_id for s in layout]))
+        return self.device_input(step, rows, seq_ids, slot_of)
 
     def _host_step(
         self,
@@ -402,8 +438,11 @@ class ModelRunner:
         step: StepInput,
         rows: list[SamplingRow] | None = None,
         seq_ids: list[int] | None = None,
+        slot_of: Mapping[int, int] | None = None,
     ) -> ModelInput:
-        """`step` as a device batch (with its sampling rows on rank 0; none on the others)."""
+        """`step` as a device batch (with its sampling rows on rank 0; none on the others).
+        `slot_of`: rank 0's adapter slots (lora_int_id -> slot); the other ranks activate the
+        step's adapters themselves, in rank 0's order, so their slots are the same."""
         batch = self._device_input(
             step.tokens,
             step.starts,
@@ -414,6 +453,14 @@ class ModelRunner:
             seq_ids or [],
         )
         batch.step = step
+        if step.lora is not None:
+            if slot_of is None:
+                slot_of = self._activate_loras(self._rank_requests(step.lora))
+            segments = lora_segments(
+                [slot_of.get(i, -1) for i in step.lora.row_ids], self.device, step.q_lens.tolist()
+            )
+            if segments is not None:
+                batch.lora = LoRABatch(self.lora_slots, segments, self.ops)
         if step.prompt_rows:
             batch.prompt_rows = torch.tensor(step.prompt_rows, dtype=torch.long).to(self.device)
             batch.prompt_scorings = list(step.prompt_scorings)
@@ -427,14 +474,29 @@ class ModelRunner:
             )
         return batch
 
-    def _activate_loras(self, scheduled: list[ScheduledSequence]) -> dict[int, int]:
+    def _activate_loras(self, requests: list[LoRARequest]) -> dict[int, int]:
         """Load the step's adapters into slots; lora_int_id -> slot (empty: no adapter)."""
-        requests = [s.seq.lora_request for s in scheduled if s.seq.lora_request is not None]
         if not requests:
             return {}
         if self.lora_slots is None:
             raise ValueError("a sequence has a LoRA adapter but enable_lora is off")
         return self.lora_slots.activate(requests)
+
+    def _rank_requests(self, lora: LoRAStep) -> list[LoRARequest]:
+        """On a rank other than 0: the step's adapters as requests, each loaded from the path rank
+        0 named (once, then kept while among the max_cpu_loras most recently used)."""
+        c = self.config
+        requests = []
+        for lora_id, name, path in lora.adapters:
+            adapter = self._rank_adapters.get(lora_id)
+            if adapter is None:
+                adapter = load_adapter(name, Path(path), self.lora_spec, c.max_lora_rank)
+                self._rank_adapters[lora_id] = adapter
+                while len(self._rank_adapters) > max(c.max_cpu_loras, c.max_loras):
+                    self._rank_adapters.popitem(last=False)
+            self._rank_adapters.move_to_end(lora_id)
+            requests.append(LoRARequest(name, lora_id, path, adapter))
+        return requests
 
     def _device_input(
         self,
@@ -502,7 +564,8 @@ class ModelRunner:
             num_blocks = blocks_in(c.cpu_kv_cache_gb * GIB, self.kv_spec)
             key, value = "cpu_kv_cache_gb", c.cpu_kv_cache_gb
         # Every rank's cache must hold the same blocks (the scheduler's ids index them all).
-        num_blocks = self.tp.min_over_ranks(num_blocks, self.device)
+        if c.world_size > 1:
+            num_blocks = _min_over_ranks(num_blocks, self.device)
         check_fits_one_sequence(num_blocks, self.max_model_len, self.block_size, key, value)
         num_host_blocks = (
             blocks_in(c.swap_space * GIB, self.kv_spec) if c.preemption_mode == "swap" else 0
@@ -549,8 +612,10 @@ class ModelRunner:
             hidden = self.model(
                 batch.input_ids, batch.positions, batch.meta, scratch_pool.layer_caches
             )
-            logits = self.model.compute_logits(hidden[batch.sample_indices])
-            logits.softmax(dim=-1).sort(dim=-1, descending=True)
+            logits = None
+            if self.pp.first:  # the stage that holds the lm_head and samples
+                logits = self.model.compute_logits(hidden[batch.sample_indices])
+                logits.softmax(dim=-1).sort(dim=-1, descending=True)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - before
         del scratch_pool, batch, hidden, logits

@@ -37,6 +37,17 @@ class BlockMoves:
 
 
 @dataclass(frozen=True)
+class LoRAStep:
+    """A step's adapters, for the other ranks to make resident in the slots rank 0 chose."""
+
+    adapters: list[tuple[int, str, str]]
+    """(lora_int_id, lora_name, lora_path) of each adapter row, in the order rank 0 activated
+    them (the same order gives every rank the same slots)."""
+    row_ids: list[int]
+    """Per sequence, in row order: its adapter's lora_int_id (0: the base model)."""
+
+
+@dataclass(frozen=True)
 class StepInput:
     """A step's flattened batch on the host (rows in `row_layout` order)."""
 
@@ -53,6 +64,8 @@ class StepInput:
     prompt_rows: list[int] = field(default_factory=list)
     """The flattened rows scoring prompt tokens (prompt_logprobs), in `prompt_scorings` order."""
     prompt_scorings: list[PromptScoring] = field(default_factory=list)
+    lora: LoRAStep | None = None
+    """The step's adapters (None: every row on the base model)."""
 
 
 @dataclass(frozen=True)

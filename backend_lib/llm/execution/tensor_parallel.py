@@ -36,6 +36,11 @@ class Sharded(Protocol):
     vocab_size: int
 
 
+_LORA_PARENT = {p: "self_attn" for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
+_LORA_PARENT |= {p: "mlp" for p in ("gate_proj", "up_proj", "down_proj")}
+"""The projections an adapter shards with, and their module in the checkpoint's names."""
+
+
 @dataclass(frozen=True)
 class TensorParallel:
     """This process's place in a tensor-parallel group."""
@@ -46,25 +51,40 @@ class TensorParallel:
     """The torch.distributed process group (None: the default group; unused when size is 1)."""
 
     @classmethod
-    def from_process_group(cls, size: int) -> TensorParallel:
-        """A group of `size` ranks: this process's rank in torch.distributed's default group,
-        which must be initialized with exactly `size` ranks (ConfigError naming
-        tensor_parallel_size otherwise). Size 1 needs no process group."""
-        if size == 1:
+    def from_process_group(cls, size: int, pipeline_stages: int = 1) -> TensorParallel:
+        """This process's tensor-parallel group of `size` ranks in torch.distributed's default
+        group, which must be initialized with exactly size x `pipeline_stages` ranks (ConfigError
+        naming tensor_parallel_size otherwise). With several stages each stage's ranks form their
+        own group (ranks stage * size .. stage * size + size - 1, pipeline_parallel.py's order);
+        every rank creates every group, in the same order, as torch.distributed requires. One rank
+        in all needs no process group."""
+        world = size * pipeline_stages
+        if world == 1:
             return cls()
         if not dist.is_available() or not dist.is_initialized():
             raise ConfigError(
                 "tensor_parallel_size",
                 size,
-                "needs a torch.distributed process group of that many ranks (one process per rank)",
+                "needs a torch.distributed process group of tensor_parallel_size x "
+                "pipeline_parallel_size ranks (one process per rank)",
             )
-        if dist.get_world_size() != size:
+        if dist.get_world_size() != world:
             raise ConfigError(
                 "tensor_parallel_size",
                 size,
-                f"the process group has {dist.get_world_size()} ranks",
+                f"the process group has {dist.get_world_size()} ranks, not tensor_parallel_size "
+                f"x pipeline_parallel_size = {world}",
             )
-        return cls(dist.get_rank(), size)
+        rank = dist.get_rank()
+        if size == 1:
+            return cls()
+        if pipeline_stages == 1:
+            return cls(rank, size)
+        groups = [
+            dist.new_group(list(range(stage * size, (stage + 1) * size)))
+            for stage in range(pipeline_stages)
+        ]
+        return cls(rank % size, size, groups[rank // size])
 
     # --- shapes -------------------------------------------------------------------------------
 
@@ -126,14 +146,52 @@ class TensorParallel:
             rows = args.intermediate_size // self.size
             return tensor.narrow(0, self.rank * rows, rows)
         if ".self_attn.o_proj." in name or ".mlp.down_proj." in name:
-            if name.endswith(".bias"):  # added once, after the sum
-                return tensor if self.rank == 0 else torch.zeros_like(tensor)
-            cols = tensor.shape[1] // self.size
-            return tensor.narrow(1, self.rank * cols, cols)
+            return self._row_parallel_shard(name, tensor)
         if name in ("model.embed_tokens.weight", "lm_head.weight"):
             first, count = self.vocab_rows(args.vocab_size)
             return tensor.narrow(0, first, count)
         return tensor
+
+    def shard_lora(
+        self,
+        layer: int,
+        projection: str,
+        lora_a: torch.Tensor,
+        lora_b: torch.Tensor,
+        args: Sharded,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's share of a LoRA module (A [r, in], B [out, r]) on `projection` (PEFT's
+        name, e.g. q_proj) of layer `layer`: of a column-parallel projection B's rows, as its
+        weight's rows; of a row-parallel one (o_proj, down_proj) A's columns, as its weight's
+        columns, so each rank adds the delta of its own input columns before the all-reduce. The
+        other factor stays whole."""
+        if self.size == 1:
+            return lora_a, lora_b
+        if projection not in _LORA_PARENT:
+            raise ValueError(f"a LoRA module on {projection} cannot be sharded")
+        name = f"model.layers.{layer}.{_LORA_PARENT[projection]}.{projection}.weight"
+        if projection in ("o_proj", "down_proj"):
+            return self.shard(name, lora_a, args), lora_b
+        return lora_a, self.shard(name, lora_b, args)
+
+    def _row_parallel_shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's input columns of a row-parallel projection's tensor: a float weight, or
+        a pre-quantized layer's staging tensors (checkpoint_quantization/scheme.py: packed int
+        words, per-group scales and zero points, all [out, ...] along the inputs)."""
+        if name.endswith(".bias"):  # added once, after the sum
+            return tensor if self.rank == 0 else torch.zeros_like(tensor)
+        if name.endswith((".scales", ".zeros")) and tensor.shape[1] == 1:
+            return tensor  # one scale per output row (channel or tensor strategy): all ranks'
+        if tensor.shape[1] % self.size:
+            raise ConfigError(
+                "tensor_parallel_size",
+                self.size,
+                f"cannot split the inputs of {name} {list(tensor.shape)}: a quantized layer's "
+                "ranks must each hold whole groups (its group size must divide in_features / "
+                "tensor_parallel_size)",
+            )
+        cols = tensor.shape[1] // self.size
+        return tensor.narrow(1, self.rank * cols, cols)
 
     # --- collectives --------------------------------------------------------------------------
 
@@ -142,14 +200,6 @@ class TensorParallel:
         if self.size > 1:
             dist.all_reduce(x, group=self.group)
         return x
-
-    def min_over_ranks(self, value: int, device: torch.device) -> int:
-        """The smallest of every rank's `value` (e.g. KV blocks each rank's memory allows)."""
-        if self.size == 1:
-            return value
-        t = torch.tensor([value], dtype=torch.int64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
-        return int(t.item())
 
     def gather_columns(self, x: torch.Tensor) -> torch.Tensor:
         """[R, C] on each rank -> [R, size * C], ranks' columns in rank order."""
@@ -172,14 +222,3 @@ class TensorParallel:
 
 NO_TENSOR_PARALLEL = TensorParallel()
 """One rank: every method is the identity."""
-
-
-def reduced(projection, tp: TensorParallel):
-    """A row-parallel projection: `projection` then the all-reduce of its partial outputs."""
-    if tp.size == 1:
-        return projection
-
-    def call(x: torch.Tensor) -> torch.Tensor:
-        return tp.all_reduce(projection(x))
-
-    return call

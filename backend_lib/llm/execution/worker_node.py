@@ -60,7 +60,7 @@ def node_config(model_dir: Path, version: str, environ: dict[str, str]) -> LLMCo
 
 def run_node(config: LLMConfig, checkpoint: Path, device: torch.device) -> int:
     """Start this node's ranks and wait; the exit code of the first that failed, else 0."""
-    local = config.tensor_parallel_size // config.nnodes
+    local = config.world_size // config.nnodes
     check_devices(device, local)
     first = config.node_rank * local
     procs = [

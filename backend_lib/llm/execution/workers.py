@@ -1,7 +1,8 @@
-"""The other tensor-parallel ranks, as worker processes of rank 0, and rank 0's channel to them.
+"""The other ranks (tensor-parallel ranks and pipeline stages), as worker processes of rank 0, and
+rank 0's channel to them.
 
 Rank 0 (the process that owns the engine: the Triton model's stub, or any `LLMEngine` with
-`tensor_parallel_size` > 1 and no process group yet) starts one process per other rank
+`LLMConfig.world_size` > 1 and no process group yet) starts one process per other rank
 (`python -m backend_lib.llm.execution.worker`), each with the environment of torch.distributed's
 env rendezvous (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK) and its share of the
 CPU cores (OMP_NUM_THREADS) or its own GPU (cuda:LOCAL_RANK). Every rank builds the same
@@ -50,12 +51,12 @@ _driving = False
 
 
 def driving() -> bool:
-    """Whether this process is rank 0 of a tensor-parallel group it started."""
+    """Whether this process is rank 0 of a group of ranks it started."""
     return _driving
 
 
 class WorkerDied(RuntimeError):
-    """A tensor-parallel worker process exited."""
+    """A worker process (another rank) exited."""
 
 
 def backend_for(device: torch.device) -> str:
@@ -74,7 +75,8 @@ def threads_per_rank(size: int) -> int:
 
 
 def check_devices(device: torch.device, ranks_here: int) -> None:
-    """ConfigError naming tensor_parallel_size when this node has fewer GPUs than its ranks."""
+    """ConfigError naming tensor_parallel_size when this node has fewer GPUs than its ranks
+    (tensor_parallel_size x pipeline_parallel_size / nnodes)."""
     if device.type == "cuda" and torch.cuda.device_count() < ranks_here:
         raise ConfigError(
             "tensor_parallel_size",
@@ -106,12 +108,12 @@ def spawn_rank(
         "--device",
         device.type,
     ]
-    ranks_here = config.tensor_parallel_size // config.nnodes
+    ranks_here = config.world_size // config.nnodes
     env = {
         **os.environ,
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
-        "WORLD_SIZE": str(config.tensor_parallel_size),
+        "WORLD_SIZE": str(config.world_size),
         "RANK": str(rank),
         "LOCAL_RANK": str(local_rank),
         "OMP_NUM_THREADS": str(threads_per_rank(ranks_here)),
@@ -133,10 +135,10 @@ class WorkerGroup:
                 "another tensor-parallel engine of this process drives its workers (one per "
                 "process: torch.distributed has one default group)",
             )
-        size = config.tensor_parallel_size
+        size = config.world_size
         local = size // config.nnodes
         check_devices(device, local)
-        self.size = size
+        self.size, self.tp_size = size, config.tensor_parallel_size
         port = config.master_port or _free_port()
         self.procs: list[subprocess.Popen] = []
         self.logs: list[Path] = []
@@ -238,8 +240,11 @@ class WorkerGroup:
                 code = None
             if code is not None:
                 tail = log.read_text(errors="replace")[-LOG_TAIL:] if log.exists() else ""
+                place = f"tensor-parallel rank {rank % self.tp_size}"
+                if self.size > self.tp_size:
+                    place += f" of pipeline stage {rank // self.tp_size}"
                 return WorkerDied(
-                    f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {code}"
+                    f"rank {rank} ({place}, pid {proc.pid}) exited with code {code}"
                     + (f":\n{tail}" if tail else "")
                 )
         return None

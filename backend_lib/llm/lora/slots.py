@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
-from backend_lib.llm.lora.adapter import LoRAAdapter, LoRAModelSpec
+from backend_lib.llm.lora.adapter import LoRAAdapter, LoRAModelSpec, LoRAModule
 from backend_lib.llm.lora.request import LoRARequest
 
 FUSED_TARGETS: dict[str, tuple[str, ...]] = {
@@ -30,6 +30,9 @@ WHOLE_MODULES = {"qkv": "qkv_proj", "gate_up": "gate_up_proj"}
 """Fused projections an adapter may also adapt whole (Phi-3's checkpoint names): its A fills the
 first rank rows of the slot's lora_a, its B the first rank columns of lora_b, all rows."""
 
+ModuleShard = Callable[[int, str, LoRAModule], tuple[torch.Tensor, torch.Tensor]]
+"""(layer, projection, module) -> this rank's (lora_a, lora_b) of it (tensor parallelism)."""
+
 
 class LoRASlots:
     """Device weights of the resident adapters and which adapter sits in which slot."""
@@ -41,8 +44,12 @@ class LoRASlots:
         max_rank: int,
         device: torch.device,
         dtype: torch.dtype,
+        shard: ModuleShard | None = None,
     ) -> None:
+        """`spec`: this rank's projection shapes; `shard`: how an adapter module (validated
+        against the whole model's shapes) is cut to them (None: one rank, whole)."""
         self.spec, self.max_loras, self.max_rank = spec, max_loras, max_rank
+        self._shard = shard
         self.weights: list[dict[str, tuple[torch.Tensor, torch.Tensor]]] = []
         """Per layer, per fused target: (lora_a [max_loras, n*R, in], lora_b [max_loras, out, n*R])
         with n the target's projection count and the adapter's scaling folded into lora_b."""
@@ -106,9 +113,12 @@ class LoRASlots:
                     out_features = self.spec.shapes[part][1]
                     module = adapter.modules.get((layer, part))
                     if module is not None:
+                        a, b = module.lora_a, module.lora_b
+                        if self._shard is not None:
+                            a, b = self._shard(layer, part, module)
                         cols = slice(index * rank, index * rank + module.rank)
-                        lora_a[slot, cols] = module.lora_a  # copy_ casts and moves
-                        lora_b[slot, row : row + out_features, cols] = module.lora_b
+                        lora_a[slot, cols] = a  # copy_ casts and moves
+                        lora_b[slot, row : row + out_features, cols] = b
                     row += out_features
                 whole = adapter.modules.get((layer, WHOLE_MODULES.get(target, "")))
                 if whole is not None:

@@ -69,12 +69,18 @@ class EngineLoop:
     """Runs `engine.step()` on a background thread while requests are unfinished."""
 
     def __init__(
-        self, engine: LLMEngine, on_step: Callable[[EngineStats], None] | None = None
+        self,
+        engine: LLMEngine,
+        on_step: Callable[[EngineStats], None] | None = None,
+        on_failure: Callable[[Exception], None] | None = None,
     ) -> None:
         """`on_step` is called on the loop thread with `engine.stats()` after every step (and
-        after aborts), e.g. to update Prometheus metrics; its exceptions are logged only."""
+        after aborts), e.g. to update Prometheus metrics; its exceptions are logged only.
+        `on_failure` is called on the loop thread with the error of an iteration that failed,
+        after the requests it ran were failed."""
         self.engine = engine
         self.on_step = on_step
+        self.on_failure = on_failure
         self._cond = threading.Condition()
         self._new: list[PreparedRequest] = []
         self._aborts: list[str] = []
@@ -173,6 +179,8 @@ class EngineLoop:
             except Exception as exc:  # an engine bug: fail what runs, keep the loop alive
                 logger.exception("engine loop iteration failed")
                 self._abort_all(error=f"engine failure: {type(exc).__name__}: {exc}")
+                if self.on_failure is not None:
+                    self.on_failure(exc)
         self._shutdown()
 
     def _iteration(self, new: list[PreparedRequest], aborts: list[str]) -> None:
@@ -201,6 +209,8 @@ class EngineLoop:
         if engine.needs_step():
             for output in engine.step():
                 self._deliver(output)
+        if engine.fatal_error is not None:  # the engine cannot serve anything any more
+            raise engine.fatal_error
         stats = engine.stats()
         with self._cond:
             self._num_waiting = stats.num_waiting

@@ -25,11 +25,12 @@ import numpy as np
 
 from backend_lib import contract
 from backend_lib.config import ConfigError, from_parameters
-from backend_lib.errors import InputError, RequestCancelled, error_code
+from backend_lib.errors import InputError, ModelUnavailable, RequestCancelled, error_code
 from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.outputs import CompletionOutput, Logprob, RequestOutput
 from backend_lib.llm.engine.fault_injection import PromptMarkerFaults
 from backend_lib.llm.engine.llm_engine import LLMEngine
+from backend_lib.llm.execution.workers import WorkerDied
 from backend_lib.llm.lora.registry import read_multi_lora
 from backend_lib.llm.serving.engine_loop import EngineLoop, OutputStream
 from backend_lib.llm.serving.metrics import LLMMetrics
@@ -72,30 +73,68 @@ class LLMService:
         engine: LLMEngine,
         metrics: LLMMetrics | None = None,
         faults: PromptMarkerFaults | None = None,
+        unload: Callable[[], None] | None = None,
     ):
         """`faults` (TEST-ONLY, engine/fault_injection.py): requests whose prompt holds its marker
         fail inside the engine step, so tests can check that one failing request leaves the
-        others and the engine intact."""
+        others and the engine intact. `unload`: asks the server to unload this model (Triton's
+        `pb_utils.unload_model`, as the vLLM backend does), called once when a worker process
+        dies; from then on every request fails at once with `ModelUnavailable`."""
         self.engine = engine
         self.config = engine.config
         self.faults = faults
         if faults is not None:
             engine.fault_injector = faults
         self.metrics = metrics
-        self.loop = EngineLoop(engine, on_step=metrics.update if metrics else None)
+        self.unload = unload
+        self.unavailable: ModelUnavailable | None = None
+        """Set when a worker process died: the model cannot serve until it is loaded again."""
+        self.loop = EngineLoop(
+            engine, on_step=metrics.update if metrics else None, on_failure=self._engine_failed
+        )
         self.loop.start()
         self.responder = Responder(self)
 
+    def _engine_failed(self, error: Exception) -> None:
+        """A worker process that died leaves the model unable to serve (its shard is gone): mark
+        it unavailable and ask to be unloaded, so that it can be loaded anew. Any other engine
+        failure failed only the requests of that step."""
+        if not isinstance(error, WorkerDied) or self.unavailable is not None:
+            return
+        self.unavailable = ModelUnavailable(
+            f"the model is unavailable: {error} (it was unloaded: load it again)"
+        )
+        logger.error("%s", self.unavailable)
+        if self.unload is not None:
+            # Not on the loop thread: the unload stops this service, which joins that thread.
+            threading.Thread(target=self._request_unload, name="llm-unload", daemon=True).start()
+
+    def _request_unload(self) -> None:
+        try:
+            self.unload()
+        except Exception:  # e.g. the server does not allow explicit model control
+            logger.exception("could not ask the server to unload the model")
+
     @classmethod
-    def from_context(cls, context: ModelContext, sink: MetricsSink | None) -> LLMService:
+    def from_context(
+        cls,
+        context: ModelContext,
+        sink: MetricsSink | None,
+        unload: Callable[[], None] | None = None,
+    ) -> LLMService:
         """Load from the model's config.pbtxt parameters (ConfigError names a bad key) and, with
         enable_lora, the adapters listed in `<version>/multi_lora.json` (as the vLLM backend).
         The environment variable BACKEND_LIB_FAULT_INJECTION sets the test-only `faults`."""
         config = from_parameters(LLMConfig, context.parameters)
-        if config.tensor_parallel_size > 1 and context.instance_kind == "GPU":
+        if config.world_size > 1 and context.instance_kind == "GPU":
+            field = (
+                "tensor_parallel_size"
+                if config.tensor_parallel_size > 1
+                else "pipeline_parallel_size"
+            )
             raise ConfigError(
-                "tensor_parallel_size",
-                config.tensor_parallel_size,
+                field,
+                getattr(config, field),
                 "a sharded model places its own ranks (rank r on GPU r): serve it as "
                 "instance_group [{kind: KIND_MODEL}], not KIND_GPU",
             )
@@ -116,7 +155,7 @@ class LLMService:
                 lora_names=engine.lora_registry.names if engine.lora_registry else None,
                 max_loras=config.max_loras,
             )
-        return cls(engine, metrics, faults=PromptMarkerFaults.from_environment())
+        return cls(engine, metrics, faults=PromptMarkerFaults.from_environment(), unload=unload)
 
     def submit(self, inputs: dict[str, np.ndarray]) -> Job:
         """Parse and queue one request; InputError / QueueFullError at once for this caller."""
@@ -165,6 +204,8 @@ class LLMService:
         `describe` request gets its one (final) response, the facts, before this returns None."""
         try:
             describe = read_scalar(inputs, contract.DESCRIBE, bool)
+            if self.unavailable is not None and not describe:
+                raise self.unavailable
             job = None if describe else self.submit(inputs)
         except Exception as exc:
             self._record_failure(exc)

@@ -21,7 +21,9 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 class TritonPythonModel:
     def initialize(self, args):
         context = ModelContext.from_args(args)
-        self.service = LLMService.from_context(context, context.metrics(pb_utils))
+        # A sharded model whose worker died asks to be unloaded, as the vLLM backend does.
+        unload = functools.partial(pb_utils.unload_model, context.name)
+        self.service = LLMService.from_context(context, context.metrics(pb_utils), unload)
 
     def execute(self, requests):
         for request in requests:

@@ -36,6 +36,7 @@ from backend_lib.llm.execution.models.llama import (
     _projection,
 )
 from backend_lib.llm.execution.models.step_kernels import StepKernels
+from backend_lib.llm.execution.pipeline_parallel import NO_PIPELINE, PipelineStage
 from backend_lib.llm.execution.tensor_parallel import NO_TENSOR_PARALLEL, TensorParallel
 from backend_lib.llm.lora.batch import LoRABatch
 from kernels import KernelOps
@@ -138,6 +139,7 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
     """Gemma 2 (module docstring)."""
 
     supports_tensor_parallel = False  # its own shapes are not sharded yet
+    supports_pipeline_parallel = False  # its hooks walk every layer
 
     SLIDING_PATTERN = 2
     """transformers' default for configs without layer_types: every second layer global."""
@@ -154,8 +156,9 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
         device: torch.device,
         max_position: int | None = None,
         tp: TensorParallel = NO_TENSOR_PARALLEL,
+        pp: PipelineStage = NO_PIPELINE,
     ):
-        super().__init__(args, ops, device, max_position, tp)
+        super().__init__(args, ops, device, max_position, tp, pp)
         self.model.embed_tokens = ScaledEmbedding(args.vocab_size, args.hidden_size)
         for layer in self.model.layers:
             layer.pre_feedforward_layernorm = RMSNorm(args.hidden_size)

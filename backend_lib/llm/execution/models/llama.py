@@ -33,7 +33,8 @@ from backend_lib.llm.execution.models.step_kernels import (
     OpsKernels,
     StepKernels,
 )
-from backend_lib.llm.execution.tensor_parallel import NO_TENSOR_PARALLEL, TensorParallel, reduced
+from backend_lib.llm.execution.pipeline_parallel import NO_PIPELINE, PipelineStage
+from backend_lib.llm.execution.tensor_parallel import NO_TENSOR_PARALLEL, TensorParallel
 from backend_lib.llm.lora.batch import LoRABatch
 from kernels import KernelOps, cpu_extension, kernel_ops
 from kernels.rotary import rope_cos_sin_cache
@@ -168,17 +169,33 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = mlp
 
 
+class OtherStageLayer(nn.Module):
+    """A decoder layer another pipeline stage holds: no parameters, keeps the layer indices."""
+
+
 class LlamaModel(nn.Module):
     """The parameters under the checkpoint's names; `LlamaForCausalLM.forward` computes with them."""
 
-    def __init__(self, args: LlamaArgs, mlp_factory: MLPFactory, vocab_rows: int | None = None):
-        """`vocab_rows`: the embedding rows this rank holds (tensor parallelism; default all)."""
+    def __init__(
+        self,
+        args: LlamaArgs,
+        mlp_factory: MLPFactory,
+        vocab_rows: int | None = None,
+        pp: PipelineStage = NO_PIPELINE,
+    ):
+        """`vocab_rows`: the embedding rows this rank holds (tensor parallelism; default all).
+        `pp`: this rank's pipeline stage, which holds its own layers, the embedding on stage 0
+        and the final norm on the last stage (the others are None or `OtherStageLayer`s)."""
         super().__init__()
-        self.embed_tokens = nn.Embedding(vocab_rows or args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(args, mlp_factory(args, i)) for i in range(args.num_layers)
+        held = pp.layers(args.num_layers)
+        self.embed_tokens = (
+            nn.Embedding(vocab_rows or args.vocab_size, args.hidden_size) if pp.first else None
         )
-        self.norm = RMSNorm(args.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(args, mlp_factory(args, i)) if i in held else OtherStageLayer()
+            for i in range(args.num_layers)
+        )
+        self.norm = RMSNorm(args.hidden_size) if pp.last else None
 
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
@@ -196,6 +213,9 @@ class DenseMLPCalls:
     """[N, hidden_size] -> [N, 2 * intermediate_size]."""
     down: Projection
     """[N, intermediate_size] -> [N, hidden_size]."""
+    reduce: Projection | None = None
+    """Row-parallel down_proj (tensor parallelism): the sum of the ranks' partial outputs, taken
+    after their LoRA deltas (each rank's from its own input columns); None on one rank."""
 
     @classmethod
     def of(cls, mlp: LlamaMLP, index: int) -> DenseMLPCalls:
@@ -211,7 +231,7 @@ class DenseMLPCalls:
         out = self.down(activated)
         if lora is not None:
             lora.apply(self.index, "down", out, activated)
-        return out
+        return out if self.reduce is None else self.reduce(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +261,9 @@ class LayerCalls:
     attn_out_norm: torch.Tensor | None = None
     """[hidden_size]: Gemma's norm of the attention output before the residual add (the models
     that have one apply it, models/gemma.py); None for the others."""
+    reduce_o: Projection | None = None
+    """Row-parallel o_proj (tensor parallelism): the sum of the ranks' partial outputs, after
+    their LoRA deltas; None on one rank."""
 
     @classmethod
     def of(cls, layer: LlamaDecoderLayer, index: int, args: LlamaArgs, mlp: MLPCall) -> LayerCalls:
@@ -282,6 +305,9 @@ class LlamaForCausalLM(nn.Module):
     supports_tensor_parallel = True
     """Whether `tensor_parallel.TensorParallel` can shard this class (subclasses with other
     shapes say False until their sharding is written)."""
+    supports_pipeline_parallel = True
+    """Whether this class runs as a stage of `pipeline_parallel.PipelineStage` (subclasses whose
+    hooks assume every layer is held say False)."""
 
     def __init__(
         self,
@@ -290,16 +316,19 @@ class LlamaForCausalLM(nn.Module):
         device: torch.device,
         max_position: int | None = None,
         tp: TensorParallel = NO_TENSOR_PARALLEL,
+        pp: PipelineStage = NO_PIPELINE,
     ):
         """`tp`: this rank's share of a tensor-parallel group; `args` then become this rank's
-        shapes (`args`: its heads and MLP width; `full_args`: the whole model's)."""
+        shapes (`args`: its heads and MLP width; `full_args`: the whole model's). `pp`: this
+        rank's pipeline stage (its layers `held_layers`; the lm_head on stage 0 only)."""
         super().__init__()
-        self.tp, self.full_args = tp, args
+        self.tp, self.pp, self.full_args = tp, pp, args
         args = self.args = tp.local_args(args)
         self.ops = ops
+        self.held_layers = pp.layers(args.num_layers)
         _, vocab_rows = tp.vocab_rows(args.vocab_size)
-        self.model = LlamaModel(args, self.build_mlp, vocab_rows)
-        self.lm_head = nn.Linear(args.hidden_size, vocab_rows, bias=False)
+        self.model = LlamaModel(args, self.build_mlp, vocab_rows, pp)
+        self.lm_head = nn.Linear(args.hidden_size, vocab_rows, bias=False) if pp.first else None
         self.tie_weights()
         q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
         self._qkv_sizes = (q_size, kv_size, kv_size)
@@ -339,7 +368,7 @@ class LlamaForCausalLM(nn.Module):
 
     def tie_weights(self) -> None:
         """Share the embedding with lm_head when the checkpoint ties them (again after `to_empty`)."""
-        if self.args.tie_word_embeddings:
+        if self.args.tie_word_embeddings and self.lm_head is not None:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def bind_forward(self) -> tuple[LayerCalls, ...]:
@@ -348,10 +377,13 @@ class LlamaForCausalLM(nn.Module):
         Returns `layer_calls`."""
         layers = self.model.layers
         self.layer_calls = tuple(
-            self._row_parallel(LayerCalls.of(layer, i, self.args, self.bind_mlp(layer.mlp, i)))
-            for i, layer in enumerate(layers)
+            self._row_parallel(
+                LayerCalls.of(layers[i], i, self.args, self.bind_mlp(layers[i].mlp, i))
+            )
+            for i in self.held_layers
         )
-        native = self.ops == kernel_ops("torch") and cpu_extension.takes(self.model.norm.weight)
+        first_norm = self.layer_calls[0].input_norm
+        native = self.ops == kernel_ops("torch") and cpu_extension.takes(first_norm)
         self.cpp_ops = CppOps.load() if native else None
         return self.layer_calls
 
@@ -361,8 +393,8 @@ class LlamaForCausalLM(nn.Module):
             return calls
         mlp = calls.mlp
         if isinstance(mlp, DenseMLPCalls):
-            mlp = replace(mlp, down=reduced(mlp.down, self.tp))
-        return replace(calls, o=reduced(calls.o, self.tp), mlp=mlp)
+            mlp = replace(mlp, reduce=self.tp.all_reduce)
+        return replace(calls, reduce_o=self.tp.all_reduce, mlp=mlp)
 
     def forward(
         self,
@@ -379,15 +411,22 @@ class LlamaForCausalLM(nn.Module):
         `output_rows` (int64 [R], may repeat): return only these rows' states [R, hidden_size], in
         this order. The last layer's MLP then runs on them alone: a prompt token's state past its
         last layer's attention feeds nothing but its own logits, which nobody samples (its K/V, all
-        a later token needs, are written before). Same values as selecting afterwards."""
+        a later token needs, are written before). Same values as selecting afterwards.
+
+        Under pipeline parallelism (`pp`) each stage runs its own layers (`kv_caches`: theirs)
+        between the activations it receives and sends; stage 0 returns the last stage's output
+        rows, the other stages an empty [0, hidden_size]."""
         layers = self.layer_calls if self.layer_calls is not None else self.bind_forward()
         kernels = self.step_kernels(positions, meta)
-        hidden = self.embed(input_ids)
+        pp, width = self.pp, self.args.hidden_size
         # The residual stream is carried separately so each norm fuses the residual add.
-        residual = None
+        if pp.first:
+            hidden, residual = self.embed(input_ids), None
+        else:
+            hidden, residual = pp.recv_forward(len(input_ids), width, *self._activations())
         # With LoRA rows the MLP's adapters follow the full row layout: select at the end instead.
         keep_rows = output_rows if lora is None else None
-        last = layers[-1]
+        last = layers[-1] if pp.last else None
         for layer, kv_cache in zip(layers, kv_caches, strict=True):
             normed, residual = kernels.rms_norm(hidden, layer.input_norm, residual)
             hidden = self._attention(kernels, layer, normed, kv_cache, lora)
@@ -396,10 +435,23 @@ class LlamaForCausalLM(nn.Module):
                 residual = residual.index_select(0, keep_rows)
             normed, residual = kernels.rms_norm(hidden, layer.post_norm, residual)
             hidden = layer.mlp(kernels, normed, lora)
+        if not pp.last:
+            pp.send_forward(hidden, residual)
+            if not pp.first:
+                return hidden.new_empty((0, width))
+            rows = len(input_ids) if output_rows is None else len(output_rows)
+            return pp.recv_output(rows, width, *self._activations())
         hidden, _ = kernels.rms_norm(hidden, self.model.norm.weight, residual)
         if output_rows is not None and keep_rows is None:
             hidden = hidden.index_select(0, output_rows)
+        if not pp.first:
+            pp.send_output(hidden)
         return hidden
+
+    def _activations(self) -> tuple[torch.dtype, torch.device]:
+        """The dtype and device of the hidden states (those of the norm weights)."""
+        norm = self.layer_calls[0].input_norm
+        return norm.dtype, norm.device
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[T] -> [T, hidden_size] (vocabulary-parallel under tensor parallelism)."""
@@ -446,7 +498,7 @@ class LlamaForCausalLM(nn.Module):
         out = layer.o(attended)
         if lora is not None:
             lora.apply(layer.index, "o", out, attended)
-        return out
+        return out if layer.reduce_o is None else layer.reduce_o(out)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, hidden_size] -> float32 logits [R, vocab_size] (each rank's vocabulary rows
@@ -465,6 +517,8 @@ class LlamaForCausalLM(nn.Module):
                 continue  # recomputed, never loaded
             if name == "lm_head.weight" and self.args.tie_word_embeddings:
                 continue  # tied to embed_tokens (some checkpoints store the copy anyway)
+            if not self.pp.holds(name, self.args.num_layers):
+                continue  # another pipeline stage's
             tensor = self.tp.shard(name, tensor, self.full_args)
             target, shard = self.fused_target(name)
             if target not in params:

@@ -43,6 +43,7 @@ from backend_lib.llm.execution.models.llama import (
     _projection,
 )
 from backend_lib.llm.execution.models.step_kernels import StepKernels
+from backend_lib.llm.execution.pipeline_parallel import NO_PIPELINE, PipelineStage
 from backend_lib.llm.execution.tensor_parallel import NO_TENSOR_PARALLEL, TensorParallel
 from backend_lib.llm.lora.batch import LoRABatch
 from kernels import KernelOps, kernel_ops
@@ -204,10 +205,11 @@ class MoEForCausalLM(LlamaForCausalLM):
         device: torch.device,
         max_position: int | None = None,
         tp: TensorParallel = NO_TENSOR_PARALLEL,
+        pp: PipelineStage = NO_PIPELINE,
     ):
         # Read by build_mlp, which LlamaForCausalLM.__init__ calls.
         self._stacked = ops is kernel_ops("triton")
-        super().__init__(args, ops, device, max_position, tp)
+        super().__init__(args, ops, device, max_position, tp, pp)
 
     def build_mlp(self, args: MoEArgs, index: int) -> nn.Module:  # type: ignore[override]
         if args.sparse_layers[index]:
