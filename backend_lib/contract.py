@@ -90,6 +90,12 @@ MODEL_FACTS = "model_facts"
 # embedding and rerank (batched: [N, 1] rows).
 NORMALIZE = "normalize"
 TRUNCATE = "truncate"
+PROMPT_NAME = "prompt_name"
+"""Optional STRING [1] input of the embedding model, one value per request: the checkpoint's
+prompt (config_sentence_transformers.json `prompts`) prepended to each text."""
+DIMENSIONS = "dimensions"
+"""Optional INT32 [1] input of the embedding model, one value per request: the vector size, one of
+the checkpoint's `matryoshka_dimensions` or its full size (cut, then renormalised)."""
 EMBEDDING = "embedding"
 QUERY = "query"
 DOCUMENT = "document"

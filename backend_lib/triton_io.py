@@ -88,6 +88,19 @@ def read_bools(inputs: Inputs, name: str, count: int, default: bool | None) -> l
     return [bool(v) for v in rows]
 
 
+def read_shared(inputs: Inputs, name: str, count: int) -> np.ndarray | None:
+    """The one value of optional batched input `name` that all `count` rows of a request share
+    (Triton gives an [N, 1] input one row per item), as a 1-element array; None when absent."""
+    if name not in inputs:
+        return None
+    rows = _rows(inputs, name)
+    if rows.size not in (1, count) or any(v != rows[0] for v in rows[1:]):
+        raise InputError(
+            f"input '{name}' must hold one value shared by all {count} rows of a request"
+        )
+    return rows[:1]
+
+
 def read_scalar(inputs: Inputs, name: str, kind: type) -> int | float | bool | str | None:
     """An optional single-value input (e.g. `max_tokens` INT32 [1]); None when absent."""
     if name not in inputs:

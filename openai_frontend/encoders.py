@@ -27,14 +27,28 @@ def _tokens(parts: list[dict[str, np.ndarray | None]]) -> int:
     return sum(int(c.sum()) for c in counts if c is not None)
 
 
+def _per_request(inputs: dict[str, np.ndarray], options: dict[str, str | int]) -> dict:
+    """`inputs` plus each option (`prompt_name`, `dimensions`) repeated for every row."""
+    rows = len(next(iter(inputs.values())))
+    for name, value in options.items():
+        if isinstance(value, str):
+            inputs[name] = _column([value] * rows)
+        else:
+            inputs[name] = np.full((rows, 1), value, dtype=np.int32)
+    return inputs
+
+
 def _embedding_requests(
-    items: list[str] | list[list[int]], max_batch_size: int
+    items: list[str] | list[list[int]], max_batch_size: int, options: dict[str, str | int]
 ) -> list[tuple[list[int], dict[str, np.ndarray]]]:
     """(item positions, inputs) of each Triton request: texts in batches, token-id items grouped
-    by length (one request holds [N, L] ids)."""
+    by length (one request holds [N, L] ids); `options` go to every request."""
     if isinstance(items[0], str):
         return [
-            (list(range(len(items)))[s], {contract.TEXT_INPUT: _column(items[s])})
+            (
+                list(range(len(items)))[s],
+                _per_request({contract.TEXT_INPUT: _column(items[s])}, options),
+            )
             for s in _batches(len(items), max_batch_size)
         ]
     by_length: dict[int, list[int]] = {}
@@ -45,17 +59,26 @@ def _embedding_requests(
         for s in _batches(len(positions), max_batch_size):
             rows = positions[s]
             ids = np.array([items[i] for i in rows], dtype=np.int64)
-            requests.append((rows, {contract.INPUT_IDS: ids}))
+            requests.append((rows, _per_request({contract.INPUT_IDS: ids}, options)))
     return requests
 
 
 async def embed(
-    triton: TritonClient, info: ModelInfo, items: list[str] | list[list[int]]
+    triton: TritonClient,
+    info: ModelInfo,
+    items: list[str] | list[list[int]],
+    prompt_name: str | None = None,
+    dimensions: int | None = None,
 ) -> tuple[np.ndarray, int]:
     """[len(items), dim] float32 vectors of texts or token-id items, in input order, and the
-    tokens embedded."""
+    tokens embedded; `prompt_name` and `dimensions` go to the model as they are (it checks them)."""
     outputs = [contract.EMBEDDING, contract.NUM_INPUT_TOKENS]
-    requests = _embedding_requests(items, info.max_batch_size)
+    options: dict[str, str | int] = {}
+    if prompt_name is not None:
+        options[contract.PROMPT_NAME] = prompt_name
+    if dimensions is not None:
+        options[contract.DIMENSIONS] = dimensions
+    requests = _embedding_requests(items, info.max_batch_size, options)
     parts = await asyncio.gather(
         *(triton.infer(info.name, inputs, outputs, info.version) for _, inputs in requests)
     )

@@ -172,12 +172,40 @@ class CompletionRequest(SamplingFields):
         return list(self.prompt)
 
 
+INPUT_TYPE_PROMPTS = {
+    "query": "query",
+    "search_query": "query",
+    "document": "document",
+    "search_document": "document",
+    "passage": "document",
+}
+"""`input_type` of /v1/embeddings -> the prompt name it selects."""
+
+
 class EmbeddingRequest(_Body):
     model: str | None = None
     input: str | Annotated[list[str], Field(min_length=1)] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Field(ge=1)] | None = None
+    """The vector size: one of the model's Matryoshka sizes or its full size (the model checks)."""
+    prompt_name: str | None = None
+    """The checkpoint's prompt prepended to each text (the model checks the name)."""
+    input_type: str | None = None
+    """Cohere/vLLM-style alternative to `prompt_name`: see INPUT_TYPE_PROMPTS."""
     user: str | None = None
+
+    def resolved_prompt_name(self) -> str | None:
+        """`prompt_name`, or the prompt name `input_type` stands for."""
+        if self.input_type is None:
+            return self.prompt_name
+        if self.prompt_name is not None:
+            raise invalid_request("send `prompt_name` or `input_type`, not both", "input_type")
+        if self.input_type not in INPUT_TYPE_PROMPTS:
+            accepted = ", ".join(f"`{t}`" for t in INPUT_TYPE_PROMPTS)
+            raise invalid_request(
+                f"unknown `input_type` `{self.input_type}`; accepted: {accepted}", "input_type"
+            )
+        return INPUT_TYPE_PROMPTS[self.input_type]
 
     def items(self) -> list[str] | list[list[int]]:
         """The texts, or the token-id items (checked against the vocabulary and max_seq_length

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from backend_lib.checkpoint import resolve_model_path
-from backend_lib.config import require
+from backend_lib.config import ConfigError, require
 from backend_lib.device import resolve_dtype
 from backend_lib.encoder.batching import MicroBatch, run_micro_batches
 from backend_lib.encoder.config import EncoderSettings, auto_max_batch_tokens
@@ -101,6 +101,16 @@ class Embedder:
         self.max_batch_tokens, self.max_batch_size = max_batch_tokens, max_batch_size
         self.max_seq_length = tokenizer.max_length
         self.dim = encoder.arch.hidden_size * len(layout.pooling_modes)
+        too_big = [d for d in layout.matryoshka_dimensions if d > self.dim]
+        if too_big:
+            raise ConfigError(
+                "model",
+                f"matryoshka_dimensions={list(layout.matryoshka_dimensions)}",
+                f"{too_big} exceed the model's {self.dim} dimensions",
+            )
+        self.dimensions = tuple(sorted({*layout.matryoshka_dimensions, self.dim}))
+        """The sizes a request may ask for: the declared Matryoshka sizes and the full one."""
+        self._prompt_skips: dict[str, int] = {}
 
     @classmethod
     def from_config(cls, config: EncoderSettings, device: torch.device, base_dir: Path) -> Embedder:
@@ -125,11 +135,57 @@ class Embedder:
             max_batch_size=config.max_batch_size,
         )
 
-    def tokenize(self, texts: Sequence[str], truncate: bool | None = None) -> list[list[int]]:
-        """Token ids per text; `InputError` names the offending item."""
+    def tokenize(
+        self, texts: Sequence[str], truncate: bool | None = None, prompt: str | None = None
+    ) -> list[list[int]]:
+        """Token ids per text, `prompt` (a `resolve_prompt` text) prepended to each as
+        sentence-transformers does; `InputError` names the offending item."""
+        if prompt:
+            texts = [prompt + text if isinstance(text, str) else text for text in texts]
         return self.tokenizer.encode_texts(
             texts, self.truncate_default if truncate is None else truncate
         )
+
+    def resolve_prompt(self, name: str | None) -> str | None:
+        """The prompt text of prompt `name`; for None the checkpoint's `default_prompt_name`'s, if
+        it has one (sentence-transformers' `encode(prompt_name=...)`). `InputError` lists the
+        prompt names when the model lacks `name`."""
+        prompts = self.layout.prompts
+        if name is None:
+            default = self.layout.default_prompt_name
+            return prompts[default] if default is not None else None
+        if name not in prompts:
+            allowed = ", ".join(f"'{p}'" for p in prompts) if prompts else None
+            raise InputError(
+                f"'prompt_name' '{name}' is not one of this model's prompts: {allowed}"
+                if allowed
+                else f"'prompt_name' '{name}': this model has no prompts"
+            )
+        return prompts[name]
+
+    def pool_skip(self, prompt: str | None) -> int:
+        """Leading tokens of an item with `prompt` that pooling leaves out: the prompt's tokens,
+        its [CLS] included, when the Pooling module says `include_prompt: false`; else 0.
+        Measured as sentence-transformers does: the prompt alone, less a trailing special token."""
+        if not prompt or self.layout.include_prompt:
+            return 0
+        if prompt not in self._prompt_skips:
+            ids = self.tokenizer.encode_texts([prompt], truncate=True)[0]
+            special = set(self.tokenizer.tokenizer.all_special_ids)
+            self._prompt_skips[prompt] = len(ids) - (1 if ids and ids[-1] in special else 0)
+        return self._prompt_skips[prompt]
+
+    def check_dimensions(self, dimensions: int | None) -> int:
+        """The vector size of a request: `dimensions` if it is one of `self.dimensions`, the
+        full size for None; `InputError` lists the allowed sizes."""
+        if dimensions is None:
+            return self.dim
+        if dimensions not in self.dimensions:
+            allowed = ", ".join(str(d) for d in self.dimensions)
+            raise InputError(
+                f"'dimensions' {dimensions} is not one of this model's sizes: {allowed}"
+            )
+        return dimensions
 
     def check_token_ids(self, items: Sequence[Sequence[int]]) -> list[list[int]]:
         """Token-id items a caller sent, as they are: each id must be in the vocabulary and each
@@ -148,20 +204,31 @@ class Embedder:
         return [list(ids) for ids in items]
 
     def embed(
-        self, token_ids: Sequence[Sequence[int]], normalize: bool | None = None
+        self,
+        token_ids: Sequence[Sequence[int]],
+        normalize: bool | None = None,
+        skip: Sequence[int] | None = None,
     ) -> tuple[np.ndarray, list[MicroBatch]]:
-        """[N, dim] float32 embeddings in input order, and what each micro-batch did."""
+        """[N, dim] float32 embeddings in input order, and what each micro-batch did. `skip[i]`:
+        leading tokens of item i left out of pooling (`pool_skip`; at least one token is kept)."""
         lengths = [len(ids) for ids in token_ids]
         for i, length in enumerate(lengths):
             if not 0 < length <= self.max_seq_length:
                 raise InputError(f"item {i} has {length} tokens; expected 1..{self.max_seq_length}")
+        skips = None
+        if skip is not None and any(skip):
+            skips = [min(s, length - 1) for s, length in zip(skip, lengths, strict=True)]
         unit = self.normalize_default if normalize is None else normalize
         out = np.empty((len(token_ids), self.dim), dtype=np.float32)
 
         @torch.inference_mode()
         def compute(indices: list[int]) -> np.ndarray:
             tokens = pack([token_ids[i] for i in indices], self.encoder.device)
-            vectors = pool(self.encoder(tokens), tokens, self.layout.pooling_modes)
+            cut = None
+            if skips is not None:
+                cut = torch.tensor([skips[i] for i in indices], dtype=torch.long)
+                cut = cut.to(self.encoder.device)
+            vectors = pool(self.encoder(tokens), tokens, self.layout.pooling_modes, cut)
             if unit:
                 vectors = F.normalize(vectors, p=2, dim=1)
             return vectors.cpu().numpy()
@@ -172,7 +239,31 @@ class Embedder:
         return out, batches
 
     def encode(
-        self, texts: Sequence[str], normalize: bool | None = None, truncate: bool | None = None
+        self,
+        texts: Sequence[str],
+        normalize: bool | None = None,
+        truncate: bool | None = None,
+        prompt_name: str | None = None,
+        dimensions: int | None = None,
     ) -> np.ndarray:
-        """Tokenize and embed: [N, dim] float32."""
-        return self.embed(self.tokenize(texts, truncate), normalize)[0]
+        """Tokenize (with the prompt `prompt_name`, or the default one) and embed:
+        [N, dimensions or dim] float32 (see `reduce`)."""
+        size = self.check_dimensions(dimensions)
+        prompt = self.resolve_prompt(prompt_name)
+        tokens = self.tokenize(texts, truncate, prompt)
+        vectors = self.embed(tokens, normalize, [self.pool_skip(prompt)] * len(tokens))[0]
+        unit = self.normalize_default if normalize is None else normalize
+        return reduce(vectors, size, [unit] * len(vectors))
+
+
+def reduce(vectors: np.ndarray, dimensions: int, unit: Sequence[bool]) -> np.ndarray:
+    """[N, D] vectors cut to their first `dimensions` components, each row `unit[i]` rescaled to
+    unit length again (sentence-transformers' `truncate_dim`, then normalising)."""
+    if dimensions == vectors.shape[1]:
+        return vectors
+    out = np.ascontiguousarray(vectors[:, :dimensions])
+    rows = np.asarray(unit, dtype=bool)
+    if rows.any():
+        norms = np.linalg.norm(out[rows], axis=1, keepdims=True)
+        out[rows] = out[rows] / np.maximum(norms, 1e-12)
+    return out

@@ -11,19 +11,36 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from backend_lib.config import from_parameters
-from backend_lib.contract import EMBEDDING, INPUT_IDS, NUM_INPUT_TOKENS, SCORE, TEXT_INPUT
+from backend_lib.contract import (
+    DIMENSIONS,
+    EMBEDDING,
+    INPUT_IDS,
+    NORMALIZE,
+    NUM_INPUT_TOKENS,
+    PROMPT_NAME,
+    SCORE,
+    TEXT_INPUT,
+    TRUNCATE,
+)
 from backend_lib.encoder.batching import MicroBatch
 from backend_lib.encoder.config import EmbeddingConfig, RerankConfig
-from backend_lib.encoder.embedder import Embedder
+from backend_lib.encoder.embedder import Embedder, reduce
 from backend_lib.encoder.reranker import load_reranker
 from backend_lib.errors import InputError
 from backend_lib.metrics import MetricsSink
 from backend_lib.model_context import ModelContext
-from backend_lib.triton_io import Inputs, read_bools, read_strings, read_token_rows
+from backend_lib.triton_io import (
+    Inputs,
+    read_bools,
+    read_shared,
+    read_strings,
+    read_token_rows,
+)
 
 Result = dict[str, np.ndarray] | Exception
 """A request's output tensors by name, or the error it fails with."""
@@ -154,8 +171,13 @@ class _EncoderService:
         offset = 0
         for index, count in zip(parsed.request_index, parsed.row_counts, strict=True):
             rows = slice(offset, offset + count)
-            results[index] = {self.output: values[rows], NUM_INPUT_TOKENS: tokens[rows]}
+            output = self._request_output(values[rows], parsed.items[rows])
+            results[index] = {self.output: output, NUM_INPUT_TOKENS: tokens[rows]}
             offset += count
+
+    def _request_output(self, values: np.ndarray, items: list) -> np.ndarray:
+        """One request's output from its rows of the computed values (its `items`)."""
+        return values
 
     def _tokenize_request(self, inputs: Inputs) -> list:
         raise NotImplementedError
@@ -178,10 +200,19 @@ def _by_flag(flags: Sequence[bool | None], run: Callable[[list[int], bool | None
     return out
 
 
+class _EmbeddingItem(NamedTuple):
+    tokens: list[int]
+    normalize: bool | None  # None: the model's default
+    skip: int  # leading tokens left out of pooling (the prompt's, when include_prompt is false)
+    dimensions: int  # the request's vector size
+
+
 class EmbeddingService(_EncoderService):
     """`text_input` [N,1] strings (optional `truncate` BOOL) or `input_ids` INT64 [N, L], optional
-    `normalize` BOOL -> `embedding` [N, dim] and `num_input_tokens` [N, 1] (each item's tokens,
-    special tokens included)."""
+    `normalize` BOOL, and per request optional `prompt_name` STRING (texts only; default: the
+    checkpoint's `default_prompt_name`) and `dimensions` INT32 (one of the model's Matryoshka sizes
+    or its full size) -> `embedding` [N, dimensions] float32 and `num_input_tokens` [N, 1] (each
+    item's tokens, special tokens and prompt included)."""
 
     output = EMBEDDING
 
@@ -201,35 +232,63 @@ class EmbeddingService(_EncoderService):
             raise InputError(
                 f"send exactly one of '{TEXT_INPUT}' (texts) and '{INPUT_IDS}' (token ids)"
             )
+        skip = 0
         if INPUT_IDS in inputs:
             tokens = self.embedder.check_token_ids(read_token_rows(inputs, INPUT_IDS))
+            if PROMPT_NAME in inputs:
+                raise InputError(
+                    f"'{PROMPT_NAME}' applies to '{TEXT_INPUT}' only: token ids are used as sent"
+                )
         else:
-            tokens = self._tokenize_texts(inputs)
-        normalize = read_bools(inputs, "normalize", len(tokens), None)
-        return list(zip(tokens, normalize, strict=True))
+            texts = read_strings(inputs, TEXT_INPUT)
+            name = read_shared(inputs, PROMPT_NAME, len(texts))
+            prompt_name = (
+                None if name is None else read_strings({PROMPT_NAME: name}, PROMPT_NAME)[0]
+            )
+            prompt = self.embedder.resolve_prompt(prompt_name)
+            tokens = self._tokenize_texts(inputs, texts, prompt)
+            skip = self.embedder.pool_skip(prompt)
+        size = read_shared(inputs, DIMENSIONS, len(tokens))
+        if size is not None and not np.issubdtype(size.dtype, np.integer):
+            raise InputError(f"input '{DIMENSIONS}' must be TYPE_INT32, got {size.dtype}")
+        dimensions = self.embedder.check_dimensions(None if size is None else int(size[0]))
+        normalize = read_bools(inputs, NORMALIZE, len(tokens), None)
+        return [
+            _EmbeddingItem(t, n, skip, dimensions) for t, n in zip(tokens, normalize, strict=True)
+        ]
 
-    def _tokenize_texts(self, inputs: Inputs) -> list[list[int]]:
+    def _tokenize_texts(
+        self, inputs: Inputs, texts: list[str], prompt: str | None
+    ) -> list[list[int]]:
         # Size limits are the tokenizer's (max_text_bytes): cut when truncating, refused otherwise.
-        texts = read_strings(inputs, TEXT_INPUT)
-        truncate = read_bools(inputs, "truncate", len(texts), None)
+        truncate = read_bools(inputs, TRUNCATE, len(texts), None)
         return _by_flag(
             truncate,
-            lambda idx, flag: self.embedder.tokenize([texts[i] for i in idx], truncate=flag),
+            lambda idx, flag: self.embedder.tokenize(
+                [texts[i] for i in idx], truncate=flag, prompt=prompt
+            ),
         )
 
     def _num_tokens(self, item) -> int:
-        return len(item[0])
+        return len(item.tokens)
+
+    def _unit(self, item: _EmbeddingItem) -> bool:
+        return self.embedder.normalize_default if item.normalize is None else item.normalize
 
     def _compute(self, items: list) -> tuple[np.ndarray, list[MicroBatch]]:
-        tokens = [t for t, _ in items]
-        normalize = [n for _, n in items]
+        tokens = [item.tokens for item in items]
+        skip = [item.skip for item in items]
+        normalize = [item.normalize for item in items]
         if len(set(normalize)) == 1:
-            return self.embedder.embed(tokens, normalize=normalize[0])
-        raw, batches = self.embedder.embed(tokens, normalize=False)
-        for i, flag in enumerate(normalize):
-            if flag if flag is not None else self.embedder.normalize_default:
+            return self.embedder.embed(tokens, normalize=normalize[0], skip=skip)
+        raw, batches = self.embedder.embed(tokens, normalize=False, skip=skip)
+        for i, item in enumerate(items):
+            if self._unit(item):
                 raw[i] = raw[i] / max(float(np.linalg.norm(raw[i])), 1e-12)
         return raw, batches
+
+    def _request_output(self, values: np.ndarray, items: list) -> np.ndarray:
+        return reduce(values, items[0].dimensions, [self._unit(item) for item in items])
 
 
 class RerankService(_EncoderService):

@@ -1,9 +1,11 @@
 """What a checkpoint's sentence-transformers files say about inference.
 
 Embedding models: `modules.json` (the module pipeline), `1_Pooling/config.json` (pooling
-modes), `sentence_bert_config.json` (max_seq_length, do_lower_case). Without
+modes, `include_prompt`), `sentence_bert_config.json` (max_seq_length, do_lower_case),
+`config_sentence_transformers.json` (`prompts`, `default_prompt_name`), and config.json's
+`matryoshka_dimensions` (vLLM's convention: the sizes the vectors may be truncated to). Without
 `modules.json`, sentence-transformers wraps a plain Hugging Face model as Transformer +
-mean pooling, and so does this reader.
+mean pooling and reads no prompts, and so does this reader.
 
 Cross-encoders: the activation applied to the logit, resolved in the order of
 sentence-transformers 6.x `CrossEncoder` (see `read_cross_encoder_activation`).
@@ -12,7 +14,7 @@ sentence-transformers 6.x `CrossEncoder` (see `read_cross_encoder_activation`).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,10 @@ class EmbeddingLayout:
     normalize: bool
     max_seq_length: int | None  # None: not set by the sentence-transformers files
     do_lower_case: bool
+    prompts: dict[str, str] = field(default_factory=dict)  # prompt name -> text prepended
+    default_prompt_name: str | None = None  # the prompt of a request that names none
+    include_prompt: bool = True  # False: the prompt's tokens are left out of pooling
+    matryoshka_dimensions: tuple[int, ...] = ()  # sizes a vector may be cut to, besides its own
 
 
 def _read_json(path: Path, spec: str) -> Any:
@@ -81,13 +87,49 @@ def read_max_seq_length(model_dir: Path, spec: str) -> int | None:
     return _sentence_bert_config(model_dir, spec).get("max_seq_length")
 
 
+def _prompts(model_dir: Path, spec: str) -> tuple[dict[str, str], str | None]:
+    """`prompts` and `default_prompt_name` of config_sentence_transformers.json (none if absent);
+    the default must name a prompt, as sentence-transformers requires at load."""
+    path = model_dir / "config_sentence_transformers.json"
+    config = _read_json(path, spec) if path.is_file() else {}
+    prompts = config.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
+    ):
+        raise ConfigError("model", spec, "`prompts` must map prompt names to strings")
+    default = config.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise ConfigError(
+            "model",
+            spec,
+            f"default_prompt_name '{default}' is not one of the prompts {sorted(prompts)}",
+        )
+    return dict(prompts), default
+
+
+def _matryoshka_dimensions(model_dir: Path, spec: str) -> tuple[int, ...]:
+    path = model_dir / "config.json"
+    sizes = (_read_json(path, spec) if path.is_file() else {}).get("matryoshka_dimensions") or []
+    if not isinstance(sizes, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in sizes
+    ):
+        raise ConfigError(
+            "model", spec, f"config.json matryoshka_dimensions must be a list of ints >= 1: {sizes}"
+        )
+    return tuple(sorted(set(sizes)))
+
+
 def read_embedding_layout(model_dir: Path, spec: str) -> EmbeddingLayout:
-    """Read pooling, normalisation and sequence settings; unsupported modules are errors."""
+    """Read pooling, normalisation, sequence, prompt and Matryoshka settings; unsupported modules
+    are errors."""
     bert_config = _sentence_bert_config(model_dir, spec)
     max_seq_length = bert_config.get("max_seq_length")
     do_lower_case = bool(bert_config.get("do_lower_case", False))
+    matryoshka = _matryoshka_dimensions(model_dir, spec)
     if not (model_dir / "modules.json").is_file():
-        return EmbeddingLayout(("mean",), False, max_seq_length, do_lower_case)
+        return EmbeddingLayout(
+            ("mean",), False, max_seq_length, do_lower_case, matryoshka_dimensions=matryoshka
+        )
 
     modules = sorted(_read_json(model_dir / "modules.json", spec), key=lambda m: m.get("idx", 0))
     kinds = [_module_kind(m) for m in modules]
@@ -103,10 +145,23 @@ def read_embedding_layout(model_dir: Path, spec: str) -> EmbeddingLayout:
             "model", spec, f"unsupported sentence-transformers modules: {unsupported or kinds}"
         )
     modes: tuple[str, ...] = ("mean",)
+    include_prompt = True
     if "Pooling" in kinds:
         entry = modules[kinds.index("Pooling")]
-        modes = _pooling_modes(_read_json(model_dir / entry["path"] / "config.json", spec), spec)
-    return EmbeddingLayout(modes, "Normalize" in kinds, max_seq_length, do_lower_case)
+        pooling = _read_json(model_dir / entry["path"] / "config.json", spec)
+        modes = _pooling_modes(pooling, spec)
+        include_prompt = bool(pooling.get("include_prompt", True))
+    prompts, default_prompt_name = _prompts(model_dir, spec)
+    return EmbeddingLayout(
+        modes,
+        "Normalize" in kinds,
+        max_seq_length,
+        do_lower_case,
+        prompts,
+        default_prompt_name,
+        include_prompt,
+        matryoshka,
+    )
 
 
 def _activation_name(path: str | None) -> str | None:

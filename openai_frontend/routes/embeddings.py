@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter
 
+from backend_lib import contract
 from openai_frontend.encoders import embed
-from openai_frontend.errors import invalid_request
+from openai_frontend.errors import APIError
 from openai_frontend.protocol import EmbeddingRequest
 from openai_frontend.state import State
 
@@ -25,14 +26,12 @@ def _encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:
 @router.post("/v1/embeddings")
 async def embeddings(body: EmbeddingRequest, state: State) -> dict[str, Any]:
     items = body.items()
+    prompt_name = body.resolved_prompt_name()
     info = await state.registry.get(body.model, "embedding", key=body.user)
-    vectors, tokens = await embed(state.triton, info, items)
-    if body.dimensions is not None and body.dimensions != vectors.shape[1]:
-        raise invalid_request(
-            f"model `{info.name}` returns {vectors.shape[1]} dimensions and cannot reduce them "
-            f"to {body.dimensions}",
-            "dimensions",
-        )
+    try:
+        vectors, tokens = await embed(state.triton, info, items, prompt_name, body.dimensions)
+    except APIError as error:
+        raise _with_param(error, body) from None
     return {
         "object": "list",
         "model": info.served_id,
@@ -42,3 +41,15 @@ async def embeddings(body: EmbeddingRequest, state: State) -> dict[str, Any]:
         ],
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+def _with_param(error: APIError, body: EmbeddingRequest) -> APIError:
+    """The model's 400 with `param` set to the field its message names (`'dimensions' ...`,
+    `'prompt_name' ...`: the model's InputError), as the client spelled it."""
+    if error.status == 400 and error.param is None:
+        for field in (contract.DIMENSIONS, contract.PROMPT_NAME):
+            if f"'{field}'" in error.message:
+                sent_as_input_type = field == contract.PROMPT_NAME and body.input_type is not None
+                error.param = "input_type" if sent_as_input_type else field
+                break
+    return error

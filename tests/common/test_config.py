@@ -58,10 +58,19 @@ def test_triton_parameters_flatten_model_config():
 def test_llm_config_validation_names_field():
     with pytest.raises(ConfigError, match="tensor_parallel_size"):
         from_parameters(LLMConfig, {"tensor_parallel_size": "0"})
-    with pytest.raises(ConfigError, match="pipeline_parallel_size.*not built"):
-        from_parameters(LLMConfig, {"pipeline_parallel_size": "2"})
+    with pytest.raises(ConfigError, match="pipeline_parallel_size.*must be >= 1"):
+        from_parameters(LLMConfig, {"pipeline_parallel_size": "0"})
     with pytest.raises(ConfigError, match="nnodes"):
         from_parameters(LLMConfig, {"tensor_parallel_size": "3", "nnodes": "2"})
+    with pytest.raises(ConfigError, match=r"nnodes.*pipeline_parallel_size \(6\)"):
+        params = {"tensor_parallel_size": "3", "pipeline_parallel_size": "2", "nnodes": "4"}
+        from_parameters(LLMConfig, params)
+    assert (
+        from_parameters(
+            LLMConfig, {"tensor_parallel_size": "3", "pipeline_parallel_size": "2"}
+        ).world_size
+        == 6
+    )
     with pytest.raises(ConfigError, match="master_port"):
         from_parameters(LLMConfig, {"tensor_parallel_size": "2", "nnodes": "2"})
     with pytest.raises(ConfigError, match="gpu_memory_utilization"):

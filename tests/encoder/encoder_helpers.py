@@ -4,6 +4,7 @@ texts, and builders of tiny checkpoints, sentence-transformers files and an XLM-
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from tooling.checkpoints import (  # noqa: F401 (re-exported to the encoder tests)
@@ -98,3 +99,34 @@ def build_xlmr_tokenizer(target: Path, lowercase: bool = True, model_max_length:
     )
     wrapped.save_pretrained(target)
     return len(vocab)
+
+
+PROMPTS = {"query": "query: ", "document": "passage: "}
+MATRYOSHKA_DIMENSIONS = [64, 128, 256]
+
+
+def prompt_checkpoint(
+    target: Path,
+    default_prompt_name: str | None = None,
+    include_prompt: bool = True,
+    pooling_mode: str = "mean",
+) -> Path:
+    """A copy of MiniLM in `target`/model declaring PROMPTS (and `default_prompt_name`) in
+    config_sentence_transformers.json, MATRYOSHKA_DIMENSIONS in config.json, and its Pooling
+    module's `include_prompt` and `pooling_mode`."""
+    path = target / "model"
+    shutil.copytree(MINILM_DIR, path, ignore=shutil.ignore_patterns("*.safetensors"))
+    (path / "model.safetensors").symlink_to(MINILM_DIR / "model.safetensors")
+    for name in ("config_sentence_transformers.json", "config.json", "1_Pooling/config.json"):
+        file = path / name
+        data = json.loads(file.read_text(encoding="utf-8")) if file.is_file() else {}
+        if name == "config.json":
+            data["matryoshka_dimensions"] = MATRYOSHKA_DIMENSIONS
+        elif name.startswith("1_Pooling"):
+            data = {"embedding_dimension": 384, "pooling_mode": pooling_mode}
+            data["include_prompt"] = include_prompt
+        else:
+            data["prompts"] = PROMPTS
+            data["default_prompt_name"] = default_prompt_name
+        write_json(file, data)
+    return path

@@ -158,7 +158,10 @@ class LLMService:
         return cls(engine, metrics, faults=PromptMarkerFaults.from_environment(), unload=unload)
 
     def submit(self, inputs: dict[str, np.ndarray]) -> Job:
-        """Parse and queue one request; InputError / QueueFullError at once for this caller."""
+        """Parse and queue one request; InputError / QueueFullError at once for this caller
+        (ModelUnavailable once a worker process died)."""
+        if self.unavailable is not None:
+            raise self.unavailable
         request = parse_generate_request(
             inputs,
             max_prompt_bytes=self.config.max_prompt_bytes,
@@ -204,8 +207,6 @@ class LLMService:
         `describe` request gets its one (final) response, the facts, before this returns None."""
         try:
             describe = read_scalar(inputs, contract.DESCRIBE, bool)
-            if self.unavailable is not None and not describe:
-                raise self.unavailable
             job = None if describe else self.submit(inputs)
         except Exception as exc:
             self._record_failure(exc)
