@@ -27,19 +27,22 @@ def _tokens(parts: list[dict[str, np.ndarray | None]]) -> int:
     return sum(int(c.sum()) for c in counts if c is not None)
 
 
-def _per_request(inputs: dict[str, np.ndarray], options: dict[str, str | int]) -> dict:
-    """`inputs` plus each option (`prompt_name`, `dimensions`) repeated for every row."""
+def _per_request(inputs: dict[str, np.ndarray], options: dict[str, str | int | bool]) -> dict:
+    """`inputs` plus each option (`prompt_name`, `dimensions`, `normalize`, `truncate`) repeated
+    for every row."""
     rows = len(next(iter(inputs.values())))
     for name, value in options.items():
         if isinstance(value, str):
             inputs[name] = _column([value] * rows)
+        elif isinstance(value, bool):
+            inputs[name] = np.full((rows, 1), value, dtype=bool)
         else:
             inputs[name] = np.full((rows, 1), value, dtype=np.int32)
     return inputs
 
 
 def _embedding_requests(
-    items: list[str] | list[list[int]], max_batch_size: int, options: dict[str, str | int]
+    items: list[str] | list[list[int]], max_batch_size: int, options: dict[str, str | int | bool]
 ) -> list[tuple[list[int], dict[str, np.ndarray]]]:
     """(item positions, inputs) of each Triton request: texts in batches, token-id items grouped
     by length (one request holds [N, L] ids); `options` go to every request."""
@@ -69,15 +72,23 @@ async def embed(
     items: list[str] | list[list[int]],
     prompt_name: str | None = None,
     dimensions: int | None = None,
+    *,
+    normalize: bool | None = None,
+    truncate: bool | None = None,
 ) -> tuple[np.ndarray, int]:
     """[len(items), dim] float32 vectors of texts or token-id items, in input order, and the
-    tokens embedded; `prompt_name` and `dimensions` go to the model as they are (it checks them)."""
+    tokens embedded; `prompt_name` and `dimensions` go to the model as they are (it checks them);
+    `normalize` and `truncate` (texts only) as the model's BOOL inputs, None: the model's default."""
     outputs = [contract.EMBEDDING, contract.NUM_INPUT_TOKENS]
-    options: dict[str, str | int] = {}
+    options: dict[str, str | int | bool] = {}
     if prompt_name is not None:
         options[contract.PROMPT_NAME] = prompt_name
     if dimensions is not None:
         options[contract.DIMENSIONS] = dimensions
+    if normalize is not None:
+        options[contract.NORMALIZE] = normalize
+    if truncate is not None:
+        options[contract.TRUNCATE] = truncate
     requests = _embedding_requests(items, info.max_batch_size, options)
     parts = await asyncio.gather(
         *(triton.infer(info.name, inputs, outputs, info.version) for _, inputs in requests)

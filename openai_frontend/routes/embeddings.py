@@ -1,4 +1,4 @@
-"""`POST /v1/embeddings`."""
+"""`POST /v1/embeddings`, and Hugging Face TEI's `POST /embed` (answer: a bare list of vectors)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from backend_lib import contract
 from openai_frontend.encoders import embed
 from openai_frontend.errors import APIError
-from openai_frontend.protocol import EmbeddingRequest
+from openai_frontend.protocol import EmbeddingRequest, TEIEmbedRequest
 from openai_frontend.state import State
 
 router = APIRouter()
@@ -31,7 +31,7 @@ async def embeddings(body: EmbeddingRequest, state: State) -> dict[str, Any]:
     try:
         vectors, tokens = await embed(state.triton, info, items, prompt_name, body.dimensions)
     except APIError as error:
-        raise _with_param(error, body) from None
+        raise _with_param(error, body.input_type is not None) from None
     return {
         "object": "list",
         "model": info.served_id,
@@ -43,13 +43,33 @@ async def embeddings(body: EmbeddingRequest, state: State) -> dict[str, Any]:
     }
 
 
-def _with_param(error: APIError, body: EmbeddingRequest) -> APIError:
+@router.post("/embed")
+async def tei_embed(body: TEIEmbedRequest, state: State) -> Any:
+    texts = body.texts()
+    info = await state.registry.get(body.model, "embedding")
+    try:
+        vectors, _ = await embed(
+            state.triton,
+            info,
+            texts,
+            body.prompt_name,
+            body.dimensions,
+            normalize=body.normalize,
+            truncate=body.truncate,
+        )
+    except APIError as error:
+        raise _with_param(error, False) from None
+    return vectors.tolist()
+
+
+def _with_param(error: APIError, sent_as_input_type: bool) -> APIError:
     """The model's 400 with `param` set to the field its message names (`'dimensions' ...`,
-    `'prompt_name' ...`: the model's InputError), as the client spelled it."""
+    `'prompt_name' ...`: the model's InputError), as the client spelled it (`input_type` when
+    `sent_as_input_type`)."""
     if error.status == 400 and error.param is None:
         for field in (contract.DIMENSIONS, contract.PROMPT_NAME):
             if f"'{field}'" in error.message:
-                sent_as_input_type = field == contract.PROMPT_NAME and body.input_type is not None
-                error.param = "input_type" if sent_as_input_type else field
+                as_input_type = field == contract.PROMPT_NAME and sent_as_input_type
+                error.param = "input_type" if as_input_type else field
                 break
     return error
