@@ -69,13 +69,22 @@ def test_a_sharded_llm_serves_beside_a_single_device_one(repository, make_server
     )
     assert stream.error is None  # two pieces arrived; the stream was then left
     os.kill(worker, signal.SIGKILL)
-    broken = grpc_stream(server.grpc_url, PROMPTS[1], long, model="llm_tp2", timeout=60)
-    failure = broken.error or "".join(str(r.get("error", "")) for r in broken.responses)
-    assert "tensor-parallel rank 1" in failure, broken
+    failure = _failure(grpc_stream(server.grpc_url, PROMPTS[1], long, model="llm_tp2", timeout=60))
+    if "Socket closed" in failure:
+        # Seen once under make test's load: the stream's connection dropped (a transport error,
+        # before any answer). The request is sent again; the server must still be up (checked
+        # below) and the model must still fail naming the rank.
+        failure = _failure(grpc_stream(server.grpc_url, PROMPTS[1], long, model="llm_tp2"))
+    assert "tensor-parallel rank 1" in failure, failure
     assert time.monotonic() - started < 60
     # The other models are untouched.
     for model in ("llm", "llm_pp2"):
         assert http_generate(server.http_url, body(PROMPTS[0]), model=model)["text_output"]
+
+
+def _failure(stream) -> str:
+    """A stream's error: the transport's, or the error of its responses."""
+    return stream.error or "".join(str(r.get("error", "")) for r in stream.responses)
 
 
 def _cmdline(pid: int) -> bytes:
@@ -149,9 +158,8 @@ def test_a_model_whose_worker_died_is_unloaded_and_loads_again(tmp_path, make_se
     stream = grpc_stream(server.grpc_url, PROMPTS[0], long, model="llm_pp2", cancel_after=2)
     assert stream.error is None
     os.kill(worker, signal.SIGKILL)
-    broken = grpc_stream(server.grpc_url, PROMPTS[1], long, model="llm_pp2", timeout=60)
-    failure = broken.error or "".join(str(r.get("error", "")) for r in broken.responses)
-    assert "rank 1 (tensor-parallel rank 0 of pipeline stage 1" in failure, broken
+    failure = _failure(grpc_stream(server.grpc_url, PROMPTS[1], long, model="llm_pp2", timeout=60))
+    assert "rank 1 (tensor-parallel rank 0 of pipeline stage 1" in failure, failure
 
     ready = f"http://{server.http_url}/v2/models/llm_pp2/ready"
     deadline = time.monotonic() + 60
