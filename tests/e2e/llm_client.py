@@ -55,19 +55,29 @@ def grpc_stream(
     timeout: float = 300,
     model_version: str = "",
 ) -> StreamResult:
-    """Stream one request over gRPC; with `cancel_after`, cancel once that many responses came."""
+    """Stream one request over gRPC; with `cancel_after`, cancel once that many responses came.
+    `timeout` bounds the whole stream (its gRPC deadline) and each wait for a response: a server
+    that never answers fails the call, it never hangs."""
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
-    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    client.start_stream(
+        callback=lambda result, error: results.put((result, error)), stream_timeout=timeout
+    )
     out = StreamResult()
+    finished = False
     try:
         client.async_stream_infer(
             model, llm_inputs(prompt, params, True, True, flags), model_version=model_version
         )
         while True:
-            result, error = results.get(timeout=timeout)
+            try:
+                result, error = results.get(timeout=timeout)
+            except queue.Empty:
+                out.error = f"no response within {timeout} s"
+                return out
             if error is not None:
                 out.error = str(error)
+                finished = True  # the stream has ended
                 return out
             response = result.get_response()
             record = {name: result.as_numpy(name) for name in [o.name for o in response.outputs]}
@@ -75,11 +85,13 @@ def grpc_stream(
             if "text_output" in record:
                 out.pieces.append(b"".join(record["text_output"]).decode())
             if response.parameters["triton_final_response"].bool_param:
+                finished = True
                 return out
             if cancel_after is not None and len(out.responses) >= cancel_after:
-                client.stop_stream(cancel_requests=True)
                 return out
     finally:
+        # A plain close waits for the server to end the stream: one left early is cancelled.
+        client.stop_stream(cancel_requests=not finished)
         client.close()
 
 
