@@ -7,6 +7,7 @@ from typing import Literal
 
 from backend_lib import contract
 from backend_lib.config import require
+from backend_lib.llm.spec_decode.config import SpeculativeConfig
 
 QUANTIZATION_MODES = ("auto", "none", "int8", "fp8")
 
@@ -102,6 +103,12 @@ class LLMConfig:
     `--reasoning-parser` names, `contract.REASONING_PARSERS`): deepseek_r1 or qwen3 (`<think>`
     tags). None: the text is all content. Published in the model's facts."""
 
+    speculative_config: str = ""
+    """Speculative decoding (vLLM's name): a JSON object with vLLM's SpeculativeConfig fields, e.g.
+    `{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}`; "" for none.
+    Parsed and checked by `spec_decode.config.SpeculativeConfig` (errors name
+    `speculative_config.<field>`); `speculative` is the parsed value."""
+
     enable_lora: bool = False
     """Serve the LoRA adapters listed in `<version>/multi_lora.json` (requests pick one with
     `lora_name` in sampling_parameters)."""
@@ -111,6 +118,11 @@ class LLMConfig:
     """Largest adapter rank accepted; the device slots are sized for it."""
     max_cpu_loras: int = 0
     """Adapters cached in host memory (0: max_loras, as vLLM); at least max_loras."""
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """`speculative_config` parsed (None: no speculation)."""
+        return SpeculativeConfig.from_json(self.speculative_config)
 
     @property
     def world_size(self) -> int:
@@ -193,6 +205,7 @@ class LLMConfig:
             self.max_num_batched_tokens,
             "must be >= 1",
         )
+        SpeculativeConfig.from_json(self.speculative_config)  # a bad value fails the load
         require(self.max_queue_size >= 1, "max_queue_size", self.max_queue_size, "must be >= 1")
         require(
             self.max_prompt_bytes >= 1, "max_prompt_bytes", self.max_prompt_bytes, "must be >= 1"

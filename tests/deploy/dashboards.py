@@ -18,6 +18,12 @@ DASHBOARD_MODELS = {
 }
 """The models each dashboard's panels must have data for (its `model` variable's values)."""
 
+SPECULATIVE_ONLY = "vllm:spec_decode_"
+"""The prefix of the series a model exports only when it speculates (`speculative_config`); the
+default repository's llm does not, so on the live server their panels must evaluate, not have
+data (tests/llm/spec_decode/test_spec_decode_metrics.py checks the series themselves)."""
+
+
 ALL = ".*"
 """The dashboards' `allValue`: passing it as `version` or `namespace` selects "All"."""
 
@@ -71,6 +77,10 @@ class PanelQuery:
     title: str
     ref_id: str
     expr: str
+
+
+def needs_speculation(panel: PanelQuery) -> bool:
+    return SPECULATIVE_ONLY in panel.expr
 
 
 def load(name: str) -> dict:

@@ -25,6 +25,7 @@ from tests.deploy.dashboards import (
     DASHBOARD_MODELS,
     grafana_intervals,
     load,
+    needs_speculation,
     panel_queries,
     substitute,
 )
@@ -221,6 +222,6 @@ def test_every_dashboard_panel_has_data_for_its_models(live, dashboard):
                 rate_interval=rate_interval,
             )
             series = live.prometheus.query_range(expr, live.start, live.end, step)
-            if not has_values(series):
+            if not has_values(series) and not needs_speculation(panel):
                 empty.append(f"{model}: {panel.title} [{panel.ref_id}]: {expr}")
     assert empty == []

@@ -132,6 +132,15 @@ class KVCacheManager:
         table.extend(self.pool.allocate(num_grow))
         return True
 
+    def free_uncomputed_slots(self, seq: Sequence) -> None:
+        """Free the blocks past the sequence's computed tokens: those only rejected draft tokens
+        wrote into (speculative decoding). Fresh blocks of this step, never hashed."""
+        keep = self.num_blocks_for(seq.num_computed_tokens)
+        extra = seq.block_table[keep:]
+        if extra:
+            self.pool.free(reversed(extra))
+            del seq.block_table[keep:]
+
     def take_copies(self) -> list[tuple[int, int]]:
         """Copy-on-write (src, dst) device block pairs queued since the last call."""
         copies, self._copies = self._copies, []

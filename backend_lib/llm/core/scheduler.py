@@ -17,12 +17,18 @@ Every `schedule()` call builds one step within `max_num_batched_tokens` and `max
    it, so none starves. Which adapter occupies which slot (free slot first, else the least
    recently used one not needed by the step) is the runner's business (lora/slots.py).
 
+4. speculative decoding: a running decode carrying draft tokens (`seq.spec_token_ids`, proposed
+   by the engine before the step) computes them after its last token, within the budget: as
+   many drafts as the budget leaves room for past the decode's own token, KV slots included.
+
 After the runner executes the step, `update()` advances every scheduled sequence, appends the
 sampled tokens and finishes sequences on token-level stops: EOS (unless ignore_eos),
 stop_token_ids, max_tokens and max_model_len ("length"); stops other than length wait for
 `min_tokens`. Stop *strings* need the detokenizer: the engine detects them and calls
 `finish(seq, "stop", stop_reason=the_string)`, which may also turn a "length" finish of the same
-step into "stop" (a stop string takes precedence, as in vLLM).
+step into "stop" (a stop string takes precedence, as in vLLM). A sequence that verified drafts
+gets its accepted drafts plus one token, appended in order up to the first stop among them; the
+slots of rejected drafts are freed, and only blocks full of accepted tokens reach the prefix cache.
 
 Parallel sampling (n > 1): on the step where the parent samples its first token, the engine
 passes n - 1 children (the prompt plus each child's own first token) to `update(..., forks=)`;
@@ -56,22 +62,33 @@ def check_prompt_fits(num_prompt_tokens: int, max_model_len: int) -> None:
 @dataclass
 class ScheduledSequence:
     """One sequence's share of a step: compute positions
-    [seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens)."""
+    [seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens); with drafts, the last
+    len(spec_token_ids) of them are the drafts, after the sequence's own tokens."""
 
     seq: Sequence
     num_new_tokens: int
+    spec_token_ids: list[int] = field(default_factory=list)
+    """Draft tokens verified this step (speculative decoding; only on a decode)."""
     start_position: int = field(init=False)
     """seq.num_computed_tokens when scheduled (update() advances the sequence afterwards)."""
     _samples: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.start_position = self.seq.num_computed_tokens
-        self._samples = self.start_position + self.num_new_tokens == self.seq.num_tokens
+        own = self.num_new_tokens - len(self.spec_token_ids)
+        self._samples = self.start_position + own == self.seq.num_tokens
 
     @property
     def samples(self) -> bool:
         """True iff this chunk reaches the end of the sequence (last prefill chunk or a decode)."""
         return self._samples
+
+    @property
+    def input_token_ids(self) -> list[int]:
+        """The num_new_tokens tokens this step computes: the sequence's, then the drafts."""
+        start = self.start_position
+        own = self.seq.token_ids[start : start + self.num_new_tokens - len(self.spec_token_ids)]
+        return own + self.spec_token_ids
 
 
 @dataclass
@@ -270,7 +287,8 @@ class Scheduler:
         """Advance the step's sequences after the runner; returns those finished by it.
 
         `sampled` maps seq_id to the one token sampled (an int or a 1-element list) for each
-        scheduled sequence whose chunk `samples`. `forks` maps such a parent's seq_id to new
+        scheduled sequence whose chunk `samples`; one that verified d drafts gets its 1..d + 1
+        emitted tokens (the accepted drafts, then the corrected or bonus token). `forks` maps such a parent's seq_id to new
         children (parallel sampling, see `fork`), forked once the parent's step is computed but
         before its own token is appended (so a parent stopping at once still shares its prompt).
         Finished children are included in the result. Sequences aborted meanwhile are skipped.
@@ -284,6 +302,10 @@ class Scheduler:
             seq = item.seq
             if seq.is_finished:
                 continue
+            if item.spec_token_ids:
+                if self._update_verified(seq, tokens[seq.seq_id]):
+                    finished.append(seq)
+                continue
             seq.num_computed_tokens += item.num_new_tokens
             self.kv_cache_manager.cache_full_blocks(seq)
             if not item.samples:
@@ -292,17 +314,32 @@ class Scheduler:
                 self.fork(seq, child)
                 if child.is_finished:
                     finished.append(child)
-            seq.append_token(tokens[seq.seq_id])
+            (token,) = tokens[seq.seq_id]
+            seq.append_token(token)
             if self._check_stop(seq):
                 finished.append(seq)
         return finished
+
+    def _update_verified(self, seq: Sequence, emitted: list[int]) -> bool:
+        """A decode that verified drafts: append its emitted tokens up to the first stop, keep the
+        K/V of the accepted ones, free the rejected ones' slots; returns whether it finished."""
+        for token in emitted:
+            seq.append_token(token)
+            if self._stop_reason(seq) is not None:
+                break
+        # Every position but the last token's now holds the K/V of the token there: the decode's
+        # own and the accepted drafts (the inputs that agreed with what was emitted).
+        seq.num_computed_tokens = seq.num_tokens - 1
+        self.kv_cache_manager.free_uncomputed_slots(seq)
+        self.kv_cache_manager.cache_full_blocks(seq)
+        return self._check_stop(seq)
 
     # --- internals -------------------------------------------------------------------------------
 
     @staticmethod
     def _sampled_tokens(
         output: SchedulerOutput, sampled: Mapping[int, Seq[int] | int]
-    ) -> dict[int, int]:
+    ) -> dict[int, list[int]]:
         tokens = {}
         for item in output.scheduled:
             if not item.samples or item.seq.is_finished:
@@ -310,12 +347,14 @@ class Scheduler:
             value = sampled.get(item.seq.seq_id)
             if value is not None and not isinstance(value, (list, tuple)):
                 value = [value]  # a bare token (int, numpy or 0-d tensor)
-            if value is None or len(value) != 1:
+            most = 1 + len(item.spec_token_ids)
+            if value is None or not 1 <= len(value) <= most:
+                expected = "one sampled token" if most == 1 else f"1 to {most} emitted tokens"
                 raise ValueError(
-                    f"expected one sampled token for sequence {item.seq.seq_id}, "
+                    f"expected {expected} for sequence {item.seq.seq_id}, "
                     f"got {value!r} (for n > 1, pass the other samples as forks)"
                 )
-            tokens[item.seq.seq_id] = int(value[0])
+            tokens[item.seq.seq_id] = [int(t) for t in value]
         return tokens
 
     def _register(self, seq: Sequence) -> None:
@@ -348,20 +387,35 @@ class Scheduler:
             num_new = self._chunk_size(seq.num_uncomputed_tokens, budget)
             if num_new == 0:
                 continue
+            drafts = self._drafts(seq, budget)
+            num_new += len(drafts)
             while not kv.allocate_slots(seq, num_new):
+                if drafts:  # drafts never cost another sequence its place
+                    num_new, drafts = num_new - len(drafts), []
+                    continue
                 # Victim: the most recently admitted; those before `seq` keep their place.
                 victim = self.running[-1]
                 self._preempt(victim, out)
                 if victim is seq:
                     break
             else:
-                out.scheduled.append(ScheduledSequence(seq, num_new))
+                out.scheduled.append(ScheduledSequence(seq, num_new, drafts))
                 budget -= num_new
         return budget
+
+    def _drafts(self, seq: Sequence, budget: int) -> list[int]:
+        """The drafts a running sequence verifies this step (consumed from spec_token_ids): only
+        on a decode, as many as the budget holds beside the decode's own token, and none that
+        would take it past max_model_len."""
+        drafts, seq.spec_token_ids = seq.spec_token_ids, []
+        if seq.num_uncomputed_tokens != 1:
+            return []
+        return drafts[: max(0, min(budget - 1, self.max_model_len - seq.num_tokens - 1))]
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         kv = self.kv_cache_manager
         self.running.remove(seq)
+        seq.spec_token_ids = []
         seq.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted.append(seq)

@@ -54,6 +54,9 @@ class Sequence:
     (None: unseeded, or not sampled yet)."""
     lora_request: LoRARequest | None = None
     """The adapter it runs under (None: the base model); kept through preemption and forks."""
+    spec_token_ids: list[int] = field(default_factory=list)
+    """Draft tokens proposed for its next step (speculative decoding), not in token_ids: the step
+    verifies them after its last token. Consumed when scheduled (or preempted)."""
 
     @property
     def lora_int_id(self) -> int:

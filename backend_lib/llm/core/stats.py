@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from backend_lib.llm.core.scheduler import SchedulerStats
@@ -33,12 +34,32 @@ class EngineCounters:
     requests_finished: int = 0
     structured_output_requests: int = 0
     """Requests admitted with a structured_outputs constraint."""
+    spec_decode_num_drafts: int = 0
+    """Speculative decoding: sequence-steps that verified at least one draft token."""
+    spec_decode_num_draft_tokens: int = 0
+    """Draft tokens verified."""
+    spec_decode_num_accepted_tokens: int = 0
+    """Of those, accepted."""
+    spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
+    """Accepted drafts by position in their run (index 0: first draft), as long as the longest
+    run verified so far."""
 
     def __sub__(self, other: EngineCounters) -> EngineCounters:
         """Increments since `other` (an earlier snapshot)."""
         return EngineCounters(
-            *(getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self))
+            *(
+                _minus(getattr(self, f.name), getattr(other, f.name))
+                for f in dataclasses.fields(self)
+            )
         )
+
+
+def _minus(now: int | tuple[int, ...], before: int | tuple[int, ...]):
+    """now - before; per position for tuples (the earlier one may be shorter)."""
+    if isinstance(now, tuple):
+        assert isinstance(before, tuple)
+        return tuple(n - (before[i] if i < len(before) else 0) for i, n in enumerate(now))
+    return now - before
 
 
 @dataclass(frozen=True)
@@ -103,6 +124,10 @@ class StatsCollector:
         self.generation_tokens = 0
         self.requests_finished = 0
         self.constrained_requests = 0
+        self.spec_decode_num_drafts = 0
+        self.spec_decode_num_draft_tokens = 0
+        self.spec_decode_num_accepted_tokens = 0
+        self.spec_decode_num_accepted_tokens_per_pos: list[int] = []
         self._grammar_compile: deque[float] = deque(maxlen=max_pending)
         self._bitmask_fill: deque[float] = deque(maxlen=max_pending)
         self._ttft: deque[float] = deque(maxlen=max_pending)
@@ -125,6 +150,17 @@ class StatsCollector:
     def bitmask_filled(self, seconds: float) -> None:
         self._bitmask_fill.append(seconds)
 
+    def drafts_verified(self, runs: Iterable[tuple[int, int]]) -> None:
+        """One step's (drafts, accepted) per sequence that verified drafts."""
+        for num_drafts, num_accepted in runs:
+            self.spec_decode_num_drafts += 1
+            self.spec_decode_num_draft_tokens += num_drafts
+            self.spec_decode_num_accepted_tokens += num_accepted
+            per_pos = self.spec_decode_num_accepted_tokens_per_pos
+            per_pos += [0] * (num_drafts - len(per_pos))
+            for position in range(num_accepted):
+                per_pos[position] += 1
+
     def lora_request(self, lora_name: str) -> None:
         """A request under adapter `lora_name` was admitted."""
         self._lora_requests.append(lora_name)
@@ -142,6 +178,12 @@ class StatsCollector:
             prefix_cache_hits=sched.prefix_cache_hits,
             requests_finished=self.requests_finished,
             structured_output_requests=self.constrained_requests,
+            spec_decode_num_drafts=self.spec_decode_num_drafts,
+            spec_decode_num_draft_tokens=self.spec_decode_num_draft_tokens,
+            spec_decode_num_accepted_tokens=self.spec_decode_num_accepted_tokens,
+            spec_decode_num_accepted_tokens_per_pos=tuple(
+                self.spec_decode_num_accepted_tokens_per_pos
+            ),
         )
         stats = EngineStats(
             sched.num_running,

@@ -20,6 +20,10 @@ runner fills during the forward and applies before sampling (grammar_step.py adv
 LoRA: a request names its adapter with `lora_name`, resolved through the LoRARegistry while it
 is prepared; the scheduler keeps at most max_loras adapters running; the runner maps rows to
 adapter slots.
+Speculative decoding (`speculative_config`): before each step the Drafter proposes draft tokens
+for the running decodes (spec_decode/drafter.py), the scheduler fits them in the step, the runner
+verifies them (spec_decode/verifier.py) and a sequence then advances by its accepted drafts plus
+one token.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from backend_lib.llm.execution.model_runner import ModelOutput, ModelRunner
 from backend_lib.llm.execution.workers import WorkerDied
 from backend_lib.llm.lora.registry import LoRARegistry
 from backend_lib.llm.lora.request import LoRARequest
+from backend_lib.llm.spec_decode.drafter import Drafter
 from backend_lib.llm.structured.compiler import GrammarCompiler
 from backend_lib.llm.structured.manager import StructuredOutputManager
 
@@ -122,6 +127,9 @@ class LLMEngine:
         self._generate_ids = itertools.count()
         self.grammar_wait = GrammarWait(self._stats)
         """Requests waiting for their grammar, outside the scheduler (grammar_wait.py)."""
+        speculative = config.speculative
+        self.drafter = None if speculative is None else Drafter(speculative, self.max_model_len)
+        """Speculative decoding's proposer (None: no speculative_config)."""
 
     @classmethod
     def from_config(
@@ -307,6 +315,8 @@ class LLMEngine:
         return admitted + self._step()
 
     def _step(self) -> list[RequestOutput]:
+        if self.drafter is not None:
+            self.drafter.propose(self.scheduler.running, self.structured.__contains__)
         sched_out = self.scheduler.schedule()
         self.outputs.mark_scheduled(sched_out, time.monotonic())
         samples_due = self.sampling.samples_due(sched_out, self._is_forked)
@@ -314,6 +324,7 @@ class LLMEngine:
         try:
             model_out = self.runner.execute(sched_out, samples_due or None, self.structured)
             self.outputs.record_prompt_logprobs(model_out.prompt_logprobs)
+            self._stats.drafts_verified(model_out.drafts.values())
             failed += self._fail_dead_ends(model_out, samples_due)
             sampled, forks = self.sampling.split(sched_out, model_out, samples_due)
             self.scheduler.update(sched_out, sampled, forks)

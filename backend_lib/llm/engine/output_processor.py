@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 from backend_lib.contract import ErrorCode
 from backend_lib.llm.core.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from backend_lib.llm.core.scheduler import Scheduler, SchedulerOutput
+from backend_lib.llm.core.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from backend_lib.llm.core.sequence import Sequence, SequenceStatus
 from backend_lib.llm.core.stats import FinishedRequest, StatsCollector
 from backend_lib.llm.engine.detokenizer import IncrementalDetokenizer
@@ -70,8 +70,9 @@ class RequestState:
         return all(s.seq.is_finished for s in self.seqs)
 
 
-NewTokens = list[tuple[Sequence, TokenLogprobs | None]]
-"""A request's sequences that got a token this step, each with that token's logprobs."""
+NewTokens = list[tuple[Sequence, list[TokenLogprobs | None]]]
+"""A request's sequences that got tokens this step, each with its new tokens' logprobs (one
+token, or several for a sequence that verified drafts; None entries: no logprobs asked)."""
 
 
 class OutputProcessor:
@@ -208,15 +209,13 @@ class OutputProcessor:
 
     def _record_tokens(self, request: RequestState, entries: NewTokens, now: float) -> None:
         latencies = []
+        num_tokens = 0
         for seq, logprobs in entries:
             state = self._seq_states.get(seq.seq_id)
             if state is None:  # a child forked in this step
                 state = self._track(request, seq)
                 request.forked = True
-            if logprobs is not None and state.logprobs is not None:
-                state.logprobs.append(_logprob_entry(logprobs))
-                state.cumulative_logprob += logprobs.logprob
-            self._record_text(state)
+            num_tokens += self._record_new_tokens(state, logprobs)
             if state.last_token_time is not None:
                 latencies.append(now - state.last_token_time)
             state.last_token_time = now
@@ -227,20 +226,34 @@ class OutputProcessor:
                 now - metrics.arrival_time, len(request.prepared.prompt_token_ids)
             )
         metrics.last_token_time = now
-        self._stats.tokens(len(entries), latencies)
+        self._stats.tokens(num_tokens, latencies)
 
-    def _record_text(self, state: SeqState) -> None:
-        """Detokenize the sequence's new token; a completed stop string finishes it."""
+    def _record_new_tokens(self, state: SeqState, logprobs: list[TokenLogprobs | None]) -> int:
+        """Record the sequence's new tokens (the last len(logprobs)) in order: logprobs, then
+        text; a completed stop string finishes it there, and tokens after it (accepted drafts)
+        are dropped, as plain decoding would never have made them. Returns the tokens kept."""
         seq = state.seq
+        first = seq.num_tokens - len(logprobs)
         delta = ""
-        if _shows_last_token(seq):
-            delta, stop_hit = state.detok.add(seq.last_token_id)
+        kept = 0
+        for index, token_logprobs in enumerate(logprobs, start=first):
+            kept += 1
+            if token_logprobs is not None and state.logprobs is not None:
+                state.logprobs.append(_logprob_entry(token_logprobs))
+                state.cumulative_logprob += token_logprobs.logprob
+            if index == seq.num_tokens - 1 and not _shows_last_token(seq):
+                break
+            piece, stop_hit = state.detok.add(seq.token_ids[index])
+            delta += piece
             if stop_hit:
+                del seq.token_ids[index + 1 :]
                 self.scheduler.finish(seq, "stop", stop_reason=state.detok.stop_string)
+                break
         if seq.is_finished:
             delta += state.detok.flush()
         state.text += delta
         state.delta_text += delta
+        return kept
 
 
 def _new_tokens(
@@ -253,10 +266,26 @@ def _new_tokens(
         seq = item.seq
         if seq.seq_id not in model_out.sampled:
             continue
-        seqs = [seq, *forks.get(seq.seq_id, ())]
+        entries = new_tokens.setdefault(seq.request_id, [])
+        children = forks.get(seq.seq_id, ())
+        if not children:  # its own tokens: one, or those of its verified drafts it kept
+            count = _num_appended(item)
+            if count <= 0:  # finished before the update (nothing was appended)
+                continue
+            logprobs = model_out.logprobs.get(seq.seq_id) or [None] * count
+            entries.append((seq, logprobs[:count]))
+            continue
+        seqs = [seq, *children]  # one sample each
         logprobs = model_out.logprobs.get(seq.seq_id) or [None] * len(seqs)
-        new_tokens.setdefault(seq.request_id, []).extend(zip(seqs, logprobs, strict=True))
+        entries.extend((s, [lp]) for s, lp in zip(seqs, logprobs, strict=True))
     return new_tokens
+
+
+def _num_appended(item: ScheduledSequence) -> int:
+    """Tokens the scheduler appended to a sampling sequence this step: one, or after verified
+    drafts those emitted up to the first stop among them."""
+    own = item.num_new_tokens - len(item.spec_token_ids)
+    return item.seq.num_tokens - item.start_position - own
 
 
 def _logprob_entry(logprobs: TokenLogprobs) -> dict[int, Logprob]:

@@ -67,6 +67,7 @@ from backend_lib.llm.lora.adapter import LoRAAdapter, LoRAModelSpec, LoRAModule,
 from backend_lib.llm.lora.batch import LoRABatch
 from backend_lib.llm.lora.request import LoRARequest
 from backend_lib.llm.lora.slots import LoRASlots
+from backend_lib.llm.spec_decode.verifier import DraftedSequence, Verified, drafted_sequence, verify
 from backend_lib.llm.structured.manager import BitmaskBatch, StructuredOutputManager
 from backend_lib.quantization import check_quantization, resolve_quantization
 from kernels import lora_segments
@@ -82,7 +83,11 @@ class ModelInput:
     sample_indices: torch.Tensor
     """[R] int64: the flattened row whose logits each sample uses (repeated for k > 1)."""
     sample_rows: list[SamplingRow]
+    """One per plain sample (the first len(sample_rows) of sample_indices)."""
     sample_seq_ids: list[int]
+    drafted: list[DraftedSequence] = field(default_factory=list)
+    """Sequences verifying drafts (speculative decoding): their d + 1 rows each are the rest of
+    sample_indices, in this order."""
     lora: LoRABatch | None = None
     """Row runs -> adapter slots (None: every row on the base model)."""
     prompt_scorings: list[PromptScoring] = field(default_factory=list)
@@ -105,6 +110,9 @@ class ModelOutput:
     """The structured-output bitmask applied this step (None: no constrained row)."""
     prompt_logprobs: dict[int, PromptLogprobsChunk] = field(default_factory=dict)
     """seq_id -> the prompt tokens its chunk scored, for seqs whose params.prompt_logprobs is set."""
+    drafts: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """seq_id -> (drafts verified, drafts accepted) for sequences that verified drafts; their
+    `sampled` entry holds the accepted drafts plus one token."""
 
 
 def resolve_max_model_len(setting: int, max_position_embeddings: int) -> int:
@@ -328,7 +336,13 @@ class ModelRunner:
             job = constraints.begin(batch.sample_seq_ids)  # fills while the forward runs
         logits = self.compute_logits(batch)
         output = ModelOutput(prompt_logprobs=batch.prompt_logprobs)
-        if not batch.sample_rows:  # only non-final prefill chunks this step
+        if batch.drafted:
+            num_plain = len(batch.sample_rows)
+            with torch.inference_mode():
+                verified = verify(logits[num_plain:], batch.drafted, self.sampler)
+            self._record_verified(output, batch.drafted, verified)
+            logits = logits[:num_plain]
+        if not batch.sample_rows:  # only non-final prefill chunks (or drafted decodes) this step
             return output
         with torch.inference_mode():
             if job is not None:
@@ -344,6 +358,16 @@ class ModelRunner:
             if logprob is not None:
                 output.logprobs.setdefault(seq_id, []).append(logprob)
         return output
+
+    @staticmethod
+    def _record_verified(
+        output: ModelOutput, drafted: list[DraftedSequence], verified: list[Verified]
+    ) -> None:
+        for d, v in zip(drafted, verified, strict=True):
+            output.sampled[d.seq_id] = v.token_ids
+            if v.logprobs is not None:
+                output.logprobs[d.seq_id] = v.logprobs
+            output.drafts[d.seq_id] = (v.num_drafts, v.num_accepted)
 
     def run_step(self, message: StepMessage) -> None:
         """A tensor-parallel worker's share of rank 0's step: the same block moves and forward
@@ -391,47 +415,57 @@ class ModelRunner:
         slot_of = self._activate_loras(requests)
         # Sampling rows (and so the logits rows) keep the scheduled order; token rows do not.
         layout = row_layout(scheduled, slot_of)
-        step, rows, seq_ids = self._host_step(scheduled, layout, num_samples or {})
+        step, rows, seq_ids, drafted = self._host_step(scheduled, layout, num_samples or {})
         if requests:
             adapters = [(r.lora_int_id, r.lora_name, r.lora_path) for r in requests]
             step = replace(step, lora=LoRAStep(adapters, [s.seq.lora_int_id for s in layout]))
-        return self.device_input(step, rows, seq_ids, slot_of)
+        batch = self.device_input(step, rows, seq_ids, slot_of)
+        batch.drafted = drafted
+        return batch
 
     def _host_step(
         self,
         scheduled: list[ScheduledSequence],
         layout: list[ScheduledSequence],
         num_samples: Mapping[int, int],
-    ) -> tuple[StepInput, list[SamplingRow], list[int]]:
-        """The step's host data, with the sampling rows and their seq ids (rank 0's alone)."""
+    ) -> tuple[StepInput, list[SamplingRow], list[int], list[DraftedSequence]]:
+        """The step's host data, with the sampling rows, their seq ids and the sequences
+        verifying drafts (rank 0's alone)."""
         starts = np.array([s.seq.num_computed_tokens for s in layout], dtype=np.int64)
         q_lens = np.array([s.num_new_tokens for s in layout], dtype=np.int64)
         tokens: list[int] = []
-        for s, start in zip(layout, starts.tolist(), strict=True):
-            tokens += s.seq.token_ids[start : start + s.num_new_tokens]
+        for s in layout:
+            tokens += s.input_token_ids
         last_row = {id(s): int(end) - 1 for s, end in zip(layout, np.cumsum(q_lens), strict=True)}
         rows: list[SamplingRow] = []
         seq_ids: list[int] = []
         sample_indices: list[int] = []
+        drafted: list[DraftedSequence] = []
+        drafted_indices: list[int] = []
         for s in scheduled:
             if not s.samples:
                 continue
-            k = num_samples.get(s.seq.seq_id, 1)
             row = self._sampling_row(s.seq)
+            last = last_row[id(s)]
+            if s.spec_token_ids:  # its d + 1 rows go after every plain sample's
+                drafted.append(drafted_sequence(s, row))
+                drafted_indices += range(last - len(s.spec_token_ids), last + 1)
+                continue
+            k = num_samples.get(s.seq.seq_id, 1)
             rows += [row] * k
             seq_ids += [s.seq.seq_id] * k
-            sample_indices += [last_row[id(s)]] * k
+            sample_indices += [last] * k
         prompt_rows, scorings = _prompt_rows(scheduled, layout, q_lens)
         step = StepInput(
             np.array(tokens, dtype=np.int64),
             starts,
             q_lens,
             [s.seq.block_table for s in layout],
-            sample_indices,
+            sample_indices + drafted_indices,
             prompt_rows,
             scorings,
         )
-        return step, rows, seq_ids
+        return step, rows, seq_ids, drafted
 
     def device_input(
         self,

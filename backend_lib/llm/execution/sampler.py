@@ -55,6 +55,11 @@ class SamplerOutput:
     """Per row; None where the row's params.logprobs is None."""
 
 
+RawLogprobs = tuple[list[int], torch.Tensor] | None
+"""The rows asking for logprobs and their log_softmax of the raw logits ([len(rows), V] float32);
+None when no row asks."""
+
+
 def _top_k(params: SamplingParams, vocab_size: int) -> int:
     k = params.top_k
     return vocab_size if k <= 0 else min(k, vocab_size)
@@ -166,7 +171,32 @@ class Sampler:
         apply_penalties(logits, rows)
         token_ids = self._sample(logits, rows)
         token_list = token_ids.tolist()
-        return SamplerOutput(token_list, self._gather_logprobs(raw_logprobs, token_ids, rows))
+        return SamplerOutput(token_list, self.gather_logprobs(raw_logprobs, token_ids, rows))
+
+    def target_distribution(
+        self, logits: torch.Tensor, rows: list[SamplingRow]
+    ) -> tuple[torch.Tensor, RawLogprobs]:
+        """What each row would be sampled from, for speculative decoding's verification: float32
+        [R, V] probabilities after the whole pipeline (min_tokens, penalties, temperature,
+        top-k, top-p, min-p); a greedy row gets its processed logits instead (only their argmax
+        counts, the very token `__call__` picks). With the raw logprobs of rows asking for them
+        (for `gather_logprobs`)."""
+        logits = logits.to(torch.float32, copy=True)
+        raw_logprobs = self._raw_logprobs(logits, rows)
+        ban_stops_before_min_tokens(logits, rows, self.eos_token_ids)
+        apply_penalties(logits, rows)
+        greedy = [r.params.temperature < SAMPLING_EPS for r in rows]
+        if all(greedy):
+            return logits, raw_logprobs
+        greedy_logits = logits.clone() if any(greedy) else None
+        temps = [1.0 if g else r.params.temperature for g, r in zip(greedy, rows, strict=True)]
+        logits.div_(torch.tensor(temps, device=logits.device).unsqueeze(1))
+        truncate(logits, rows)
+        probs = logits.softmax(dim=-1)
+        if greedy_logits is not None:
+            is_greedy = torch.tensor(greedy, device=logits.device).unsqueeze(1)
+            probs = torch.where(is_greedy, greedy_logits, probs)
+        return probs, raw_logprobs
 
     # --- sampling ----------------------------------------------------------------------------
 
@@ -195,20 +225,16 @@ class Sampler:
 
     # --- logprobs ----------------------------------------------------------------------------
 
-    def _raw_logprobs(
-        self, logits: torch.Tensor, rows: list[SamplingRow]
-    ) -> tuple[list[int], torch.Tensor] | None:
+    def _raw_logprobs(self, logits: torch.Tensor, rows: list[SamplingRow]) -> RawLogprobs:
         wanted = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
         if not wanted:
             return None
         return wanted, torch.log_softmax(logits[_ids(wanted, logits)], dim=-1)
 
-    def _gather_logprobs(
-        self,
-        raw: tuple[list[int], torch.Tensor] | None,
-        token_ids: torch.Tensor,
-        rows: list[SamplingRow],
+    def gather_logprobs(
+        self, raw: RawLogprobs, token_ids: torch.Tensor, rows: list[SamplingRow]
     ) -> list[TokenLogprobs | None]:
+        """Each row's TokenLogprobs of `token_ids[row]` (int64 [R]); None for rows asking none."""
         result: list[TokenLogprobs | None] = [None] * len(rows)
         if raw is None:
             return result

@@ -18,6 +18,13 @@ largest value is the current one; the Gateway API Inference Extension reads it f
 routing), from load as the empty state at 0, and `llm_lora_requests_total{lora_name}` (requests
 admitted per adapter, every listed adapter from load at 0).
 
+With speculative decoding (`speculative_config`): vLLM's `vllm:spec_decode_num_drafts_total`
+(sequence-steps that verified drafts), `vllm:spec_decode_num_draft_tokens_total`,
+`vllm:spec_decode_num_accepted_tokens_total` and
+`vllm:spec_decode_num_accepted_tokens_per_pos_total{position}` (accepted drafts by their position
+in the run, 0 .. num_speculative_tokens - 1), from load at 0. Acceptance rate: accepted / draft
+tokens; mean accepted length: 1 + accepted / drafts.
+
 `llm_request_failures_total{reason}`: requests answered with an error (invalid_input: refused at
 parsing; queue_full; internal: the generation failed). It shows the model alive while it refuses bad
 input, which Triton's own failure counter cannot tell from a dead Python-backend stub.
@@ -28,7 +35,7 @@ from __future__ import annotations
 import time
 
 from backend_lib.llm.core.stats import EngineCounters, EngineStats
-from backend_lib.metrics import MetricsSink
+from backend_lib.metrics import Counter, MetricsSink
 
 TTFT_BUCKETS = (
     0.001,
@@ -153,6 +160,7 @@ EXTRA_LABELS = {
     "vllm:lora_requests_info": ("max_lora", "running_lora_adapters", "waiting_lora_adapters"),
     "llm_lora_requests_total": ("lora_name",),
     "llm_request_failures_total": ("reason",),
+    "vllm:spec_decode_num_accepted_tokens_per_pos_total": ("position",),
 }
 """Per-series label names beyond the sink's constant ones (for `PrometheusMetrics(extra_labels=)`)."""
 
@@ -172,8 +180,10 @@ class LLMMetrics:
         num_blocks: int,
         lora_names: list[str] | None = None,
         max_loras: int = 0,
+        num_speculative_tokens: int = 0,
     ):
-        """`lora_names`: the servable adapters when LoRA is enabled (None: no LoRA series)."""
+        """`lora_names`: the servable adapters when LoRA is enabled (None: no LoRA series);
+        `num_speculative_tokens`: k of speculative decoding (0: none, no spec-decode series)."""
         # Kept on self: a pb_utils metric family leaves the metrics port when garbage-collected.
         self.cache_info = sink.gauge(
             "vllm:cache_config_info", "Information of the KV-cache config."
@@ -244,6 +254,9 @@ class LLMMetrics:
             self.lora_requests = sink.counter(
                 "llm_lora_requests_total", "Requests admitted per LoRA adapter."
             )
+        self.spec_decode: SpecDecodeMetrics | None = None
+        if num_speculative_tokens:
+            self.spec_decode = SpecDecodeMetrics(sink, num_speculative_tokens)
         self._previous = EngineCounters()
         self._export_zeros()
 
@@ -292,16 +305,14 @@ class LLMMetrics:
         self.kv_usage.set(stats.kv_cache_usage)
         delta = stats.counters - self._previous
         self._previous = stats.counters
-        for counter, amount in (
+        _increment(
             (self.prefix_queries, delta.prefix_cache_queries),
             (self.prefix_hits, delta.prefix_cache_hits),
             (self.preemptions, delta.num_preemptions),
             (self.prompt_tokens, delta.prompt_tokens),
             (self.generation_tokens, delta.generation_tokens),
             (self.structured_requests, delta.structured_output_requests),
-        ):
-            if amount:
-                counter.inc(amount)
+        )
         for value in stats.time_to_first_token:
             self.ttft.observe(value)
         for value in stats.inter_token_latency:
@@ -315,8 +326,51 @@ class LLMMetrics:
             self.e2e.observe(record.e2e_latency)
             self.request_prompt_tokens.observe(record.num_prompt_tokens)
             self.request_generation_tokens.observe(record.num_generation_tokens)
+        if self.spec_decode is not None:
+            self.spec_decode.update(delta)
         if self.lora_info is not None:
             labels = self._lora_labels(stats.running_lora_adapters, stats.waiting_lora_adapters)
             self.lora_info.set(time.time(), **labels)
             for name in stats.lora_requests:
                 self.lora_requests.inc(lora_name=name)
+
+
+class SpecDecodeMetrics:
+    """vLLM's speculative-decoding counters (see the module docstring)."""
+
+    def __init__(self, sink: MetricsSink, num_speculative_tokens: int):
+        self.drafts = sink.counter(
+            "vllm:spec_decode_num_drafts_total", "Sequence-steps that verified draft tokens."
+        )
+        self.draft_tokens = sink.counter(
+            "vllm:spec_decode_num_draft_tokens_total", "Draft tokens verified."
+        )
+        self.accepted_tokens = sink.counter(
+            "vllm:spec_decode_num_accepted_tokens_total", "Draft tokens accepted."
+        )
+        self.accepted_per_pos = sink.counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+            "Draft tokens accepted, by position in the drafted run.",
+        )
+        for series in (self.drafts, self.draft_tokens, self.accepted_tokens):
+            series.touch()
+        for position in range(num_speculative_tokens):
+            self.accepted_per_pos.touch(position=str(position))
+
+    def update(self, delta: EngineCounters) -> None:
+        """Apply one snapshot's increments."""
+        _increment(
+            (self.drafts, delta.spec_decode_num_drafts),
+            (self.draft_tokens, delta.spec_decode_num_draft_tokens),
+            (self.accepted_tokens, delta.spec_decode_num_accepted_tokens),
+        )
+        for position, amount in enumerate(delta.spec_decode_num_accepted_tokens_per_pos):
+            if amount:
+                self.accepted_per_pos.inc(amount, position=str(position))
+
+
+def _increment(*pairs: tuple[Counter, int]) -> None:
+    """Add each snapshot increment to its counter (zero increments skipped)."""
+    for counter, amount in pairs:
+        if amount:
+            counter.inc(amount)

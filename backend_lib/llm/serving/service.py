@@ -154,6 +154,9 @@ class LLMService:
                 num_blocks=engine.runner.num_blocks,
                 lora_names=engine.lora_registry.names if engine.lora_registry else None,
                 max_loras=config.max_loras,
+                num_speculative_tokens=(
+                    0 if engine.drafter is None else engine.drafter.config.num_speculative_tokens
+                ),
             )
         return cls(engine, metrics, faults=PromptMarkerFaults.from_environment(), unload=unload)
 

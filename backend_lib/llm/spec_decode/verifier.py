@@ -1,0 +1,120 @@
+"""Verification of a step's draft tokens on the target model's logits (the runner's half of
+speculative decoding; the proposer runs on the engine thread, the scheduler schedules the drafts).
+
+A sequence that drafted d tokens x_0 .. x_{d-1} after its last token computes d + 1 positions in
+the step; the logits row at position i gives the target's distribution p_i for the token after
+x_{i-1} (p_0 after the last token). Each row goes through the sampler's own pipeline (min_tokens,
+penalties, temperature, top-k/top-p/min-p) with the history it would have if the drafts before it
+were accepted, so an accepted run is distributed exactly as plain decoding (rejection_sampler.py)
+and, greedy, is token for token the plain greedy continuation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from backend_lib.llm.core.sampling_params import SAMPLING_EPS
+from backend_lib.llm.core.scheduler import ScheduledSequence
+from backend_lib.llm.execution.sampler import RawLogprobs, Sampler, SamplingRow, TokenLogprobs
+from backend_lib.llm.spec_decode.rejection_sampler import RejectionSamplerInput, rejection_sample
+
+
+@dataclass
+class DraftedSequence:
+    """One sequence verifying drafts this step: its d + 1 consecutive sampling rows."""
+
+    seq_id: int
+    draft_token_ids: list[int]
+    rows: list[SamplingRow]
+    """d + 1 rows, one per verified position: row i's history is the sequence's tokens plus the
+    first i drafts."""
+
+
+@dataclass
+class Verified:
+    """What one drafted sequence emits this step."""
+
+    token_ids: list[int]
+    """The accepted drafts, then the corrected or bonus token: 1 .. d + 1 tokens."""
+    logprobs: list[TokenLogprobs] | None
+    """Per emitted token, from the raw logits at its position (None: the request asked none)."""
+    num_drafts: int
+    num_accepted: int
+
+
+def drafted_sequence(item: ScheduledSequence, row: SamplingRow) -> DraftedSequence:
+    """The verification rows of a scheduled decode with drafts, from its plain sampling row."""
+    drafts = item.spec_token_ids
+    history = list(row.token_ids)
+    rows = [
+        SamplingRow(row.params, history + drafts[:i], row.num_prompt_tokens, row.generator)
+        for i in range(len(drafts) + 1)
+    ]
+    return DraftedSequence(item.seq.seq_id, drafts, rows)
+
+
+def verify(
+    logits: torch.Tensor, drafted: list[DraftedSequence], sampler: Sampler
+) -> list[Verified]:
+    """`logits` [sum(d + 1), V]: the drafted sequences' rows, in order. One rejection-sampling
+    pass over all of them (draws from the sampler's generator, or a seeded row's own)."""
+    rows = [r for d in drafted for r in d.rows]
+    target, raw_logprobs = sampler.target_distribution(logits, rows)
+    k = max(len(d.draft_token_ids) for d in drafted)
+    starts, offset = [], 0
+    for d in drafted:
+        starts.append(offset)
+        offset += len(d.rows)
+    index = torch.tensor(
+        [
+            [s + min(i, len(d.draft_token_ids)) for i in range(k + 1)]
+            for s, d in zip(starts, drafted, strict=True)
+        ],
+        device=logits.device,
+    )
+    result = rejection_sample(
+        RejectionSamplerInput(
+            draft_token_ids=torch.tensor(
+                [d.draft_token_ids + [0] * (k - len(d.draft_token_ids)) for d in drafted],
+                dtype=torch.int64,
+                device=logits.device,
+            ),
+            num_draft_tokens=[len(d.draft_token_ids) for d in drafted],
+            draft_probs=None,  # n-gram drafts: deterministic
+            target_probs=target[index],  # [B, k + 1, V]; positions past a row's bonus repeat it
+            greedy=[d.rows[0].params.temperature < SAMPLING_EPS for d in drafted],
+            generators=[d.rows[0].generator for d in drafted],
+        ),
+        sampler.generator,
+    )
+    emitted = result.emitted_token_ids()
+    logprobs = _emitted_logprobs(sampler, raw_logprobs, rows, drafted, starts, emitted)
+    return [
+        Verified(tokens, lps, len(d.draft_token_ids), len(tokens) - 1)
+        for d, tokens, lps in zip(drafted, emitted, logprobs, strict=True)
+    ]
+
+
+def _emitted_logprobs(
+    sampler: Sampler,
+    raw_logprobs: RawLogprobs,
+    rows: list[SamplingRow],
+    drafted: list[DraftedSequence],
+    starts: list[int],
+    emitted: list[list[int]],
+) -> list[list[TokenLogprobs] | None]:
+    """Each drafted sequence's logprobs of its emitted tokens (None where it asked none)."""
+    if raw_logprobs is None:
+        return [None] * len(drafted)
+    tokens = [0] * len(rows)  # rows past a sequence's emitted tokens score token 0, unused
+    for start, run in zip(starts, emitted, strict=True):
+        tokens[start : start + len(run)] = run
+    ids = torch.tensor(tokens, dtype=torch.int64, device=raw_logprobs[1].device)
+    per_row = sampler.gather_logprobs(raw_logprobs, ids, rows)
+    out: list[list[TokenLogprobs] | None] = []
+    for start, run, d in zip(starts, emitted, drafted, strict=True):
+        wanted = d.rows[0].params.logprobs is not None
+        out.append(per_row[start : start + len(run)] if wanted else None)  # type: ignore[arg-type]
+    return out
