@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,3 +48,21 @@ class ModelContext:
     def metrics(self, pb_utils: Any) -> MetricsSink:
         """Metrics exported on tritonserver's metrics port, labelled with this model and version."""
         return TritonMetrics(pb_utils, {"model": self.name, "version": self.version})
+
+
+def server_model_control_mode(server_pid: int | None = None) -> str:
+    """The `--model-control-mode` of the tritonserver hosting this stub (the stub's parent
+    process; `server_pid` to ask about another): none, poll or explicit ("none" when unset, as
+    the server's default). Read from the server's own command line, the one place it is set."""
+    pid = os.getppid() if server_pid is None else server_pid
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return "none"
+    mode = "none"
+    for index, arg in enumerate(args):
+        if arg.startswith("--model-control-mode="):
+            mode = arg.partition("=")[2]
+        elif arg == "--model-control-mode" and index + 1 < len(args):
+            mode = args[index + 1]
+    return mode.lower()

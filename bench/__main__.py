@@ -77,6 +77,7 @@ BENCHMARKS = (
     SuiteEntry("encoders_served", "Embedding and rerank through tritonserver"),
     SuiteEntry("openai_frontend", "OpenAI frontend vs gRPC"),
     SuiteEntry("structured_outputs", "Structured outputs: constrained vs free"),
+    SuiteEntry("spec_decode", "Speculative decoding: n-gram vs plain"),
 )
 
 

@@ -169,6 +169,18 @@ TARGETS = (
         "engine output tokens/s vs CTranslate2 (static batches of 16), float32, CPU",
     ),
     Target(
+        "spec_ngram_vs_plain_c1",
+        1.5,
+        "n-gram speculative decoding vs plain decoding, one request at a time, on prompts whose "
+        "answers quote them (the default LLM, float32, CPU)",
+    ),
+    Target(
+        "spec_ngram_vs_plain_c16",
+        0.95,
+        "n-gram speculative decoding vs plain decoding, 16 requests at once (speculation off above "
+        "speculative_disable_by_batch_size)",
+    ),
+    Target(
         "embedding_vs_openvino",
         1.0,
         "embedding items/s vs OpenVINO, float32, CPU (worst of 1 and 2 threads)",

@@ -1,5 +1,5 @@
 """Shared fixtures: a real tritonserver (session-wide on the default repository, or per test on a
-temporary one), whose log is printed when a test using it fails."""
+temporary one), whose log goes in the report of a test failing while it runs."""
 
 from __future__ import annotations
 
@@ -94,17 +94,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    setattr(item, f"rep_{report.when}", report)
-
-
-@pytest.fixture(autouse=True)
-def _print_server_log_on_failure(request) -> Iterator[None]:
-    yield
-    report = getattr(request.node, "rep_call", None)
-    if report is not None and report.failed:
+    # While the failed call's servers still run (a test's own make_server ones stop in its
+    # teardown): their log tails go in the report.
+    if report.when == "call" and report.failed:
         for server in live_servers:
-            print(f"\n===== tritonserver log ({server.repository}), last lines =====")
-            print(server.log_tail(150))
+            report.sections.append(
+                (f"tritonserver log ({server.repository}), last lines", server.log_tail(150))
+            )
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ from tooling.repository import (
     REPO_ROOT,
     ModelSpec,
     detect_kind,
+    read_config,
     render_config,
     render_model_files,
 )
@@ -35,8 +36,10 @@ def test_render_config_parameters_and_policy():
         'name: "m"' in text and "kind: KIND_CPU" in text and "version_policy: { all: {} }" in text
     )
     assert 'key: "max_batch_tokens"\n  value: { string_value: "512" }' in text
-    with pytest.raises(ValueError, match="quote"):
-        render_config(ModelSpec("m", "embedding", {"model": 'a"b'}))
+    # Quotes, backslashes and newlines are escaped: tritonserver's parser reads the value back.
+    value = '{"method": "ngram", "a\\b": "c\nd"}'
+    config = read_config(render_config(ModelSpec("m", "llm", {"speculative_config": value})))
+    assert config["parameters"]["speculative_config"]["string_value"] == value
 
 
 @pytest.mark.parametrize(

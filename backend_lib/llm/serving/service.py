@@ -89,6 +89,8 @@ class LLMService:
         self.unload = unload
         self.unavailable: ModelUnavailable | None = None
         """Set when a worker process died: the model cannot serve until it is loaded again."""
+        self._unload_due = False
+        """Set with `unavailable`: the next execute asks the server to unload the model."""
         self.loop = EngineLoop(
             engine, on_step=metrics.update if metrics else None, on_failure=self._engine_failed
         )
@@ -101,15 +103,23 @@ class LLMService:
         failure failed only the requests of that step."""
         if not isinstance(error, WorkerDied) or self.unavailable is not None:
             return
-        self.unavailable = ModelUnavailable(
-            f"the model is unavailable: {error} (it was unloaded: load it again)"
+        remedy = (
+            "it asks to be unloaded: load it again"
+            if self.unload is not None
+            else "restart the server, or serve it under explicit model control to reload it"
         )
+        self.unavailable = ModelUnavailable(f"the model is unavailable: {error} ({remedy})")
         logger.error("%s", self.unavailable)
-        if self.unload is not None:
-            # Not on the loop thread: the unload stops this service, which joins that thread.
-            threading.Thread(target=self._request_unload, name="llm-unload", daemon=True).start()
+        self._unload_due = self.unload is not None
 
-    def _request_unload(self) -> None:
+    def unload_if_unavailable(self) -> None:
+        """Ask the server, once, to unload a model whose engine can no longer serve. Called on
+        the model's execute thread, at its next requests (as the vLLM backend does): the Python
+        backend's model-loader call is not safe from another thread (it raced the stub's shared
+        memory, and the stub crashed), and on the loop thread the unload would join itself."""
+        if not self._unload_due:
+            return
+        self._unload_due = False
         try:
             self.unload()
         except Exception:  # e.g. the server does not allow explicit model control

@@ -13,7 +13,7 @@ import triton_python_backend_utils as pb_utils
 
 from backend_lib.errors import response_error
 from backend_lib.llm.serving.service import LLMService
-from backend_lib.model_context import ModelContext
+from backend_lib.model_context import ModelContext, server_model_control_mode
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -21,11 +21,16 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 class TritonPythonModel:
     def initialize(self, args):
         context = ModelContext.from_args(args)
-        # A sharded model whose worker died asks to be unloaded, as the vLLM backend does.
-        unload = functools.partial(pb_utils.unload_model, context.name)
+        # A sharded model whose worker died asks to be unloaded, as the vLLM backend does; only
+        # under explicit model control: in the other modes the refused call crashes the server.
+        unload = None
+        if server_model_control_mode() == "explicit":
+            unload = functools.partial(pb_utils.unload_model, context.name)
         self.service = LLMService.from_context(context, context.metrics(pb_utils), unload)
 
     def execute(self, requests):
+        # Here, on the stub's execute thread: the model-loader API is unsafe from other threads.
+        self.service.unload_if_unavailable()
         for request in requests:
             sender = request.get_response_sender()
             inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}

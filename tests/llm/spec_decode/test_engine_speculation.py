@@ -241,3 +241,22 @@ def test_a_draft_model_config_is_refused_at_load_naming_the_method():
     with pytest.raises(ConfigError) as error:
         engine({"method": "draft_model", "model": str(SHAKESPEARE), "num_speculative_tokens": 3})
     assert "speculative_config.method" in str(error.value)
+
+
+@pytest.mark.parametrize("parallel", ["tensor_parallel_size", "pipeline_parallel_size"])
+def test_greedy_equals_plain_with_two_ranks(parallel):
+    """Rank 0 drafts and verifies; the other rank (a worker process: the other tensor-parallel
+    shard, or the second pipeline stage) computes the drafted rows in the same forward."""
+    from tests.llm.engine_helpers import engine_checkpoint, make_engine, random_prompt
+
+    model_dir, _ = engine_checkpoint("LlamaForCausalLM")
+    prompts = [random_prompt(6, 0) * 4, random_prompt(5, 1) * 3 + random_prompt(4, 2)]
+    speculative = json.dumps({**NGRAM, "prompt_lookup_min": 1})
+    expected = make_engine(model_dir).generate(prompts, greedy(24))
+    spec = make_engine(model_dir, speculative_config=speculative, **{parallel: 2})
+    try:
+        got = spec.generate(prompts, greedy(24))
+        assert spec.stats().counters.spec_decode_num_drafts > 0
+    finally:
+        spec.close()
+    assert _completions(got) == _completions(expected)

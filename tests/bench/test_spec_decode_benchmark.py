@@ -1,0 +1,32 @@
+"""The speculative-decoding benchmark in the quick suite: greedy tokens identical with and without
+n-gram speculation, its ratios agree with its runs, and the acceptance figures with its counts."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from bench.spec_decode import KEYS, NOT_MEASURED, SYSTEMS
+from tests.bench.checks import quick_result
+
+pytestmark = pytest.mark.bench
+
+
+def test_spec_decode(quick_suite):
+    result = quick_result(quick_suite, "spec_decode", set(KEYS), plots=0, against_target=True)
+    assert set(result["fidelity"]) == {"c1", "c16"}
+    repeats = result["repeats"]
+    for workload, seconds in result["seconds"].items():
+        assert set(seconds) == set(SYSTEMS)
+        assert all(len(s) == repeats and min(s) > 0 for s in seconds.values())
+        ratio = statistics.median(seconds["plain"]) / statistics.median(seconds["ngram"])
+        assert result["summary"][f"spec_ngram_vs_plain_{workload}"] == pytest.approx(ratio)
+    spec = result["speculation"]
+    assert spec["drafts"] > 0 and 0 <= spec["accepted_tokens"] <= spec["draft_tokens"]
+    assert sum(spec["accepted_per_position"]) == spec["accepted_tokens"]
+    assert spec["acceptance_rate"] == pytest.approx(spec["accepted_tokens"] / spec["draft_tokens"])
+    assert spec["mean_accepted_length"] == pytest.approx(
+        1 + spec["accepted_tokens"] / spec["drafts"]
+    )
+    assert result["not_measured"] == NOT_MEASURED
