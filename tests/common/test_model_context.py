@@ -20,10 +20,12 @@ from backend_lib.model_context import server_model_control_mode
     ],
 )
 def test_the_mode_is_read_from_the_servers_command_line(flags, mode):
-    # A stand-in process with the server's flags on its command line.
-    command = [sys.executable, "-c", "import time; time.sleep(60)", *flags]
-    process = subprocess.Popen(command)
+    # A stand-in process with the server's flags on its command line (read once it runs: before
+    # its exec, /proc shows the parent's).
+    code = "import time; print('up', flush=True); time.sleep(60)"
+    process = subprocess.Popen([sys.executable, "-c", code, *flags], stdout=subprocess.PIPE)
     try:
+        assert process.stdout.readline() == b"up\n"
         assert server_model_control_mode(process.pid) == mode
     finally:
         process.kill()
