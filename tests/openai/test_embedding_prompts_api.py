@@ -4,6 +4,8 @@ sentence-transformers itself."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -11,10 +13,37 @@ import openai
 import pytest
 
 from tests.encoder.encoder_helpers import prompt_checkpoint
+from tests.openai.frontend_helpers import Frontend, start_frontend, stop_frontend
+from tests.server_helpers import start_server, stop_server
 from tooling.repository import ModelSpec, write_model
 
 pytestmark = pytest.mark.e2e
 TEXTS = ["what smells sweet?", "the rose smells sweet", "a storm at sea"]
+
+
+@dataclass
+class Served:
+    checkpoint: Path
+    front: Frontend
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Iterator[Served]:
+    """The prompt-declaring MiniLM copy behind one tritonserver and one frontend (both tests)."""
+    root = tmp_path_factory.mktemp("embedding-prompts")
+    checkpoint = prompt_checkpoint(root / "checkpoint")
+    repository = root / "repository"
+    parameters = {"model": str(checkpoint), "dtype": "float32"}
+    write_model(ModelSpec("embedding", "embedding", parameters), repository)
+    server = start_server(repository)
+    try:
+        front = start_frontend(server.grpc_url, repository)
+        try:
+            yield Served(checkpoint, front)
+        finally:
+            stop_frontend(front)
+    finally:
+        stop_server(server)
 
 
 def _cosine(a, b) -> np.ndarray:
@@ -22,17 +51,10 @@ def _cosine(a, b) -> np.ndarray:
     return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
-def test_prompts_and_dimensions_match_sentence_transformers(
-    tmp_path: Path, make_server, make_frontend
-):
+def test_prompts_and_dimensions_match_sentence_transformers(served):
     from sentence_transformers import SentenceTransformer
 
-    checkpoint = prompt_checkpoint(tmp_path / "checkpoint")
-    repository = tmp_path / "repository"
-    parameters = {"model": str(checkpoint), "dtype": "float32"}
-    write_model(ModelSpec("embedding", "embedding", parameters), repository)
-    server = make_server(repository)
-    front = make_frontend(server.grpc_url, repository)
+    checkpoint, front = served.checkpoint, served.front
     sdk = openai.OpenAI(base_url=front.base_url, api_key="unused", max_retries=0)
 
     def vectors(**fields) -> np.ndarray:
@@ -63,21 +85,14 @@ def test_prompts_and_dimensions_match_sentence_transformers(
     assert "search_document" in bad_type.value.body["message"]
 
 
-def test_tei_embed_matches_embeddings_and_sentence_transformers(
-    tmp_path: Path, make_server, make_frontend
-):
+def test_tei_embed_matches_embeddings_and_sentence_transformers(served):
     """TEI's `/embed`: the vectors of `/v1/embeddings`; `prompt_name` and `dimensions` as
     sentence-transformers computes them; `normalize: false` the unnormalised pooled vectors of
     this checkpoint (which normalises by default)."""
     import httpx
     from sentence_transformers import SentenceTransformer
 
-    checkpoint = prompt_checkpoint(tmp_path / "checkpoint")
-    repository = tmp_path / "repository"
-    parameters = {"model": str(checkpoint), "dtype": "float32"}
-    write_model(ModelSpec("embedding", "embedding", parameters), repository)
-    server = make_server(repository)
-    front = make_frontend(server.grpc_url, repository)
+    checkpoint, front = served.checkpoint, served.front
     client = httpx.Client(base_url=front.url, timeout=120)
 
     def embed(**fields) -> np.ndarray:
