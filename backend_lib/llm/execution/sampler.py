@@ -151,6 +151,15 @@ def truncate(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
         logits.masked_fill_(probs < floor, float("-inf"))
 
 
+def _tempered_probs(logits: torch.Tensor, rows: list[SamplingRow], greedy: list[bool]):
+    """In place on `logits`: each row's temperature (1 for greedy rows), top-k, top-p and min-p;
+    returns their softmax."""
+    temps = [1.0 if g else r.params.temperature for g, r in zip(greedy, rows, strict=True)]
+    logits.div_(torch.tensor(temps, device=logits.device).unsqueeze(1))
+    truncate(logits, rows)
+    return logits.softmax(dim=-1)
+
+
 def _ids(values: list[int], like: torch.Tensor) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64, device=like.device)
 
@@ -165,10 +174,7 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
         """logits [R, V] (any float dtype), one SamplingRow per row."""
-        logits = logits.to(torch.float32, copy=True)
-        raw_logprobs = self._raw_logprobs(logits, rows)
-        ban_stops_before_min_tokens(logits, rows, self.eos_token_ids)
-        apply_penalties(logits, rows)
+        logits, raw_logprobs = self._processed(logits, rows)
         token_ids = self._sample(logits, rows)
         token_list = token_ids.tolist()
         return SamplerOutput(token_list, self.gather_logprobs(raw_logprobs, token_ids, rows))
@@ -181,22 +187,27 @@ class Sampler:
         top-k, top-p, min-p); a greedy row gets its processed logits instead (only their argmax
         counts, the very token `__call__` picks). With the raw logprobs of rows asking for them
         (for `gather_logprobs`)."""
-        logits = logits.to(torch.float32, copy=True)
-        raw_logprobs = self._raw_logprobs(logits, rows)
-        ban_stops_before_min_tokens(logits, rows, self.eos_token_ids)
-        apply_penalties(logits, rows)
+        logits, raw_logprobs = self._processed(logits, rows)
         greedy = [r.params.temperature < SAMPLING_EPS for r in rows]
         if all(greedy):
             return logits, raw_logprobs
         greedy_logits = logits.clone() if any(greedy) else None
-        temps = [1.0 if g else r.params.temperature for g, r in zip(greedy, rows, strict=True)]
-        logits.div_(torch.tensor(temps, device=logits.device).unsqueeze(1))
-        truncate(logits, rows)
-        probs = logits.softmax(dim=-1)
+        probs = _tempered_probs(logits, rows, greedy)
         if greedy_logits is not None:
             is_greedy = torch.tensor(greedy, device=logits.device).unsqueeze(1)
             probs = torch.where(is_greedy, greedy_logits, probs)
         return probs, raw_logprobs
+
+    def _processed(
+        self, logits: torch.Tensor, rows: list[SamplingRow]
+    ) -> tuple[torch.Tensor, RawLogprobs]:
+        """A float32 copy of `logits` with min_tokens bans and penalties applied, and the raw
+        logprobs taken before them."""
+        logits = logits.to(torch.float32, copy=True)
+        raw_logprobs = self._raw_logprobs(logits, rows)
+        ban_stops_before_min_tokens(logits, rows, self.eos_token_ids)
+        apply_penalties(logits, rows)
+        return logits, raw_logprobs
 
     # --- sampling ----------------------------------------------------------------------------
 
@@ -205,10 +216,7 @@ class Sampler:
         if all(greedy):
             return logits.argmax(dim=-1)
         greedy_ids = logits.argmax(dim=-1) if any(greedy) else None
-        temps = [1.0 if g else r.params.temperature for g, r in zip(greedy, rows, strict=True)]
-        logits.div_(torch.tensor(temps, device=logits.device).unsqueeze(1))
-        truncate(logits, rows)
-        probs = logits.softmax(dim=-1)
+        probs = _tempered_probs(logits, rows, greedy)
         random_ids = probs.div_(self._exponential_noise(probs, rows)).argmax(dim=-1)
         if greedy_ids is None:
             return random_ids
