@@ -240,16 +240,25 @@ def test_held_requests_count_toward_the_queue_and_abort_cleanly():
 
 def test_a_compile_error_found_after_submission_is_an_input_error():
     engine = shakespeare_engine()
+    warm_workers(engine)
+    # Every worker busy with a costly compile: the bad regex queues behind them, so its error
+    # is found after submission (a free worker can find it before `grammar_wait=0` looks).
+    costly = [f"costly-{i}" for i in range(engine.grammar_compiler.max_workers)]
+    for request_id in costly:
+        held_request(engine, request_id, costly_schema())
     prepared = engine.prepare_request(
         "bad", PROMPT, SamplingParams(structured_outputs={"regex": "a(b"}), grammar_wait=0
     )
+    assert prepared.grammar_job is not None and not prepared.grammar_job.done()
     engine.add_prepared(prepared)
     engine.add_request("free", PROMPT, free(4))
     finals = {}
-    while engine.has_unfinished_requests():
+    while "bad" not in finals or "free" not in finals:
         if not engine.needs_step():
             prepared.grammar_job.wait(60)
         finals.update((o.request_id, o) for o in engine.step() if o.finished)
+    for request_id in costly:
+        engine.abort_request(request_id)
     bad = finals["bad"]
     assert bad.outputs[0].finish_reason == "error"
     assert bad.error_code is ErrorCode.INVALID_INPUT
