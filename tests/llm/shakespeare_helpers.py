@@ -1,5 +1,6 @@
 """The committed Shakespeare models, shared by the LLM tests of every layer: the default LLM's
-checkpoint (models/shakespeare-llama) and its LoRA adapter (models/shakespeare-sonnets-lora),
+checkpoint (models/shakespeare-llama), its LoRA adapter (models/shakespeare-sonnets-lora) and
+its speculative-decoding draft model (models/shakespeare-draft),
 held-out text in the training text's form, and perplexity under a transformers model."""
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ SHAKESPEARE = REPO_ROOT / "models" / "shakespeare-llama"
 """The default LLM (model_repository/llm's `model`): byte-level BPE, 4096 tokens, EOS 2."""
 SONNETS_ADAPTER = REPO_ROOT / "models" / "shakespeare-sonnets-lora"
 """The shipped LoRA adapter on SHAKESPEARE (scripts/train_shakespeare.py --lora)."""
+SHAKESPEARE_DRAFT = REPO_ROOT / "models" / "shakespeare-draft"
+"""The shipped one-layer draft model of SHAKESPEARE (scripts/train_shakespeare.py --draft)."""
 
 # From the validation split (the held-out last 5% of each document), in the training text's form.
 HELD_OUT = {

@@ -1,7 +1,8 @@
 """The structured-output part of a step's update: advance each constrained sequence's grammar.
 
 After the scheduler appends the sampled tokens, every constrained sequence's matcher accepts its
-new token (a new n > 1 child starts from its parent's state). A grammar that terminated finishes
+new tokens (one, or a speculative step's accepted run; a new n > 1 child starts from its parent's
+state). A grammar that terminated finishes
 its sequence with "stop"; a token the grammar refuses (sampled from a fully masked row) or a
 grammar that allowed no token at all fails that request alone.
 """
@@ -47,12 +48,17 @@ def advance_grammars(
 def _accept(
     structured: StructuredOutputManager, scheduler: Scheduler, seq: Sequence, errors: dict[str, str]
 ) -> None:
-    token = seq.last_token_id
-    allowed, terminated = structured.accept(seq.seq_id, token)
-    if not allowed:
-        errors[seq.request_id] = (
-            f"structured_outputs: the grammar allows no token here (token {token} was "
-            "sampled from a fully masked row; e.g. min_tokens banned EOS where only EOS fits)"
-        )
-    elif terminated and not seq.is_finished:
+    """Accept the output tokens the grammar has not seen: this step's one, or its accepted run
+    of drafts and the token after them (speculative decoding)."""
+    new = seq.num_output_tokens - structured.num_accepted(seq.seq_id)
+    terminated = False
+    for token in seq.token_ids[seq.num_tokens - new :]:
+        allowed, terminated = structured.accept(seq.seq_id, token)
+        if not allowed:
+            errors[seq.request_id] = (
+                f"structured_outputs: the grammar allows no token here (token {token} was "
+                "sampled from a fully masked row; e.g. min_tokens banned EOS where only EOS fits)"
+            )
+            return
+    if terminated and not seq.is_finished:
         scheduler.finish(seq, "stop")

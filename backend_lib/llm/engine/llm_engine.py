@@ -58,6 +58,7 @@ from backend_lib.llm.execution.model_runner import ModelOutput, ModelRunner
 from backend_lib.llm.execution.workers import WorkerDied
 from backend_lib.llm.lora.registry import LoRARegistry
 from backend_lib.llm.lora.request import LoRARequest
+from backend_lib.llm.spec_decode.draft_model import draft_checkpoint
 from backend_lib.llm.spec_decode.drafter import Drafter
 from backend_lib.llm.structured.compiler import GrammarCompiler
 from backend_lib.llm.structured.manager import StructuredOutputManager
@@ -75,18 +76,22 @@ class LLMEngine:
         device: torch.device,
         tokenizer: PreTrainedTokenizerBase | None = None,
         lora_modules: Mapping[str, str | Path] | None = None,
+        base_dir: str | Path | None = None,
     ) -> None:
         """Load the checkpoint in `model_dir` (already resolved; see `from_config`) on `device`.
         Request limits (max_n, max_logprobs, max_queue_size, ...) all come from `config`.
-        `lora_modules`: adapter name -> PEFT adapter directory (needs `config.enable_lora`)."""
+        `lora_modules`: adapter name -> PEFT adapter directory (needs `config.enable_lora`).
+        `base_dir`: what a relative draft model path (speculative_config.model) is resolved
+        against (default: the working directory)."""
         self.config = config
         self.device = torch.device(device)
         checkpoint = read_checkpoint_info(model_dir)
-        self.runner = ModelRunner(config, self.device, checkpoint)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
+        draft = draft_checkpoint(config.speculative, checkpoint, self.tokenizer, base_dir)
+        self.runner = ModelRunner(config, self.device, checkpoint, draft)
         self.fatal_error: WorkerDied | None = None
         """Set when a step failed in a way no later step recovers from: a worker process (another
         rank) died, so the model's shard it held is gone."""
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
         self.max_model_len = self.runner.max_model_len
         self.vocab_size = self.runner.model.args.vocab_size
         require(
@@ -128,7 +133,9 @@ class LLMEngine:
         self.grammar_wait = GrammarWait(self._stats)
         """Requests waiting for their grammar, outside the scheduler (grammar_wait.py)."""
         speculative = config.speculative
-        self.drafter = None if speculative is None else Drafter(speculative, self.max_model_len)
+        self.drafter = None
+        if speculative is not None:
+            self.drafter = Drafter(speculative, self.max_model_len, self.runner.draft)
         """Speculative decoding's proposer (None: no speculative_config)."""
 
     @classmethod
@@ -141,7 +148,7 @@ class LLMEngine:
     ) -> LLMEngine:
         """Engine on the checkpoint `config.model` (resolved against `base_dir`)."""
         model_dir = resolve_model_path(config.model, Path(base_dir))
-        return cls(config, model_dir, device, lora_modules=lora_modules)
+        return cls(config, model_dir, device, lora_modules=lora_modules, base_dir=base_dir)
 
     def _lora_registry(self, lora_modules: Mapping[str, str | Path] | None) -> LoRARegistry | None:
         config = self.config
@@ -316,7 +323,7 @@ class LLMEngine:
 
     def _step(self) -> list[RequestOutput]:
         if self.drafter is not None:
-            self.drafter.propose(self.scheduler.running, self.structured.__contains__)
+            self.drafter.propose(self.scheduler.running, self.structured)
         sched_out = self.scheduler.schedule()
         self.outputs.mark_scheduled(sched_out, time.monotonic())
         samples_due = self.sampling.samples_due(sched_out, self._is_forked)
@@ -335,8 +342,13 @@ class LLMEngine:
             logger.exception("engine step failed; failing the requests of this step")
             if isinstance(exc, WorkerDied):
                 self.fatal_error = exc
-            return failed + self.outputs.fail_step(sched_out, exc)
-        return failed + self.outputs.process(sched_out, model_out, forks, time.monotonic())
+            failed += self.outputs.fail_step(sched_out, exc)
+        else:
+            failed += self.outputs.process(sched_out, model_out, forks, time.monotonic())
+        finally:
+            if self.drafter is not None:  # the draft model's cache of finished sequences
+                self.drafter.retain(self.scheduler.running)
+        return failed
 
     def generate(
         self,

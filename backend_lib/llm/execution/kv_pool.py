@@ -75,9 +75,10 @@ def resolve_kv_cache_dtype(
     return KV_CACHE_DTYPES[setting]
 
 
-def blocks_in(num_bytes: float, spec: KVCacheSpec) -> int:
-    """How many whole blocks fit in `num_bytes` (0 when none)."""
-    return max(0, int(num_bytes // spec.bytes_per_block))
+def blocks_in(num_bytes: float, *specs: KVCacheSpec) -> int:
+    """How many whole blocks fit in `num_bytes` (0 when none), a block costing one block of each
+    spec (pools of the same block count, as the target's and its draft model's)."""
+    return max(0, int(num_bytes // sum(spec.bytes_per_block for spec in specs)))
 
 
 def gpu_kv_cache_bytes(

@@ -1,9 +1,8 @@
 """ModelRunner: runs one scheduler step on the device.
 
 Per step: apply the scheduler's block moves (swap out, swap in, copy-on-write), flatten all
-scheduled chunks into one batch, run the model once, project only the sampling rows to
-logits, sample. Batch metadata is built on the host with numpy and moved with two copies
-(one int64 buffer, one int32 buffer).
+scheduled chunks into one batch (flat_batch.py), run the model once, project only the sampling
+rows to logits, sample.
 
 Parallel sampling (n > 1): `execute(out, num_samples={seq_id: k})` samples k tokens from that
 sequence's logits row (the row is repeated k times; a seeded request draws them in turn from
@@ -37,6 +36,7 @@ from backend_lib.llm.core.scheduler import ScheduledSequence, SchedulerOutput
 from backend_lib.llm.core.sequence import Sequence
 from backend_lib.llm.execution import workers
 from backend_lib.llm.execution.attention import AttentionMetadata, select_kernel_ops
+from backend_lib.llm.execution.flat_batch import flat_batch
 from backend_lib.llm.execution.kv_pool import (
     GIB,
     KVCacheSpec,
@@ -67,6 +67,7 @@ from backend_lib.llm.lora.adapter import LoRAAdapter, LoRAModelSpec, LoRAModule,
 from backend_lib.llm.lora.batch import LoRABatch
 from backend_lib.llm.lora.request import LoRARequest
 from backend_lib.llm.lora.slots import LoRASlots
+from backend_lib.llm.spec_decode.draft_model import DraftModel
 from backend_lib.llm.spec_decode.verifier import DraftedSequence, Verified, drafted_sequence, verify
 from backend_lib.llm.structured.manager import BitmaskBatch, StructuredOutputManager
 from backend_lib.quantization import check_quantization, resolve_quantization
@@ -113,6 +114,10 @@ class ModelOutput:
     drafts: dict[int, tuple[int, int]] = field(default_factory=dict)
     """seq_id -> (drafts verified, drafts accepted) for sequences that verified drafts; their
     `sampled` entry holds the accepted drafts plus one token."""
+
+
+_NEVER = 1 << 62
+"""A draft position no verification reaches."""
 
 
 def resolve_max_model_len(setting: int, max_position_embeddings: int) -> int:
@@ -188,13 +193,16 @@ class ModelRunner:
         config: LLMConfig,
         device: torch.device,
         checkpoint: CheckpointInfo | str | Path,
+        draft_checkpoint: CheckpointInfo | None = None,
     ):
         """`checkpoint`: the loader's CheckpointInfo, or the directory to read it from. With
         several ranks (`LLMConfig.world_size` > 1) and no torch.distributed group yet, this is
         rank 0: it starts the other ranks' worker processes (execution/workers.py) and drives
-        them."""
+        them. `draft_checkpoint`: speculative decoding's draft model (rank 0 only), loaded here
+        so that its weights and KV cache come out of the same memory budget."""
         self.config, self.device = config, device
         self.checkpoint = as_checkpoint_info(checkpoint)
+        self.draft_checkpoint = draft_checkpoint
         self.workers: WorkerGroup | None = None
         if config.world_size > 1:
             check_parallelism(
@@ -263,8 +271,21 @@ class ModelRunner:
             )
         self._rank_adapters: OrderedDict[int, LoRAAdapter] = OrderedDict()
         """On the other ranks: adapters loaded from the paths rank 0 names, by lora_int_id."""
-        # After the adapter slots, so that GPU sizing counts their memory.
+        self.draft: DraftModel | None = None
+        """Speculative decoding's draft model (None: no draft_model speculation)."""
+        if self.draft_checkpoint is not None:
+            self.draft = DraftModel(
+                self.draft_checkpoint,
+                device,
+                self.dtype,
+                self.ops,
+                self.max_model_len,
+                config.block_size,
+            )
+        # After the adapter slots and the draft, so that GPU sizing counts their memory.
         self.kv_pool = self._allocate_kv_pool()
+        if self.draft is not None:
+            self.draft.allocate(self.kv_pool.num_blocks)
 
     def _lora_spec(self, args) -> LoRAModelSpec:
         return LoRAModelSpec.for_llama(
@@ -332,10 +353,17 @@ class ModelRunner:
         if batch is None:
             return ModelOutput()
         job = None
-        if constraints is not None and batch.sample_rows:
-            job = constraints.begin(batch.sample_seq_ids)  # fills while the forward runs
+        if constraints is not None and (batch.sample_rows or batch.drafted):
+            drafts = [(d.seq_id, d.draft_token_ids) for d in batch.drafted]
+            job = constraints.begin(batch.sample_seq_ids, drafts)  # fills while the forward runs
         logits = self.compute_logits(batch)
         output = ModelOutput(prompt_logprobs=batch.prompt_logprobs)
+        if job is not None:
+            output.bitmask = mask = job.result()
+            with torch.inference_mode():
+                self.ops.apply_token_bitmask(
+                    logits, mask.bitmask.to(self.device), mask.rows.to(self.device)
+                )
         if batch.drafted:
             num_plain = len(batch.sample_rows)
             with torch.inference_mode():
@@ -345,11 +373,6 @@ class ModelRunner:
         if not batch.sample_rows:  # only non-final prefill chunks (or drafted decodes) this step
             return output
         with torch.inference_mode():
-            if job is not None:
-                output.bitmask = mask = job.result()
-                self.ops.apply_token_bitmask(
-                    logits, mask.bitmask.to(self.device), mask.rows.to(self.device)
-                )
             result = self.sampler(logits, batch.sample_rows)
         for seq_id, token, logprob in zip(
             batch.sample_seq_ids, result.token_ids, result.logprobs, strict=True
@@ -363,11 +386,16 @@ class ModelRunner:
     def _record_verified(
         output: ModelOutput, drafted: list[DraftedSequence], verified: list[Verified]
     ) -> None:
+        """The emitted runs; a constrained sequence whose accepted drafts lead its grammar to a
+        dead end is one (as plain decoding would find at its next step)."""
+        mask = output.bitmask
         for d, v in zip(drafted, verified, strict=True):
             output.sampled[d.seq_id] = v.token_ids
             if v.logprobs is not None:
                 output.logprobs[d.seq_id] = v.logprobs
             output.drafts[d.seq_id] = (v.num_drafts, v.num_accepted)
+            if mask is not None and v.num_accepted >= mask.dead_after_drafts.get(d.seq_id, _NEVER):
+                mask.dead_seq_ids.append(d.seq_id)
 
     def run_step(self, message: StepMessage) -> None:
         """A tensor-parallel worker's share of rank 0's step: the same block moves and forward
@@ -542,41 +570,12 @@ class ModelRunner:
         rows: list[SamplingRow],
         seq_ids: list[int],
     ) -> ModelInput:
-        bs = self.block_size
-        num_tokens, batch_size = len(tokens), len(q_lens)
-        query_start_loc = np.concatenate(([0], np.cumsum(q_lens)))
-        seq_lens = starts + q_lens
-        positions = np.arange(num_tokens) - np.repeat(query_start_loc[:-1] - starts, q_lens)
-        # Only the blocks the context covers; a table may already hold blocks for later tokens.
-        blocks_used = -(-seq_lens // bs)
-        tables = np.zeros((batch_size, int(blocks_used.max())), dtype=np.int64)
-        for b, (table, used) in enumerate(zip(block_tables, blocks_used.tolist(), strict=True)):
-            tables[b, :used] = table[:used]
-        token_rows = np.repeat(np.arange(batch_size), q_lens)
-        slot_mapping = tables[token_rows, positions // bs] * bs + positions % bs
-
-        longs = torch.from_numpy(
-            np.concatenate(
-                (tokens, positions, slot_mapping, np.array(sample_indices, dtype=np.int64))
-            )
+        flat = flat_batch(
+            tokens, starts, q_lens, block_tables, sample_indices, self.block_size, self.device
         )
-        ints = torch.from_numpy(
-            np.concatenate((query_start_loc, seq_lens, tables.ravel())).astype(np.int32)
+        return ModelInput(
+            flat.input_ids, flat.positions, flat.meta, flat.sample_indices, rows, seq_ids
         )
-        longs, ints = longs.to(self.device), ints.to(self.device)
-        input_ids, positions_t, slots, samples = longs.split(
-            [num_tokens, num_tokens, num_tokens, len(sample_indices)]
-        )
-        qsl_t, seq_lens_t, tables_t = ints.split([batch_size + 1, batch_size, tables.size])
-        meta = AttentionMetadata(
-            qsl_t,
-            seq_lens_t,
-            tables_t.view(tables.shape),
-            slots,
-            max_query_len=int(q_lens.max()),
-            max_seq_len=int(seq_lens.max()),
-        )
-        return ModelInput(input_ids, positions_t, meta, samples, rows, seq_ids)
 
     def _sampling_row(self, seq: Sequence) -> SamplingRow:
         params = seq.sampling_params
@@ -589,13 +588,15 @@ class ModelRunner:
 
     def _allocate_kv_pool(self) -> KVPool:
         c = self.config
+        # The draft's pool has as many blocks as this one: a block costs both.
+        specs = [self.kv_spec] if self.draft is None else [self.kv_spec, self.draft.kv_spec]
         if c.num_blocks > 0:
             num_blocks, key, value = c.num_blocks, "num_blocks", c.num_blocks
         elif self.device.type == "cuda":
-            num_blocks = self._gpu_num_blocks()
+            num_blocks = self._gpu_num_blocks(specs)
             key, value = "gpu_memory_utilization", c.gpu_memory_utilization
         else:
-            num_blocks = blocks_in(c.cpu_kv_cache_gb * GIB, self.kv_spec)
+            num_blocks = blocks_in(c.cpu_kv_cache_gb * GIB, *specs)
             key, value = "cpu_kv_cache_gb", c.cpu_kv_cache_gb
         # Every rank's cache must hold the same blocks (the scheduler's ids index them all).
         if c.world_size > 1:
@@ -606,7 +607,7 @@ class ModelRunner:
         )
         return KVPool(self.kv_spec, num_blocks, num_host_blocks, self.device)
 
-    def _gpu_num_blocks(self) -> int:
+    def _gpu_num_blocks(self, specs: list[KVCacheSpec]) -> int:
         weights = torch.cuda.memory_allocated(self.device)
         activation_peak = self._profile_activation_peak()
         torch.cuda.empty_cache()
@@ -615,7 +616,7 @@ class ModelRunner:
         budget = gpu_kv_cache_bytes(
             total, self.config.gpu_memory_utilization, weights, activation_peak, non_torch
         )
-        return blocks_in(budget, self.kv_spec)
+        return blocks_in(budget, *specs)
 
     def _profile_activation_peak(self) -> int:
         """Peak memory (bytes) of a worst-case step: max_num_batched_tokens of prefill in

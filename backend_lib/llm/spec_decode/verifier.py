@@ -119,7 +119,7 @@ def _rejection_sampled(
                 device=target.device,
             ),
             num_draft_tokens=[len(d.draft_token_ids) for d in drafted],
-            draft_probs=None,  # n-gram drafts: deterministic
+            draft_probs=None,  # deterministic drafts: n-gram lookup, the draft model's argmax
             target_probs=target[index],  # [B, k + 1, V]; positions past a row's bonus repeat it
             greedy=[d.rows[0].params.temperature < SAMPLING_EPS for d in drafted],
             generators=[d.rows[0].generator for d in drafted],

@@ -9,6 +9,11 @@ Per step (see LLMEngine.step and ModelRunner.execute):
    only (a Triton kernel on GPU, a vectorised PyTorch op on CPU: kernels/token_bitmask.py);
 3. after the scheduler appends the sampled tokens, the engine calls `fork` (n > 1 children,
    before the parent advances) and `accept` for every new token.
+
+Speculative decoding: the drafter keeps only the drafts the grammar allows (`num_valid_drafts`),
+and a drafted sequence's d + 1 verification rows get the masks after each prefix of its drafts
+(the matcher walks the drafts, then rolls back); after verification the matcher accepts the
+emitted run like any new tokens.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ class BitmaskBatch:
     """[B] int64 on the host: the logits row (sampling row) each bitmask row applies to."""
     dead_seq_ids: list[int]
     """Sequences whose grammar allows no token at all (they fail with an error)."""
+    dead_after_drafts: dict[int, int]
+    """Drafted sequences whose grammar allows no token after their first p drafts (seq_id -> p
+    >= 1): dead only if verification accepts those p drafts (ModelRunner checks)."""
     fill_seconds: float
     """Wall time the worker spent filling the bitmask."""
 
@@ -79,29 +87,61 @@ class StructuredOutputManager:
         ok = state.accept(token_id)
         return ok, ok and state.terminated
 
-    def begin(self, sample_seq_ids: list[int]) -> BitmaskJob | None:
+    def num_valid_drafts(self, seq_id: int, drafts: list[int]) -> int:
+        """How many leading drafts `seq_id`'s grammar allows (GrammarState.num_valid_drafts)."""
+        return self._states[seq_id].num_valid_drafts(drafts)
+
+    def num_accepted(self, seq_id: int) -> int:
+        """Output tokens `seq_id`'s grammar has accepted."""
+        return self._states[seq_id].num_accepted
+
+    def begin(
+        self, sample_seq_ids: list[int], drafted: list[tuple[int, list[int]]] = ()
+    ) -> BitmaskJob | None:
         """Start filling the bitmask of the step whose sampling rows belong to `sample_seq_ids`
-        (in row order); None when no row is constrained (no work, no thread hop)."""
+        (in row order), followed by the d + 1 verification rows of each (seq_id, drafts) in
+        `drafted`; None when no row is constrained (no work, no thread hop)."""
         if not self._states:
             return None
         states = self._states
-        rows = [(i, s, states[s]) for i, s in enumerate(sample_seq_ids) if s in states]
+        rows = [(i, s, states[s], None) for i, s in enumerate(sample_seq_ids) if s in states]
+        first = len(sample_seq_ids)
+        for seq_id, drafts in drafted:
+            if seq_id in states:
+                rows.append((first, seq_id, states[seq_id], drafts))
+            first += len(drafts) + 1
         if not rows:
             return None
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="grammar-bitmask")
         return BitmaskJob(self._executor.submit(self._fill, rows))
 
-    def _fill(self, rows: list[tuple[int, int, GrammarState]]) -> BitmaskBatch:
-        """On the worker thread: (logits row, seq_id, its state) -> one bitmask row each."""
+    def _fill(self, rows: list[tuple[int, int, GrammarState, list[int] | None]]) -> BitmaskBatch:
+        """On the worker thread: (first logits row, seq_id, its state, its drafts or None) -> one
+        bitmask row each, d + 1 for a drafted sequence."""
         start = time.perf_counter()
-        bitmask = xgr.allocate_token_bitmask(len(rows), self.vocab_size)
+        num_rows = sum(1 if drafts is None else len(drafts) + 1 for *_, drafts in rows)
+        bitmask = xgr.allocate_token_bitmask(num_rows, self.vocab_size)
         dead: list[int] = []
-        for b, (_, seq_id, state) in enumerate(rows):
-            if not state.fill(bitmask, b) and seq_id not in dead:
+        dead_after: dict[int, int] = {}
+        indices: list[int] = []
+        b = 0
+        for first, seq_id, state, drafts in rows:
+            if drafts is None:
+                if not state.fill(bitmask, b) and seq_id not in dead:
+                    dead.append(seq_id)
+                indices.append(first)
+                b += 1
+                continue
+            at = state.fill_drafted(bitmask, b, drafts)
+            if at == 0:
                 dead.append(seq_id)
-        indices = torch.tensor([i for i, _, _ in rows], dtype=torch.int64)
-        return BitmaskBatch(bitmask, indices, dead, time.perf_counter() - start)
+            elif at is not None:
+                dead_after[seq_id] = at
+            indices += range(first, first + len(drafts) + 1)
+            b += len(drafts) + 1
+        index = torch.tensor(indices, dtype=torch.int64)
+        return BitmaskBatch(bitmask, index, dead, dead_after, time.perf_counter() - start)
 
     def close(self) -> None:
         if self._executor is not None:

@@ -1,11 +1,12 @@
-"""N-gram speculative decoding in the engine (`speculative_config`), on the Shakespeare model:
-greedy text and token ids equal plain decoding's (and transformers' prompt-lookup `generate`)
-across the engine's features; drafts are counted, accepted runs stop where plain decoding stops,
-and no KV block leaks."""
+"""Speculative decoding in the engine (`speculative_config`), n-gram prompt lookup and the shipped
+draft model, on the Shakespeare model: greedy text and token ids equal plain decoding's (and
+transformers' `generate` with prompt lookup or the assistant model) across the engine's features;
+drafts are counted, accepted runs stop where plain decoding stops, and no KV block leaks."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -16,36 +17,16 @@ from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.engine.llm_engine import LLMEngine
 from tests.llm.engine_helpers import assert_pool_released, greedy
-from tests.llm.shakespeare_helpers import HELD_OUT, SHAKESPEARE, SONNETS_ADAPTER
-
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
-ROMEO = HELD_OUT["Romeo and Juliet, V.3"]
-SONNET = HELD_OUT["Sonnet 154"]
-SMALL_POOL = {"block_size": 8, "num_blocks": 40, "max_model_len": 320}
-"""A KV pool the four prompts and their answers overflow: sequences are preempted."""
-PROMPTS = [
-    SONNET + "\n" + SONNET[:60],  # a passage, then its start again: answers quote it
-    ROMEO[:400] + "\n\n" + ROMEO[:50],
-    "ROMEO:\nWhat light",
-    "CAPULET:\nO brother Montague, give me thy hand:\n",
-]
-
-
-def engine(speculative: dict | None = None, lora: bool = False, **overrides) -> LLMEngine:
-    settings = dict(
-        model=str(SHAKESPEARE),
-        dtype="float32",
-        kernel_backend="torch",
-        num_blocks=160,
-        max_model_len=512,
-        speculative_config="" if speculative is None else json.dumps(speculative),
-    )
-    if lora:
-        settings.update(enable_lora=True, max_lora_rank=16)
-    config = LLMConfig(**{**settings, **overrides})
-    config.validate()
-    modules = {"sonnets": SONNETS_ADAPTER} if lora else None
-    return LLMEngine(config, SHAKESPEARE, torch.device("cpu"), lora_modules=modules)
+from tests.llm.shakespeare_helpers import SHAKESPEARE, SHAKESPEARE_DRAFT
+from tests.llm.spec_decode.speculation_helpers import (
+    DRAFT,
+    METHODS,
+    NGRAM,
+    PROMPTS,
+    SMALL_POOL,
+    completions,
+    engine,
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +34,15 @@ def plain() -> LLMEngine:
     return engine()
 
 
+@pytest.fixture(scope="module", params=list(METHODS))
+def method(request) -> dict:
+    """The speculative_config of each method."""
+    return METHODS[request.param]
+
+
 @pytest.fixture(scope="module")
-def speculating() -> LLMEngine:
-    return engine(NGRAM)
-
-
-def _completions(outputs) -> list[list[tuple[str, list[int], str | None]]]:
-    return [[(c.text, c.token_ids, c.finish_reason) for c in out.outputs] for out in outputs]
+def speculating(method) -> LLMEngine:
+    return engine(method)
 
 
 def test_greedy_text_equals_plain_decoding_and_drafts_are_accepted(plain, speculating):
@@ -67,7 +50,7 @@ def test_greedy_text_equals_plain_decoding_and_drafts_are_accepted(plain, specul
     before = speculating.stats().counters
     expected = plain.generate(PROMPTS, params)
     got = speculating.generate(PROMPTS, params)
-    assert _completions(got) == _completions(expected)
+    assert completions(got) == completions(expected)
     counters = speculating.stats().counters - before
     assert counters.spec_decode_num_drafts > 0
     assert 0 < counters.spec_decode_num_accepted_tokens <= counters.spec_decode_num_draft_tokens
@@ -80,19 +63,34 @@ def test_greedy_text_equals_plain_decoding_and_drafts_are_accepted(plain, specul
     assert_pool_released(speculating)
 
 
-def test_equals_transformers_prompt_lookup_generate(speculating):
-    hf = LlamaForCausalLM.from_pretrained(SHAKESPEARE, dtype=torch.float32, local_files_only=True)
+def _hf(model_dir) -> LlamaForCausalLM:
+    return LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
+
+
+def test_equals_transformers_speculative_generate(method, speculating):
+    """transformers' own speculative greedy search: prompt lookup for ngram, assisted generation
+    with the same draft checkpoint for draft_model."""
+    if method["method"] == "ngram":
+        options = {
+            "prompt_lookup_num_tokens": NGRAM["num_speculative_tokens"],
+            "max_matching_ngram_size": NGRAM["prompt_lookup_max"],
+        }
+    else:
+        options = {"assistant_model": _hf(SHAKESPEARE_DRAFT), "num_assistant_tokens": 4}
     ids = speculating.tokenizer(PROMPTS[0])["input_ids"]
     with torch.no_grad():
-        reference = hf.generate(
-            torch.tensor([ids]),
-            max_new_tokens=40,
-            do_sample=False,
-            prompt_lookup_num_tokens=NGRAM["num_speculative_tokens"],
-            max_matching_ngram_size=NGRAM["prompt_lookup_max"],
-            eos_token_id=None,
-            pad_token_id=0,
-        )[0, len(ids) :].tolist()
+        reference = (
+            _hf(SHAKESPEARE)
+            .generate(
+                torch.tensor([ids]),
+                max_new_tokens=40,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+                **options,
+            )[0, len(ids) :]
+            .tolist()
+        )
     (out,) = speculating.generate([ids], greedy(40))
     assert out.outputs[0].token_ids == reference
 
@@ -106,12 +104,12 @@ def test_equals_transformers_prompt_lookup_generate(speculating):
         pytest.param({"enable_prefix_caching": False}, id="no-prefix-cache"),
     ],
 )
-def test_greedy_equals_plain_under_engine_settings(plain, overrides):
+def test_greedy_equals_plain_under_engine_settings(plain, method, overrides):
     params = greedy(48)
-    spec = engine(NGRAM, **overrides)
+    spec = engine(method, **overrides)
     expected = plain.generate(PROMPTS, params)
     got = spec.generate(PROMPTS, params)
-    assert _completions(got) == _completions(expected)
+    assert completions(got) == completions(expected)
     if "preemption_mode" in overrides:
         assert spec.stats().counters.num_preemptions > 0
     assert_pool_released(spec)
@@ -149,11 +147,11 @@ def test_stops_inside_an_accepted_run_end_where_plain_decoding_ends(plain, specu
     assert_pool_released(speculating)
 
 
-def test_logprobs_penalties_n_and_lora_rows(plain):
+def test_logprobs_penalties_n_and_lora_rows(method):
     """Logprobs of emitted tokens, repetition penalties (the history includes earlier drafts),
     n > 1 (sampled) and LoRA rows beside base rows all match plain decoding."""
     with_lora = engine(None, lora=True)
-    spec = engine(NGRAM, lora=True)
+    spec = engine(method, lora=True)
     cases = [
         (greedy(40, logprobs=3), None),
         (greedy(40, repetition_penalty=1.3, frequency_penalty=0.2), None),
@@ -166,7 +164,7 @@ def test_logprobs_penalties_n_and_lora_rows(plain):
         names = [lora, None]
         expected = with_lora.generate(PROMPTS[:2], params, lora_names=names)
         got = spec.generate(PROMPTS[:2], params, lora_names=names)
-        assert _completions(got) == _completions(expected), (params, lora)
+        assert completions(got) == completions(expected), (params, lora)
         for e, g in zip(expected, got, strict=True):
             for ce, cg in zip(e.outputs, g.outputs, strict=True):
                 if ce.logprobs is None:
@@ -184,20 +182,52 @@ def test_seeded_sampling_is_reproducible_and_stays_in_the_vocabulary(speculating
     params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=40, seed=11, ignore_eos=True)
     first = speculating.generate(PROMPTS[:2], params)
     second = speculating.generate(PROMPTS[:2], params)
-    assert _completions(first) == _completions(second)
+    assert completions(first) == completions(second)
     vocab = speculating.vocab_size
     assert all(0 <= t < vocab for out in first for t in out.outputs[0].token_ids)
     assert all(len(out.outputs[0].token_ids) == 40 for out in first)
     assert_pool_released(speculating)
 
 
-def test_structured_outputs_are_not_drafted_and_match_plain(plain, speculating):
-    params = greedy(30, structured_outputs={"regex": "(the|a) [a-z]+ [a-z]+ [a-z]+"})
-    (expected,) = plain.generate([PROMPTS[0]], params)
+QUOTE = r"[A-Za-z ,.;:'\n-]{40,160}"
+"""A regex the quoting prompt's answer fits: drafts copied from the prompt are allowed."""
+CONSTRAINTS = [
+    {"regex": "(the|a) [a-z]+ [a-z]+ [a-z]+"},
+    {"regex": QUOTE},
+    {"json": {"type": "object", "properties": {"l": {"type": "string"}}, "required": ["l"]}},
+    {"choice": ["The little Love-god lying once asleep", "Shall I compare thee"]},
+]
+
+
+def test_structured_outputs_draft_within_the_grammar_and_match_plain(plain, speculating):
+    """Drafts under a constraint are cut to what the grammar allows and each verified position
+    is masked: greedy text equals plain decoding's, and drafts are still accepted."""
     before = speculating.stats().counters
-    (got,) = speculating.generate([PROMPTS[0]], params)
-    assert got.outputs[0].text == expected.outputs[0].text
-    assert (speculating.stats().counters - before).spec_decode_num_drafts == 0
+    for constraint in CONSTRAINTS:
+        params = greedy(48, structured_outputs=constraint)
+        expected = plain.generate(PROMPTS[:2], params)
+        got = speculating.generate(PROMPTS[:2], params)
+        assert completions(got) == completions(expected), constraint
+    counters = speculating.stats().counters - before
+    assert counters.spec_decode_num_drafts > 0 and counters.spec_decode_num_accepted_tokens > 0
+    assert len(speculating.structured) == 0
+    assert_pool_released(speculating)
+
+
+def test_sampled_structured_outputs_keep_to_the_grammar(speculating):
+    params = SamplingParams(
+        temperature=1.0, seed=5, max_tokens=64, structured_outputs={"regex": QUOTE}
+    )
+    outs = speculating.generate(PROMPTS[:2] * 2, params)
+    for out in outs:
+        completion = out.outputs[0]
+        assert out.error is None
+        if completion.finish_reason == "stop":
+            assert re.fullmatch(QUOTE, completion.text), completion.text
+        else:
+            assert re.fullmatch(r"[A-Za-z ,.;:'\n-]*", completion.text), completion.text
+    assert completions(outs[:2]) == completions(outs[2:])  # seeded: reproducible
+    assert_pool_released(speculating)
 
 
 def test_speculation_is_off_above_the_batch_size_limit(plain):
@@ -206,7 +236,7 @@ def test_speculation_is_off_above_the_batch_size_limit(plain):
     params = greedy(30)
     got = spec.generate(PROMPTS, params)  # four running: never speculates
     assert spec.stats().counters.spec_decode_num_drafts == 0
-    assert _completions(got) == _completions(plain.generate(PROMPTS, params))
+    assert completions(got) == completions(plain.generate(PROMPTS, params))
     spec.generate(PROMPTS[:1], params)  # one running: speculates
     assert spec.stats().counters.spec_decode_num_drafts > 0
 
@@ -237,21 +267,21 @@ def test_a_bad_speculative_config_fails_validation_naming_the_field(value, field
     assert field in str(error.value)
 
 
-def test_a_draft_model_config_is_refused_at_load_naming_the_method():
-    with pytest.raises(ConfigError) as error:
-        engine({"method": "draft_model", "model": str(SHAKESPEARE), "num_speculative_tokens": 3})
-    assert "speculative_config.method" in str(error.value)
-
-
 @pytest.mark.parametrize("parallel", ["tensor_parallel_size", "pipeline_parallel_size"])
-def test_greedy_equals_plain_with_two_ranks(parallel):
-    """Rank 0 drafts and verifies; the other rank (a worker process: the other tensor-parallel
-    shard, or the second pipeline stage) computes the drafted rows in the same forward."""
+@pytest.mark.parametrize("kind", list(METHODS))
+def test_greedy_equals_plain_with_two_ranks(parallel, kind):
+    """Rank 0 drafts (the draft model runs there alone, unsharded) and verifies; the other rank
+    (a worker process: the other tensor-parallel shard, or the second pipeline stage) computes
+    the drafted rows in the same forward."""
     from tests.llm.engine_helpers import engine_checkpoint, make_engine, random_prompt
 
     model_dir, _ = engine_checkpoint("LlamaForCausalLM")
     prompts = [random_prompt(6, 0) * 4, random_prompt(5, 1) * 3 + random_prompt(4, 2)]
-    speculative = json.dumps({**NGRAM, "prompt_lookup_min": 1})
+    speculative = json.dumps(
+        {**NGRAM, "prompt_lookup_min": 1}
+        if kind == "ngram"
+        else {**DRAFT, "model": str(model_dir)}  # the target itself as its draft
+    )
     expected = make_engine(model_dir).generate(prompts, greedy(24))
     spec = make_engine(model_dir, speculative_config=speculative, **{parallel: 2})
     try:
@@ -259,4 +289,4 @@ def test_greedy_equals_plain_with_two_ranks(parallel):
         assert spec.stats().counters.spec_decode_num_drafts > 0
     finally:
         spec.close()
-    assert _completions(got) == _completions(expected)
+    assert completions(got) == completions(expected)
