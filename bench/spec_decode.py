@@ -12,7 +12,15 @@ identical before timing; the systems then run interleaved. Acceptance rate (acce
 tokens) and mean accepted length (1 + accepted per drafted run) are each engine's own counters
 over one c1 run.
 
-    python -m bench.spec_decode [--quick] [--threads 1] [--repeats 3]
+The peer: OpenVINO GenAI's prompt-lookup pipeline (`LLMPipeline(prompt_lookup=True)`, the same k
+as `num_assistant_tokens` and the same longest n-gram as `max_ngram_size`; it tries every shorter
+n-gram down to 1) on the checkpoint exported to OpenVINO IR in float32, in a worker of
+`.venv-peers` (bench.peers) with the same thread count, given the same prompt token ids, one at a
+time; beside it the same pipeline without prompt lookup, to show what speculation adds there.
+Their greedy tokens must equal plain decoding's before they are timed, in the c1 rotation. They
+are skipped in --quick mode (the report says why) unless --peers.
+
+    python -m bench.spec_decode [--quick] [--peers] [--threads 1] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -23,8 +31,10 @@ import statistics
 from pathlib import Path
 
 from bench import cli
-from bench.llm import check_same, greedy, new_engine
+from bench.llm import agreement, check_same, greedy, new_engine
 from bench.output import progress
+from bench.peers import plan
+from bench.peers.client import PeerError, PeerWorker
 from bench.skeleton import Benchmark
 from bench.summary import summary_line, target
 from bench.timing import spread, time_interleaved, timed
@@ -53,13 +63,15 @@ SPECULATIVE = {
 }
 """Each speculating system's speculative_config (the draft's path relative to the repository)."""
 SYSTEMS = ("plain", *SPECULATIVE)
+PEER = "openvino_genai_prompt_lookup"
+PEER_PLAIN = "openvino_genai_pipeline"
+"""The same OpenVINO GenAI pipeline without prompt lookup: where the peer's speed comes from."""
+PEER_KEY = "spec_ngram_vs_openvino_genai_prompt_lookup_c1"
+CONVERSIONS = {PEER: "openvino-llm", PEER_PLAIN: "openvino-llm"}
 KEYS = ("spec_ngram_vs_plain_c1", "spec_ngram_vs_plain_c16", "spec_draft_vs_plain_c1")
+"""The figures of our own systems (PEER_KEY comes with the peer, or is missing with a reason)."""
 WORKLOAD_SYSTEMS = {"c1": SYSTEMS, "c16": ("plain", "ngram")}
-"""Who runs each timed workload: the draft model's key is c1 only."""
-NOT_MEASURED = {
-    "spec_ngram_vs_openvino_genai_prompt_lookup_c1": "OpenVINO GenAI's prompt-lookup pipeline is "
-    "not wired into the peer worker yet",
-}
+"""Who runs each timed workload: the draft model's key is c1 only (the peer joins c1 when run)."""
 
 # Public-domain passages (Shakespeare's sonnets and plays), in the training text's form.
 PASSAGES = (
@@ -89,6 +101,13 @@ def quote_prompts(count: int) -> list[str]:
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=None, help="prompts (default 16)")
     parser.add_argument("--max-tokens", type=int, default=None, help="tokens per answer (96)")
+    parser.set_defaults(peers=cli.ByMode(quick=False, cpu=True))
+    parser.add_argument(
+        "--peers",
+        action=argparse.BooleanOptionalAction,
+        help="run OpenVINO GenAI's prompt lookup (builds .venv-peers on first use; default: "
+        "%(default)s)",
+    )
 
 
 def run(args: argparse.Namespace, scratch: Path) -> dict:
@@ -124,10 +143,17 @@ def run(args: argparse.Namespace, scratch: Path) -> dict:
     batched = {name: all_at_once(engines[name]) for name in WORKLOAD_SYSTEMS["c16"]}
     fidelity["c16"] = check_same("plain", batched["plain"], {"ngram": batched["ngram"]}, dtype)
 
-    seconds = {}
-    for workload, serve in (("c1", one_by_one), ("c16", all_at_once)):
-        systems = {name: _timed(serve, engines[name]) for name in WORKLOAD_SYSTEMS[workload]}
-        seconds[workload], _ = time_interleaved(systems, args.repeats)
+    peer = Peer(args, device, dtype)
+    try:
+        peer.check(prompts, max_tokens, checked["plain"])
+        seconds = {}
+        for workload, serve in (("c1", one_by_one), ("c16", all_at_once)):
+            systems = {name: _timed(serve, engines[name]) for name in WORKLOAD_SYSTEMS[workload]}
+            if workload == "c1" and peer.ready:
+                systems.update(peer.timed(prompts, max_tokens))
+            seconds[workload], _ = time_interleaved(systems, args.repeats)
+    finally:
+        peer.close()
     tokens = count * max_tokens
     return {
         "device": str(device),
@@ -161,15 +187,89 @@ def run(args: argparse.Namespace, scratch: Path) -> dict:
             for w, s in seconds.items()
         },
         "speculation": {name: _acceptance(c, tokens) for name, c in counters.items()},
-        "fidelity": fidelity,
-        "summary": {
-            f"spec_{name}_vs_plain_{w}": statistics.median(s["plain"]) / statistics.median(s[name])
-            for w, s in seconds.items()
-            for name in s
-            if name != "plain"
-        },
-        "not_measured": dict(NOT_MEASURED),
+        "fidelity": {**fidelity, **peer.fidelity},
+        "peer": peer.record(),
+        "summary": _summary(seconds),
+        "missing": {} if peer.ready else {PEER_KEY: peer.why_not},
     }
+
+
+def _summary(seconds: dict[str, dict[str, list[float]]]) -> dict[str, float]:
+    """Each speculating system against plain decoding, and the peer against our n-gram engine."""
+    median = {w: {name: statistics.median(t) for name, t in s.items()} for w, s in seconds.items()}
+    summary = {
+        f"spec_{name}_vs_plain_{w}": m["plain"] / m[name]
+        for w, m in median.items()
+        for name in m
+        if name in SPECULATIVE
+    }
+    if PEER in median["c1"]:
+        summary[PEER_KEY] = median["c1"][PEER] / median["c1"]["ngram"]
+        summary["openvino_genai_prompt_lookup_vs_its_plain_c1"] = (
+            median["c1"][PEER_PLAIN] / median["c1"][PEER]
+        )
+    return summary
+
+
+class Peer:
+    """OpenVINO GenAI's prompt lookup in a `.venv-peers` worker, or why it does not run."""
+
+    def __init__(self, args: argparse.Namespace, device, dtype: str):
+        self.dtype, self.threads = dtype, args.threads
+        self.why_not = plan.why_no_peers(args, device)
+        self.paths: dict[str, str] = {}
+        self.settings: dict = {}
+        self.fidelity: dict = {}
+        self.worker: PeerWorker | None = None
+        if self.why_not is None:
+            self.paths, reasons = plan.converted_models(CONVERSIONS, CHECKPOINT)
+            self.why_not = reasons.get(PEER)
+
+    @property
+    def ready(self) -> bool:
+        return self.why_not is None and self.worker is not None
+
+    def check(self, prompts: list[list[int]], max_tokens: int, reference: list[list[int]]) -> None:
+        """Load both pipelines and require plain decoding's greedy tokens of each (else neither is
+        timed, saying why)."""
+        if self.why_not is not None:
+            return
+        ngram = SPECULATIVE["ngram"]
+        lookup = {
+            "num_assistant_tokens": ngram["num_speculative_tokens"],
+            "max_ngram_size": ngram["prompt_lookup_max"],
+        }
+        self.worker = PeerWorker(self.threads)
+        for system, settings in ((PEER, {"prompt_lookup": True, **lookup}), (PEER_PLAIN, {})):
+            try:
+                path = self.paths[system]
+                self.settings[system] = self.worker.load(system, path, self.dtype, **settings)
+                outputs, _ = self.worker.generate(system, prompts, [max_tokens] * len(prompts))
+            except PeerError as exc:
+                self.why_not = f"{system} failed: {exc}"
+                return
+            same = agreement(reference, outputs)
+            self.fidelity[f"c1_{system}_vs_plain"] = same
+            progress(f"{system}: greedy agreement with plain decoding {same}")
+            if same["requests"] < 1.0:
+                self.why_not = f"{system}'s float32 greedy tokens differ from ours ({same})"
+                return
+
+    def timed(self, prompts: list[list[int]], max_tokens: int) -> dict:
+        """Both pipelines as systems timing themselves."""
+        assert self.worker is not None
+        worker, lens = self.worker, [max_tokens] * len(prompts)
+        return {
+            system: (lambda s=system: worker.generate(s, prompts, lens, outputs=False))
+            for system in (PEER, PEER_PLAIN)
+        }
+
+    def record(self) -> dict:
+        return {"run": self.ready, "reason": self.why_not, "settings": self.settings}
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
 
 
 def _acceptance(counters, tokens: int) -> dict:
@@ -210,9 +310,9 @@ def report(result: dict) -> list[str]:
     ]
     for workload, rates in tps.items():
         for name, rate in rates.items():
-            key = f"spec_{name}_vs_plain_{workload}"
-            ratio = "" if name == "plain" else f"{result['summary'][key]:.3f}"
-            lines.append(f"| {workload} | {name} | {rate:.1f} | {ratio} |")
+            ratio = result["summary"].get(f"spec_{name}_vs_plain_{workload}")
+            shown = "" if ratio is None else f"{ratio:.3f}"
+            lines.append(f"| {workload} | {name} | {rate:.1f} | {shown} |")
     lines.append("")
     for name, spec in result["speculation"].items():
         lines.append(
@@ -223,10 +323,19 @@ def report(result: dict) -> list[str]:
             f"{spec['accepted_per_position']}); {spec['steps_saved']:.1%} of the decode steps "
             "saved."
         )
-    for key in KEYS:
-        value = result["summary"][key]
-        lines.append(summary_line(key, value, f">= {target(key):g}", value >= target(key)))
-    lines += [f"Not measured: `{key}`: {why}." for key, why in result["not_measured"].items()]
+    own = result["summary"].get("openvino_genai_prompt_lookup_vs_its_plain_c1")
+    if own is not None:
+        c1 = tps["c1"]
+        lines.append(
+            f"OpenVINO GenAI at c1: prompt lookup {c1[PEER]:.1f} tokens/s, its own pipeline without "
+            f"it {c1[PEER_PLAIN]:.1f} ({own:.3f}x from speculation); our plain decoding "
+            f"{c1['plain']:.1f}."
+        )
+    for key in (*KEYS, PEER_KEY):
+        value = result["summary"].get(key)
+        if value is not None:
+            lines.append(summary_line(key, value, f">= {target(key):g}", value >= target(key)))
+    lines += [f"Not measured: `{key}`: {why}." for key, why in result["missing"].items()]
     return lines
 
 

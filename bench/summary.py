@@ -181,6 +181,12 @@ TARGETS = (
         "request at a time, on the same prompts (the default LLM, float32, CPU)",
     ),
     Target(
+        "spec_ngram_vs_openvino_genai_prompt_lookup_c1",
+        1.0,
+        "n-gram speculative decoding vs OpenVINO GenAI's prompt-lookup pipeline (the same k and "
+        "longest n-gram), one request at a time, float32, CPU",
+    ),
+    Target(
         "spec_ngram_vs_plain_c16",
         0.95,
         "n-gram speculative decoding vs plain decoding, 16 requests at once (speculation off above "

@@ -26,7 +26,12 @@ import traceback
 
 import numpy as np
 
-LLM_SYSTEMS = ("openvino_genai", "ctranslate2")
+LLM_SYSTEMS = (
+    "openvino_genai",
+    "openvino_genai_prompt_lookup",
+    "openvino_genai_pipeline",
+    "ctranslate2",
+)
 ENCODER_SYSTEMS = ("openvino", "onnxruntime")
 OV_PRECISION = {"float32": "f32", "bfloat16": "bf16"}
 
@@ -83,6 +88,51 @@ _SCHEDULER_FIELDS = (
     "enable_prefix_caching",
     "dynamic_split_fuse",
 )
+
+
+class OpenVINOGenAIPipeline:
+    """`openvino_genai.LLMPipeline`, one request at a time, greedy, EOS ignored. With
+    `prompt_lookup` (settings; system "openvino_genai_prompt_lookup") it is OpenVINO GenAI's
+    prompt-lookup speculative decoding, `num_assistant_tokens` drafts per step from n-grams of up
+    to `max_ngram_size` tokens; without (system "openvino_genai_pipeline"), plain decoding."""
+
+    def __init__(self, path: str, threads: int, dtype: str, settings: dict):
+        import openvino as ov
+        import openvino_genai as genai
+
+        self.ov, self.genai = ov, genai
+        self.properties = {
+            "INFERENCE_NUM_THREADS": threads,
+            "INFERENCE_PRECISION_HINT": OV_PRECISION[dtype],
+            "KV_CACHE_PRECISION": OV_PRECISION[dtype],
+        }
+        self.lookup = bool(settings.get("prompt_lookup"))
+        self.pipe = genai.LLMPipeline(path, "CPU", prompt_lookup=self.lookup, **self.properties)
+        self.num_assistant_tokens = settings.get("num_assistant_tokens")
+        self.max_ngram_size = settings.get("max_ngram_size")
+        self.info = {
+            "prompt_lookup": self.lookup,
+            "num_assistant_tokens": self.num_assistant_tokens,
+            "max_ngram_size": self.max_ngram_size,
+            "properties": self.properties,
+            "openvino": ov.__version__,
+            "openvino_genai": genai.__version__,
+        }
+
+    def generate(self, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
+        outputs = []
+        for prompt, n in zip(prompts, max_tokens, strict=True):
+            config = self.genai.GenerationConfig()
+            config.max_new_tokens = n
+            config.ignore_eos = True
+            config.do_sample = False
+            if self.lookup:
+                config.num_assistant_tokens = self.num_assistant_tokens
+                config.max_ngram_size = self.max_ngram_size
+            ids = self.ov.Tensor(np.asarray([prompt], dtype=np.int64))
+            result = self.pipe.generate(ids, config)
+            outputs.append(list(result.tokens[0]))
+        return outputs
 
 
 class CTranslate2:
@@ -217,6 +267,8 @@ class OnnxRuntimeEncoder(Encoder):
 
 SYSTEMS = {
     "openvino_genai": OpenVINOGenAI,
+    "openvino_genai_prompt_lookup": OpenVINOGenAIPipeline,
+    "openvino_genai_pipeline": OpenVINOGenAIPipeline,
     "ctranslate2": CTranslate2,
     "openvino": OpenVINOEncoder,
     "onnxruntime": OnnxRuntimeEncoder,

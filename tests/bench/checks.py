@@ -98,5 +98,8 @@ PEER_KEYS = {
 }
 """The summary keys each peer benchmark gives (missing, with a reason, in --quick mode)."""
 
-OTHER_PEER_KEYS = {"quantized_engine": {"engine_w4a16_vs_openvino_genai_int4"}}
+OTHER_PEER_KEYS = {
+    "quantized_engine": {"engine_w4a16_vs_openvino_genai_int4"},
+    "spec_decode": {"spec_ngram_vs_openvino_genai_prompt_lookup_c1"},
+}
 """Peer figures of benchmarks that give figures of their own too (missing in --quick mode)."""

@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from bench.spec_decode import KEYS, NOT_MEASURED, SYSTEMS, WORKLOAD_SYSTEMS
+from bench.spec_decode import KEYS, PEER_KEY, SYSTEMS, WORKLOAD_SYSTEMS
 from tests.bench.checks import quick_result
 
 pytestmark = pytest.mark.bench
@@ -33,4 +33,6 @@ def test_spec_decode(quick_suite):
         assert spec["mean_accepted_length"] == pytest.approx(
             1 + spec["accepted_tokens"] / spec["drafts"]
         )
-    assert result["not_measured"] == NOT_MEASURED
+    # Quick mode runs no peer: its figure is missing, saying why.
+    assert set(result["missing"]) == {PEER_KEY} and "--quick" in result["missing"][PEER_KEY]
+    assert result["peer"]["run"] is False

@@ -164,8 +164,8 @@ class DraftModel:
         caches = [self._caches[seq.seq_id] for _, seq, _ in live]
         starts = [len(c.token_ids) for c in caches]
         chunks = [seq.token_ids[start:] for (_, seq, _), start in zip(live, starts, strict=True)]
-        for (_, seq, _), cache in zip(live, caches, strict=True):
-            cache.token_ids = list(seq.token_ids)
+        for (_, seq, _), cache, chunk in zip(live, caches, chunks, strict=True):
+            cache.token_ids += chunk
             cache.num_final = seq.num_tokens
         tokens = self._forward(chunks, starts, caches)
         for (i, _, _), token in zip(live, tokens, strict=True):
