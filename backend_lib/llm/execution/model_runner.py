@@ -116,10 +116,6 @@ class ModelOutput:
     `sampled` entry holds the accepted drafts plus one token."""
 
 
-_NEVER = 1 << 62
-"""A draft position no verification reaches."""
-
-
 def resolve_max_model_len(setting: int, max_position_embeddings: int) -> int:
     """0 takes the checkpoint's limit; beyond it the model was never trained (and rotary tables end)."""
     if setting == 0:
@@ -394,7 +390,8 @@ class ModelRunner:
             if v.logprobs is not None:
                 output.logprobs[d.seq_id] = v.logprobs
             output.drafts[d.seq_id] = (v.num_drafts, v.num_accepted)
-            if mask is not None and v.num_accepted >= mask.dead_after_drafts.get(d.seq_id, _NEVER):
+            dead_at = None if mask is None else mask.dead_after_drafts.get(d.seq_id)
+            if dead_at is not None and v.num_accepted >= dead_at:
                 mask.dead_seq_ids.append(d.seq_id)
 
     def run_step(self, message: StepMessage) -> None:

@@ -31,7 +31,7 @@ from backend_lib.llm.execution.flat_batch import flat_batch
 from backend_lib.llm.execution.kv_pool import KVCacheSpec, KVPool
 from backend_lib.llm.execution.loader import CheckpointInfo, load_model, read_checkpoint_info
 from backend_lib.llm.spec_decode.config import SpeculativeConfig
-from backend_lib.quantization import resolve_quantization
+from backend_lib.quantization import check_quantization, resolve_quantization
 from kernels import KernelOps
 
 FIELD = "speculative_config.model"
@@ -124,6 +124,7 @@ class DraftModel:
         quantization = resolve_quantization(
             "auto", None if prequantized is None else prequantized.describe()
         )
+        check_quantization(quantization, device)
         self.model = load_model(
             checkpoint, device, dtype, ops, max_model_len, quantization=quantization
         )

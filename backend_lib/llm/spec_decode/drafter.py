@@ -46,7 +46,6 @@ class Drafter:
     def propose(self, running: list[Sequence], grammars: StructuredOutputManager) -> None:
         """Set `spec_token_ids` of each running sequence (empty where it does not speculate).
         A sequence under a grammar (in `grammars`) keeps only the drafts its grammar allows."""
-        self.retain(running)
         _clear(running)
         if not self.config.enabled_for(len(running)):
             return
@@ -69,7 +68,7 @@ class Drafter:
 
     def retain(self, running: list[Sequence]) -> None:
         """Free the draft model's cache of every sequence no longer running (finished, aborted
-        or preempted); called before proposing and after each step."""
+        or preempted); the engine calls it at the end of each step."""
         if self.draft is not None:
             self.draft.retain({seq.seq_id for seq in running})
 
