@@ -74,6 +74,7 @@ BENCHMARKS = (
     ),
     SuiteEntry("embedding_peers", "Embedding vs OpenVINO and ONNX Runtime (CPU)"),
     SuiteEntry("rerank", "Rerank vs CrossEncoder"),
+    SuiteEntry("decoder_retrieval", "Decoder embedder and reranker vs sentence-transformers"),
     SuiteEntry("encoders_served", "Embedding and rerank through tritonserver"),
     SuiteEntry("openai_frontend", "OpenAI frontend vs gRPC"),
     SuiteEntry("structured_outputs", "Structured outputs: constrained vs free"),

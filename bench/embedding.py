@@ -38,17 +38,25 @@ DEFAULTS = cli.Defaults(cli.DEFAULT_DTYPE, threads=0, repeats=cli.ByMode(quick=1
 TARGET_RATIO = target("embedding_vs_sentence_transformers")
 
 
+KEY = "embedding_vs_sentence_transformers"
+
+
 def run(args: argparse.Namespace, _scratch: Path) -> dict[str, object]:
+    from backend_lib.checkpoint import resolve_model_path
+
+    return run_with(args, resolve_model_path(args.model, Path.cwd()), args.model, KEY)
+
+
+def run_with(args: argparse.Namespace, model_dir: Path, model: str, key: str) -> dict[str, object]:
+    """The measurement on checkpoint `model_dir` (described as `model`), its ratio as `key`."""
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from backend_lib.checkpoint import resolve_model_path
     from backend_lib.encoder.config import EmbeddingConfig
     from backend_lib.encoder.embedder import Embedder
 
     device, dtype, dtype_name = cli.setup_torch(args)
     texts = mixed_texts(args.texts, args.seed)
-    model_dir = resolve_model_path(args.model, Path.cwd())
     reference = reference_model(SentenceTransformer, model_dir, device, dtype)
     config = EmbeddingConfig(model=str(model_dir), dtype=dtype_name)
     embedder = Embedder.from_config(config, device, Path.cwd())
@@ -73,7 +81,7 @@ def run(args: argparse.Namespace, _scratch: Path) -> dict[str, object]:
     ratios = [a / b for a, b in zip(st_time.seconds, our_time.seconds, strict=True)]
     tokens = sum(lengths)
     return {
-        "model": args.model,
+        "model": model,
         "device": str(device),
         "dtype": dtype_name,
         "texts": len(texts),
@@ -95,7 +103,7 @@ def run(args: argparse.Namespace, _scratch: Path) -> dict[str, object]:
             "sentence_transformers": "encode() defaults (batch_size=32)",
             "torch_threads": torch.get_num_threads(),
         },
-        "summary": {"embedding_vs_sentence_transformers": statistics.median(ratios)},
+        "summary": {key: statistics.median(ratios)},
     }
 
 

@@ -46,11 +46,19 @@ means something."""
 FIDELITY_PAIRS = 64
 
 
+KEY = "rerank_vs_cross_encoder"
+
+
 def run(args: argparse.Namespace, scratch: Path) -> dict:
-    return run_with(args, build_cross_encoder(scratch, args.seed, HEAD_STD))
+    model = (
+        "all-MiniLM-L6-v2 encoder + seeded random BertForSequenceClassification head "
+        f"(num_labels=1, std {HEAD_STD}, seed {args.seed})"
+    )
+    return run_with(args, build_cross_encoder(scratch, args.seed, HEAD_STD), model, KEY)
 
 
-def run_with(args: argparse.Namespace, model_dir: Path) -> dict:
+def run_with(args: argparse.Namespace, model_dir: Path, model: str, key: str) -> dict:
+    """The measurement on cross-encoder `model_dir` (described as `model`), its ratio as `key`."""
     import torch
     from sentence_transformers import CrossEncoder
 
@@ -99,8 +107,7 @@ def run_with(args: argparse.Namespace, model_dir: Path) -> dict:
     return {
         "device": str(device),
         "dtype": dtype_name,
-        "model": "all-MiniLM-L6-v2 encoder + seeded random BertForSequenceClassification head "
-        f"(num_labels=1, std {HEAD_STD}, seed {args.seed})",
+        "model": model,
         "workload": {
             "pairs": len(pairs),
             "documents_per_query": DOCUMENTS_PER_QUERY,
@@ -127,7 +134,7 @@ def run_with(args: argparse.Namespace, model_dir: Path) -> dict:
             "cross_encoder": "predict() defaults (batch_size=32)",
             "torch_threads": torch.get_num_threads(),
         },
-        "summary": {"rerank_vs_cross_encoder": statistics.median(ratios)},
+        "summary": {key: statistics.median(ratios)},
     }
 
 

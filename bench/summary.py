@@ -114,6 +114,18 @@ TARGETS = (
     ),
     Target("rerank_vs_cross_encoder", 1.5, "items/s vs CrossEncoder.predict"),
     Target(
+        "decoder_embedding_vs_sentence_transformers",
+        1.5,
+        "a Qwen3 last-token embedder's items/s vs SentenceTransformer.encode, same texts and "
+        "threads, float32, CPU",
+    ),
+    Target(
+        "llm_rerank_vs_cross_encoder",
+        1.5,
+        "a Qwen3 ForSequenceClassification reranker's items/s vs CrossEncoder.predict, same "
+        "pairs and threads, float32, CPU",
+    ),
+    Target(
         "openai_vs_grpc",
         0.95,
         "streaming chat output tokens/s through the OpenAI frontend vs gRPC to tritonserver",

@@ -318,3 +318,93 @@ def build_cross_encoder(out_dir: Path, seed: int = 0, head_std: float = 1.0) -> 
     model.save_pretrained(out_dir)
     copy_minilm_tokenizer(Path(out_dir))
     return Path(out_dir)
+
+
+# --- sentence-transformers files -----------------------------------------------------------------
+
+
+def write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data), encoding="utf-8")
+
+
+def write_st_files(
+    target: Path, pooling_mode: str | list[str], normalize: bool, max_seq_length: int
+) -> None:
+    """sentence-transformers files: Transformer -> Pooling(mode) [-> Normalize]."""
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ]
+    if normalize:
+        modules.append(
+            {
+                "idx": 2,
+                "name": "2",
+                "path": "2_Normalize",
+                "type": "sentence_transformers.models.Normalize",
+            }
+        )
+    write_json(target / "modules.json", modules)
+    write_json(
+        target / "sentence_bert_config.json",
+        {"max_seq_length": max_seq_length, "do_lower_case": False},
+    )
+    write_json(
+        target / "1_Pooling" / "config.json",
+        {"embedding_dimension": 32, "pooling_mode": pooling_mode},
+    )
+
+
+# --- decoder embedders and rerankers on the Shakespeare model's tokenizer ------------------------
+
+SHAKESPEARE_DIR = Path(__file__).resolve().parents[1] / "models" / "shakespeare-llama"
+DECODER_VOCAB = 4096
+"""The Shakespeare tokenizer's vocabulary, which the random decoder bodies share."""
+
+
+def write_decoder_tokenizer(target: Path, append_eos: bool = True) -> None:
+    """The Shakespeare BPE tokenizer as a decoder embedder's: left padding, and `append_eos`
+    an <|eos|> after each text (Qwen3-Embedding's tokenizer appends its end-of-text so)."""
+    from tokenizers import Tokenizer, processors
+
+    tokenizer = Tokenizer.from_file(str(SHAKESPEARE_DIR / "tokenizer.json"))
+    if append_eos:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="<|bos|> $A <|eos|>",
+            pair="<|bos|> $A <|eos|> $B:1 <|eos|>:1",
+            special_tokens=[("<|bos|>", 1), ("<|eos|>", 2)],
+        )
+    tokenizer.save(str(target / "tokenizer.json"))
+    config = json.loads((SHAKESPEARE_DIR / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config["padding_side"] = "left"
+    (target / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+
+
+def build_decoder_body(
+    arch: str, out_dir: Path, seed: int = 0, num_labels: int | None = None, **overrides: Any
+) -> Path:
+    """A random decoder body of `arch`'s family (`hf_config`) saved as transformers saves its base
+    model (`Qwen3Model`: "layers.0..." tensors), or with `num_labels` as its
+    `*ForSequenceClassification`; the decoder tokenizer (`write_decoder_tokenizer`) beside it."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    values = dict(vocab_size=DECODER_VOCAB, max_position_embeddings=512, pad_token_id=0)
+    if num_labels is not None:
+        values["num_labels"] = num_labels
+    config = hf_config(arch, **{**values, **overrides})
+    torch.manual_seed(seed)
+    auto = (
+        transformers.AutoModel
+        if num_labels is None
+        else transformers.AutoModelForSequenceClassification
+    )
+    model = auto.from_config(config, dtype=torch.float32)
+    randomize_(model, seed)
+    model.save_pretrained(out_dir)
+    write_decoder_tokenizer(out_dir)
+    return out_dir

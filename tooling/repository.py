@@ -150,6 +150,14 @@ def write_model(spec: ModelSpec, repository: Path) -> list[Path]:
     return written
 
 
+def _has_pooling_module(checkpoint: Path) -> bool:
+    """Whether modules.json lists a sentence-transformers Pooling module."""
+    modules = checkpoint / "modules.json"
+    if not modules.is_file():
+        return False
+    return any(str(m.get("type", "")).endswith(".Pooling") for m in json.loads(modules.read_text()))
+
+
 def detect_kind(checkpoint: Path) -> ModelKind:
     """Model kind of a local HF checkpoint from its `config.json` architecture."""
     config_path = checkpoint / "config.json"
@@ -157,6 +165,10 @@ def detect_kind(checkpoint: Path) -> ModelKind:
         raise FileNotFoundError(f"{checkpoint} has no config.json: not a Hugging Face checkpoint")
     architectures = json.loads(config_path.read_text()).get("architectures") or []
     architecture = architectures[0] if architectures else ""
+    # A sentence-transformers embedder first: decoder embedders (Qwen3-Embedding) often keep
+    # their causal-LM architecture name in config.json.
+    if _has_pooling_module(checkpoint):
+        return "embedding"
     if architecture.endswith("ForCausalLM"):
         return "llm"
     if architecture.endswith("ForSequenceClassification"):

@@ -15,6 +15,11 @@ from backend_lib.device import resolve_dtype
 from backend_lib.encoder.batching import MicroBatch, run_micro_batches
 from backend_lib.encoder.config import EncoderSettings, auto_max_batch_tokens
 from backend_lib.encoder.packed_bert import EncoderArchitecture, PackedBertEncoder
+from backend_lib.encoder.packed_decoder import (
+    DecoderArchitecture,
+    PackedDecoderEncoder,
+    is_decoder,
+)
 from backend_lib.encoder.packed_tokens import pack
 from backend_lib.encoder.pooling import pool
 from backend_lib.encoder.st_config import EmbeddingLayout, read_embedding_layout
@@ -26,7 +31,7 @@ from backend_lib.errors import InputError
 def settle_max_length(
     settings: EncoderSettings,
     tokenizer: TextTokenizer,
-    arch: EncoderArchitecture,
+    arch: EncoderArchitecture | DecoderArchitecture,
     checkpoint_value: int | None = None,
 ) -> int:
     """Set and return the tokens-per-item limit.
@@ -67,15 +72,28 @@ def settle_batch_tokens(
     return settings.max_batch_tokens
 
 
+Encoder = PackedBertEncoder | PackedDecoderEncoder
+"""Token ids in, hidden states out, packed: [T] -> [T, hidden_size] (`encoder(tokens)`)."""
+
+
 def load_encoder(
     settings: EncoderSettings, device: torch.device, base_dir: Path
-) -> tuple[Path, EncoderArchitecture, CheckpointWeights, PackedBertEncoder]:
-    """Resolve the checkpoint and load its encoder weights in the configured dtype."""
+) -> tuple[Path, EncoderArchitecture | DecoderArchitecture, CheckpointWeights | None, Encoder]:
+    """Resolve the checkpoint and load its encoder in the configured dtype: the packed BERT for
+    the BERT family, the LLM engine's forward for decoder bodies (their weights then None: the
+    decoder reads its heads itself)."""
     model_dir = resolve_model_path(settings.model, base_dir)
+    dtype = resolve_dtype(settings.dtype, device)
+    if is_decoder(model_dir):
+        arch = DecoderArchitecture.read(model_dir, settings.model)
+        return (
+            model_dir,
+            arch,
+            None,
+            PackedDecoderEncoder(model_dir, arch, dtype, device, settings.model),
+        )
     arch = EncoderArchitecture.read(model_dir, settings.model)
-    weights = CheckpointWeights(
-        model_dir, resolve_dtype(settings.dtype, device), device, settings.model
-    )
+    weights = CheckpointWeights(model_dir, dtype, device, settings.model)
     return model_dir, arch, weights, PackedBertEncoder(weights, arch)
 
 
@@ -88,7 +106,7 @@ class Embedder:
 
     def __init__(
         self,
-        encoder: PackedBertEncoder,
+        encoder: Encoder,
         tokenizer: TextTokenizer,
         layout: EmbeddingLayout,
         normalize_default: bool,
@@ -111,6 +129,9 @@ class Embedder:
         self.dimensions = tuple(sorted({*layout.matryoshka_dimensions, self.dim}))
         """The sizes a request may ask for: the declared Matryoshka sizes and the full one."""
         self._prompt_skips: dict[str, int] = {}
+        self._last_token_only = layout.pooling_modes == ("lasttoken",) and isinstance(
+            encoder, PackedDecoderEncoder
+        )
 
     @classmethod
     def from_config(cls, config: EncoderSettings, device: torch.device, base_dir: Path) -> Embedder:
@@ -228,7 +249,11 @@ class Embedder:
             if skips is not None:
                 cut = torch.tensor([skips[i] for i in indices], dtype=torch.long)
                 cut = cut.to(self.encoder.device)
-            vectors = pool(self.encoder(tokens), tokens, self.layout.pooling_modes, cut)
+            if self._last_token_only:
+                # Only the last tokens' states are needed: the decoder's last layer runs on those.
+                vectors = self.encoder(tokens, tokens.starts + tokens.lengths_t - 1).float()
+            else:
+                vectors = pool(self.encoder(tokens), tokens, self.layout.pooling_modes, cut)
             if unit:
                 vectors = F.normalize(vectors, p=2, dim=1)
             return vectors.cpu().numpy()

@@ -231,6 +231,6 @@ class ClassifierHead:
         )
         self.out = Linear(weights.get(f"{out}.weight", False), weights.get(f"{out}.bias", False))
 
-    def __call__(self, hidden: torch.Tensor, tokens: PackedTokens) -> torch.Tensor:
-        """[B, num_labels] logits."""
-        return self.out(self.dense(hidden[tokens.starts]))
+    def __call__(self, encoder: PackedBertEncoder, tokens: PackedTokens) -> torch.Tensor:
+        """[B, num_labels] logits of `encoder` on `tokens`."""
+        return self.out(self.dense(encoder(tokens)[tokens.starts]))

@@ -19,11 +19,13 @@ from backend_lib.encoder.batching import MicroBatch, run_micro_batches
 from backend_lib.encoder.config import RerankConfig
 from backend_lib.encoder.embedder import (
     Embedder,
+    Encoder,
     load_encoder,
     settle_batch_tokens,
     settle_max_length,
 )
-from backend_lib.encoder.packed_bert import ClassifierHead, EncoderArchitecture, PackedBertEncoder
+from backend_lib.encoder.packed_bert import ClassifierHead, EncoderArchitecture
+from backend_lib.encoder.packed_decoder import DecoderArchitecture, LastTokenScoreHead, is_decoder
 from backend_lib.encoder.packed_tokens import pack
 from backend_lib.encoder.st_config import read_cross_encoder_activation, read_max_seq_length
 from backend_lib.encoder.tokenization import TextTokenizer
@@ -54,8 +56,8 @@ class CrossEncoderReranker:
 
     def __init__(
         self,
-        encoder: PackedBertEncoder,
-        head: ClassifierHead,
+        encoder: Encoder,
+        head: ClassifierHead | LastTokenScoreHead,
         tokenizer: TextTokenizer,
         activation: str,
         config: RerankConfig,
@@ -82,7 +84,12 @@ class CrossEncoderReranker:
         settle_batch_tokens(config, length, device)
         activation = read_cross_encoder_activation(model_dir, config.model, arch.num_labels)
         activation = _choose_activation(activation, config.apply_sigmoid)
-        return cls(encoder, ClassifierHead(weights, arch), tokenizer, activation, config)
+        head = (
+            ClassifierHead(weights, arch)
+            if weights is not None
+            else LastTokenScoreHead.read(model_dir, arch, encoder, config.model)
+        )
+        return cls(encoder, head, tokenizer, activation, config)
 
     def tokenize(
         self, queries: Sequence[str], documents: Sequence[str], truncate: bool | None = None
@@ -112,7 +119,7 @@ class CrossEncoderReranker:
             chosen = [items[i] for i in indices]
             types = None if any(t is None for _, t in chosen) else [t for _, t in chosen]
             tokens = pack([ids for ids, _ in chosen], self.encoder.device, types)
-            return self.head(self.encoder(tokens), tokens)[:, 0].float().cpu().numpy()
+            return self.head(self.encoder, tokens)[:, 0].float().cpu().numpy()
 
         batches = run_micro_batches(
             lengths, self.config.max_batch_tokens, self.config.max_batch_size, compute, logits
@@ -204,7 +211,9 @@ def load_reranker(config: RerankConfig, device: torch.device, base_dir: Path) ->
     bi-encoder over the embedding model."""
     mode = config.mode
     if mode == "auto":
-        arch = EncoderArchitecture.read(resolve_model_path(config.model, base_dir), config.model)
+        model_dir = resolve_model_path(config.model, base_dir)
+        reader = DecoderArchitecture if is_decoder(model_dir) else EncoderArchitecture
+        arch = reader.read(model_dir, config.model)
         mode = (
             "cross_encoder"
             if arch.architecture.endswith("ForSequenceClassification")

@@ -33,3 +33,13 @@ def test_rerank(quick_suite):
     for name, seconds in result["seconds"].items():
         assert result["items_per_second"][name]["median"] == pytest.approx(items / seconds[0])
     assert all(math.isfinite(r) for r in result["ratio_per_repeat"])
+
+
+def test_decoder_retrieval(quick_suite):
+    keys = {"decoder_embedding_vs_sentence_transformers", "llm_rerank_vs_cross_encoder"}
+    result = quick_result(quick_suite, "decoder_retrieval", keys, 0, against_target=True)
+    embedded, reranked = result["embedding"], result["rerank"]
+    assert embedded["fidelity"]["min_cosine"] >= embedded["fidelity"]["gate"]
+    fidelity = reranked["fidelity"]
+    assert fidelity["max_relative_score_error"] <= fidelity["tolerance"]
+    assert embedded["summary"].keys() | reranked["summary"].keys() == keys

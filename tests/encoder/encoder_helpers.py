@@ -13,6 +13,8 @@ from tooling.checkpoints import (  # noqa: F401 (re-exported to the encoder test
     TOKENIZER_FILES,
     copy_minilm_tokenizer,
     tiny_bert_config,
+    write_json,
+    write_st_files,
 )
 
 # Mixed inputs: ASCII, non-ASCII (accents, CJK, Cyrillic, emoji), empty, and over 256 tokens.
@@ -26,44 +28,6 @@ TEXTS = [
     "数据 模型 推理 服务器 " * 40,
     "x",
 ]
-
-
-def write_json(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data), encoding="utf-8")
-
-
-def write_st_files(
-    target: Path, pooling_mode: str | list[str], normalize: bool, max_seq_length: int
-) -> None:
-    """sentence-transformers files: Transformer -> Pooling(mode) [-> Normalize]."""
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {
-            "idx": 1,
-            "name": "1",
-            "path": "1_Pooling",
-            "type": "sentence_transformers.models.Pooling",
-        },
-    ]
-    if normalize:
-        modules.append(
-            {
-                "idx": 2,
-                "name": "2",
-                "path": "2_Normalize",
-                "type": "sentence_transformers.models.Normalize",
-            }
-        )
-    write_json(target / "modules.json", modules)
-    write_json(
-        target / "sentence_bert_config.json",
-        {"max_seq_length": max_seq_length, "do_lower_case": False},
-    )
-    write_json(
-        target / "1_Pooling" / "config.json",
-        {"embedding_dimension": 32, "pooling_mode": pooling_mode},
-    )
 
 
 def build_xlmr_tokenizer(target: Path, lowercase: bool = True, model_max_length: int = 512) -> int:

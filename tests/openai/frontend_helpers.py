@@ -8,8 +8,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from tooling.tritonserver import free_port, http_status
 
@@ -67,3 +71,25 @@ def start_frontend(triton_url: str, repository: Path, *extra_args: str) -> Front
 def stop_frontend(front: Frontend) -> None:
     front.process.terminate()
     front.process.wait(timeout=30)
+
+
+@contextmanager
+def served_repository(repository: Path) -> Iterator[Frontend]:
+    """A real tritonserver on `repository` and a frontend before it, both stopped on exit."""
+    from tests.server_helpers import start_server, stop_server
+
+    server = start_server(repository)
+    try:
+        front = start_frontend(server.grpc_url, repository)
+        try:
+            yield front
+        finally:
+            stop_frontend(front)
+    finally:
+        stop_server(server)
+
+
+def cosine(a, b) -> np.ndarray:
+    """Row-wise cosine similarity of two [N, D] arrays."""
+    a, b = np.asarray(a), np.asarray(b)
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))

@@ -13,8 +13,7 @@ import openai
 import pytest
 
 from tests.encoder.encoder_helpers import prompt_checkpoint
-from tests.openai.frontend_helpers import Frontend, start_frontend, stop_frontend
-from tests.server_helpers import start_server, stop_server
+from tests.openai.frontend_helpers import Frontend, cosine, served_repository
 from tooling.repository import ModelSpec, write_model
 
 pytestmark = pytest.mark.e2e
@@ -35,20 +34,8 @@ def served(tmp_path_factory) -> Iterator[Served]:
     repository = root / "repository"
     parameters = {"model": str(checkpoint), "dtype": "float32"}
     write_model(ModelSpec("embedding", "embedding", parameters), repository)
-    server = start_server(repository)
-    try:
-        front = start_frontend(server.grpc_url, repository)
-        try:
-            yield Served(checkpoint, front)
-        finally:
-            stop_frontend(front)
-    finally:
-        stop_server(server)
-
-
-def _cosine(a, b) -> np.ndarray:
-    a, b = np.asarray(a), np.asarray(b)
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+    with served_repository(repository) as front:
+        yield Served(checkpoint, front)
 
 
 def test_prompts_and_dimensions_match_sentence_transformers(served):
@@ -66,11 +53,11 @@ def test_prompts_and_dimensions_match_sentence_transformers(served):
         str(checkpoint), device="cpu", local_files_only=True, truncate_dim=128
     )
     query = full.encode(TEXTS, prompt_name="query")
-    assert _cosine(vectors(extra_body={"prompt_name": "query"}), query).min() >= 0.99999
-    assert _cosine(vectors(extra_body={"input_type": "search_query"}), query).min() >= 0.99999
+    assert cosine(vectors(extra_body={"prompt_name": "query"}), query).min() >= 0.99999
+    assert cosine(vectors(extra_body={"input_type": "search_query"}), query).min() >= 0.99999
     document = cut.encode(TEXTS, prompt_name="document", normalize_embeddings=True)
     got = vectors(dimensions=128, extra_body={"input_type": "passage"})
-    assert got.shape == (3, 128) and _cosine(got, document).min() >= 0.99999
+    assert got.shape == (3, 128) and cosine(got, document).min() >= 0.99999
 
     with pytest.raises(openai.BadRequestError) as bad_size:
         vectors(dimensions=100)
@@ -111,10 +98,10 @@ def test_tei_embed_matches_embeddings_and_sentence_transformers(served):
         str(checkpoint), device="cpu", local_files_only=True, truncate_dim=128
     )
     query = full.encode(TEXTS, prompt_name="query")
-    assert _cosine(embed(prompt_name="query"), query).min() >= 0.99999
+    assert cosine(embed(prompt_name="query"), query).min() >= 0.99999
     document = cut.encode(TEXTS, prompt_name="document", normalize_embeddings=True)
     got = embed(prompt_name="document", dimensions=128)
-    assert got.shape == (3, 128) and _cosine(got, document).min() >= 0.99999
+    assert got.shape == (3, 128) and cosine(got, document).min() >= 0.99999
     np.testing.assert_allclose(np.linalg.norm(got, axis=-1), 1.0, atol=1e-5)
 
     pooled = SentenceTransformer(modules=[full[0], full[1]], device="cpu").encode(TEXTS)

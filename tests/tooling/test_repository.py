@@ -55,6 +55,25 @@ def test_detect_kind(tmp_path: Path, architecture, kind):
     assert detect_kind(tmp_path) == kind
 
 
+def test_decoder_retrieval_checkpoints_get_their_kind(tmp_path: Path):
+    """A Qwen3-Embedding style checkpoint (a causal-LM name in config.json, a Pooling module) is
+    an embedding model; a decoder `*ForSequenceClassification` a reranker; a bare causal LM an llm."""
+    from tests.encoder.encoder_helpers import write_st_files
+    from tooling.checkpoints import build_decoder_body
+
+    embedder = build_decoder_body("Qwen3ForCausalLM", tmp_path / "embedder")
+    write_st_files(embedder, "lasttoken", normalize=True, max_seq_length=256)
+    config = json.loads((embedder / "config.json").read_text())
+    (embedder / "config.json").write_text(
+        json.dumps({**config, "architectures": ["Qwen3ForCausalLM"]})
+    )
+    assert detect_kind(embedder) == "embedding"
+    reranker = build_decoder_body("Qwen3ForCausalLM", tmp_path / "reranker", num_labels=1)
+    assert detect_kind(reranker) == "rerank"
+    (embedder / "modules.json").unlink()
+    assert detect_kind(embedder) == "llm"
+
+
 def test_detect_kind_rejects_unknown(tmp_path: Path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["WhisperForAudio"]}))
     with pytest.raises(ValueError, match="cannot tell the model kind"):
