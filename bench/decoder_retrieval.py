@@ -17,6 +17,7 @@ import argparse
 from pathlib import Path
 
 from bench import cli, embedding, rerank
+from bench.encoders import rate_rows
 from bench.skeleton import Benchmark
 from bench.summary import target
 from tooling.checkpoints import build_decoder_body, write_st_files
@@ -56,6 +57,9 @@ def run(args: argparse.Namespace, scratch: Path) -> dict:
     embedded = embedding.run_with(embed_args, embedder, embed_model, EMBED_KEY)
     reranked = rerank.run_with(rerank_args, reranker, rerank_model, RERANK_KEY)
     return {
+        "device": embedded["device"],
+        "dtype": embedded["dtype"],
+        "fidelity": {"embedding": embedded["fidelity"], "rerank": reranked["fidelity"]},
         "embedding": embedded,
         "rerank": reranked,
         "summary": {**embedded["summary"], **reranked["summary"]},
@@ -64,9 +68,14 @@ def run(args: argparse.Namespace, scratch: Path) -> dict:
 
 def report(result: dict) -> list[str]:
     lines = []
-    for part, key, bar in (
-        ("embedding", EMBED_KEY, "SentenceTransformer.encode"),
-        ("rerank", RERANK_KEY, "CrossEncoder.predict"),
+    for part, key, bar, systems in (
+        (
+            "embedding",
+            EMBED_KEY,
+            "SentenceTransformer.encode",
+            ("sentence_transformers", "embedder"),
+        ),
+        ("rerank", RERANK_KEY, "CrossEncoder.predict", ("cross_encoder", "reranker")),
     ):
         section = result[part]
         ratio, goal = section["summary"][key], target(key)
@@ -74,6 +83,8 @@ def report(result: dict) -> list[str]:
         lines += [
             f"{part}: {section['model']}, {section['dtype']} on {section['device']}, "
             f"{section['repeats']} interleaved repeats, tokenization included.",
+            "",
+            *rate_rows(section, systems),
             "",
             f"Target `{key}`: >= {goal}x {bar}: {ratio:.2f}x ({met}).",
             "",
