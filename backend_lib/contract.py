@@ -2,7 +2,8 @@
 every fact both sides use. Standard library only, so the frontend imports it without torch.
 
 - Model kinds (`ModelKind`) and `model_kind`, the one function telling them apart from the tensors a
-  Triton model config declares.
+  Triton model config declares (and `is_sparse_embedding`, telling a sparse embedding model from a
+  dense one).
 - Tensor names of each kind's requests and responses (the llm's are those of Triton's vLLM
   backend) and the llm's `return_*` flags (`RETURN_FLAGS`).
 - The spelling of boolean parameters (`parse_bool`), as `config.pbtxt` parameters are read.
@@ -97,6 +98,13 @@ DIMENSIONS = "dimensions"
 """Optional INT32 [1] input of the embedding model, one value per request: the vector size, one of
 the checkpoint's `matryoshka_dimensions` or its full size (cut, then renormalised)."""
 EMBEDDING = "embedding"
+INDICES = "indices"
+"""A sparse embedding model's output instead of `embedding`: INT64 [N, K], each row's nonzero
+vocabulary ids in ascending order, padded with SPARSE_PAD_INDEX to the longest row of its request
+(K >= 1)."""
+VALUES = "values"
+"""FP32 [N, K] beside `indices`: the weight of each id, 0 at the padding."""
+SPARSE_PAD_INDEX = -1
 QUERY = "query"
 DOCUMENT = "document"
 SCORE = "score"
@@ -104,12 +112,15 @@ ENCODER_OUTPUTS: dict[str, tuple[str, ...]] = {
     "embedding": (EMBEDDING, NUM_INPUT_TOKENS),
     "rerank": (SCORE, NUM_INPUT_TOKENS),
 }
+SPARSE_EMBEDDING_OUTPUTS = (INDICES, VALUES, NUM_INPUT_TOKENS)
+"""The outputs of an embedding model serving sparse vectors (SPLADE), instead of ENCODER_OUTPUTS'."""
 
 
 def model_kind(config: Mapping[str, Any]) -> ModelKind | None:
     """A model's kind from its Triton config (the JSON of `get_model_config`, or a parsed
-    config.pbtxt): a decoupled model with `text_output` is an llm, one with `embedding` an embedding
-    model, one with `score` from `query` and `document` a rerank model; None for anything else."""
+    config.pbtxt): a decoupled model with `text_output` is an llm, one with `embedding` (or sparse
+    `indices` and `values`) an embedding model, one with `score` from `query` and `document` a
+    rerank model; None for anything else."""
     outputs = {output.get("name") for output in config.get("output", [])}
     inputs = {item.get("name") for item in config.get("input", [])}
     decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled"))
@@ -117,11 +128,18 @@ def model_kind(config: Mapping[str, Any]) -> ModelKind | None:
         return "llm"
     if decoupled:
         return None
-    if EMBEDDING in outputs:
+    if EMBEDDING in outputs or {INDICES, VALUES} <= outputs:
         return "embedding"
     if SCORE in outputs and {QUERY, DOCUMENT} <= inputs:
         return "rerank"
     return None
+
+
+def is_sparse_embedding(config: Mapping[str, Any]) -> bool:
+    """Whether a Triton config (as `model_kind` reads it) is an embedding model serving sparse
+    vectors: `indices` and `values` instead of `embedding`."""
+    outputs = {output.get("name") for output in config.get("output", [])}
+    return model_kind(config) == "embedding" and EMBEDDING not in outputs
 
 
 # --- boolean parameters ----------------------------------------------------------------------

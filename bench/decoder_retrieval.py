@@ -1,10 +1,11 @@
-"""Decoder retrieval models: a Qwen3 last-token embedder against `SentenceTransformer.encode` and a
-Qwen3 `ForSequenceClassification` reranker against `CrossEncoder.predict`, same texts, same
-threads, in one process (both on the LLM engine's forward, backend_lib/encoder/packed_decoder.py).
+"""Decoder retrieval models: a Qwen3 last-token embedder against `SentenceTransformer.encode`, and
+two Qwen3 rerankers against `CrossEncoder.predict`: a `ForSequenceClassification` one and the
+causal-LM form (chat template, yes/no logits at the last token); same texts, same threads, in one
+process (all on the LLM engine's forward, backend_lib/encoder/packed_decoder.py).
 
-No decoder embedder or reranker weights are available offline, so both checkpoints are built in
-a temp dir with random weights (tooling.checkpoints.build_decoder_body) on the Shakespeare
-tokenizer, which appends an end token as Qwen3-Embedding's does. Speed does not depend on what
+No decoder embedder or reranker weights are available offline, so the checkpoints are built in
+a temp dir with random weights (tooling.checkpoints) on the Shakespeare tokenizer, which appends
+an end token as Qwen3-Embedding's does. Speed does not depend on what
 the weights learned; outputs are still checked equal (cosine, scores) before anything is timed,
 then each pair of systems is timed alternately (bench.embedding, bench.rerank).
 
@@ -20,12 +21,13 @@ from bench import cli, embedding, rerank
 from bench.encoders import rate_rows
 from bench.skeleton import Benchmark
 from bench.summary import target
-from tooling.checkpoints import build_decoder_body, write_st_files
+from tooling.checkpoints import build_causal_reranker, build_decoder_body, write_st_files
 
 NAME = "decoder_retrieval"
 HEADING = "Decoder embedder and reranker vs sentence-transformers"
 DEFAULTS = cli.Defaults(cli.DEFAULT_DTYPE, threads=0, repeats=cli.ByMode(quick=1, cpu=3))
 EMBED_KEY, RERANK_KEY = "decoder_embedding_vs_sentence_transformers", "llm_rerank_vs_cross_encoder"
+CAUSAL_KEY = "causal_llm_rerank_vs_cross_encoder"
 BODY = dict(
     hidden_size=512,
     intermediate_size=1536,
@@ -48,21 +50,29 @@ def run(args: argparse.Namespace, scratch: Path) -> dict:
     reranker = build_decoder_body(
         "Qwen3ForCausalLM", scratch / "reranker", args.seed, num_labels=1, **shape
     )
+    causal = build_causal_reranker(scratch / "causal", seed=args.seed, **shape)
     embed_model = f"random Qwen3Model ({described}), last-token pooling, normalized"
     rerank_model = f"random Qwen3ForSequenceClassification ({described}), one label"
+    causal_model = f"random Qwen3ForCausalLM ({described}), chat template, LogitScore(Yes, No)"
     embed_args = argparse.Namespace(**{**vars(args), "min_cosine": None})
     rerank_args = argparse.Namespace(
         **{**vars(args), "texts": max(8, args.texts // 4), "tolerance": None}
     )
     embedded = embedding.run_with(embed_args, embedder, embed_model, EMBED_KEY)
     reranked = rerank.run_with(rerank_args, reranker, rerank_model, RERANK_KEY)
+    causal_reranked = rerank.run_with(rerank_args, causal, causal_model, CAUSAL_KEY)
     return {
         "device": embedded["device"],
         "dtype": embedded["dtype"],
-        "fidelity": {"embedding": embedded["fidelity"], "rerank": reranked["fidelity"]},
+        "fidelity": {
+            "embedding": embedded["fidelity"],
+            "rerank": reranked["fidelity"],
+            "causal_rerank": causal_reranked["fidelity"],
+        },
         "embedding": embedded,
         "rerank": reranked,
-        "summary": {**embedded["summary"], **reranked["summary"]},
+        "causal_rerank": causal_reranked,
+        "summary": {**embedded["summary"], **reranked["summary"], **causal_reranked["summary"]},
     }
 
 
@@ -76,6 +86,7 @@ def report(result: dict) -> list[str]:
             ("sentence_transformers", "embedder"),
         ),
         ("rerank", RERANK_KEY, "CrossEncoder.predict", ("cross_encoder", "reranker")),
+        ("causal_rerank", CAUSAL_KEY, "CrossEncoder.predict", ("cross_encoder", "reranker")),
     ):
         section = result[part]
         ratio, goal = section["summary"][key], target(key)

@@ -126,6 +126,12 @@ TARGETS = (
         "pairs and threads, float32, CPU",
     ),
     Target(
+        "causal_llm_rerank_vs_cross_encoder",
+        1.5,
+        "a Qwen3 causal-LM reranker's (chat template, yes/no logits) items/s vs "
+        "CrossEncoder.predict, same pairs and threads, float32, CPU",
+    ),
+    Target(
         "openai_vs_grpc",
         0.95,
         "streaming chat output tokens/s through the OpenAI frontend vs gRPC to tritonserver",

@@ -56,6 +56,8 @@ class ModelInfo:
     """The LoRA adapter this served model is (None: the Triton model itself)."""
     parent: str | None = None
     """For an adapter: the Triton llm it runs on."""
+    sparse: bool = False
+    """An embedding model serving sparse vectors (`contract.is_sparse_embedding`: /embed_sparse)."""
 
     @property
     def served_id(self) -> str:
@@ -198,7 +200,10 @@ class ModelRegistry:
         parameters = version_parameters(config, version)
         model_dir = self.repository / name if self.repository is not None else None
         max_batch_size = int(config.get("max_batch_size", 0) or 0)
-        return ModelInfo(name, version, kind, parameters, model_dir, max_batch_size, facts)
+        sparse = contract.is_sparse_embedding(config)
+        return ModelInfo(
+            name, version, kind, parameters, model_dir, max_batch_size, facts, sparse=sparse
+        )
 
     async def list(self) -> list[ModelInfo]:
         """The listed models (newest versions and adapters), then every version's pinned id."""
@@ -216,20 +221,32 @@ class ModelRegistry:
         return sorted(self._versions.get(name, {}), key=_version_key)
 
     async def get(
-        self, name: str | None, kind: ModelKind | None, key: str | None = None
+        self,
+        name: str | None,
+        kind: ModelKind | None,
+        key: str | None = None,
+        sparse: bool | None = None,
     ) -> ModelInfo:
         """The model `name` (or the only model of `kind` when name is empty) serving `kind`
         (None: any kind, the only llm when name is empty), in the version that serves this
         request: the pinned one of `<model>:<version>`, else the split's choice for `key` (the
-        `x-ab-key` header wins over it), else the newest."""
+        `x-ab-key` header wins over it), else the newest. `sparse` True or False: an embedding
+        model serving sparse or dense vectors (None: either)."""
         await self.refresh()
         if not name:
-            info = self._route(await self._only(kind or "llm"), key)
+            info = self._route(await self._only(kind or "llm", sparse), key)
         else:
             info = await self._lookup(name, key)
         if kind is not None and info.kind != kind:
             raise invalid_request(
                 f"model `{name}` is a {info.kind} model; this endpoint needs a {kind} model",
+                "model",
+            )
+        if sparse is not None and info.sparse != sparse:
+            endpoints = "/embed_sparse" if info.sparse else "/v1/embeddings or /embed"
+            raise invalid_request(
+                f"model `{info.name}` serves {_vectors(info.sparse)} embeddings, which this "
+                f"endpoint does not: call {endpoints}",
                 "model",
             )
         return self._record(info)
@@ -294,12 +311,17 @@ class ModelRegistry:
             routed.model, routed.version = info.triton_name, info.version
         return info
 
-    async def _only(self, kind: ModelKind) -> ModelInfo:
-        found = [m for m in self._models.values() if m.kind == kind and m.parent is None]
+    async def _only(self, kind: ModelKind, sparse: bool | None = None) -> ModelInfo:
+        found = [
+            m
+            for m in self._models.values()
+            if m.kind == kind and m.parent is None and (sparse is None or m.sparse == sparse)
+        ]
         if len(found) != 1:
             names = ", ".join(sorted(m.name for m in found)) or "none"
+            what = kind if sparse is None else f"{_vectors(sparse)} {kind}"
             raise invalid_request(
-                f"`model` is required: {len(found)} {kind} models are served ({names})", "model"
+                f"`model` is required: {len(found)} {what} models are served ({names})", "model"
             )
         return found[0]
 
@@ -327,6 +349,10 @@ def _with_adapters(
             lora if own_name else qualified, lora
         )
     return served, aliases
+
+
+def _vectors(sparse: bool) -> str:
+    return "sparse" if sparse else "dense"
 
 
 def _version_key(version: str) -> tuple[int, str]:

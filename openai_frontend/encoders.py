@@ -80,22 +80,59 @@ async def embed(
     tokens embedded; `prompt_name` and `dimensions` go to the model as they are (it checks them);
     `normalize` and `truncate` (texts only) as the model's BOOL inputs, None: the model's default."""
     outputs = [contract.EMBEDDING, contract.NUM_INPUT_TOKENS]
-    options: dict[str, str | int | bool] = {}
-    if prompt_name is not None:
-        options[contract.PROMPT_NAME] = prompt_name
-    if dimensions is not None:
-        options[contract.DIMENSIONS] = dimensions
-    if normalize is not None:
-        options[contract.NORMALIZE] = normalize
-    if truncate is not None:
-        options[contract.TRUNCATE] = truncate
+    options = _options(
+        {
+            contract.PROMPT_NAME: prompt_name,
+            contract.DIMENSIONS: dimensions,
+            contract.NORMALIZE: normalize,
+            contract.TRUNCATE: truncate,
+        }
+    )
+    parts, order = await _infer_items(triton, info, items, options, outputs)
+    vectors = np.concatenate([p[contract.EMBEDDING] for p in parts]).astype(np.float32)
+    return vectors[order], _tokens(parts)
+
+
+async def embed_sparse(
+    triton: TritonClient,
+    info: ModelInfo,
+    texts: list[str],
+    prompt_name: str | None = None,
+    truncate: bool | None = None,
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
+    """A sparse embedding model's (vocabulary ids, weights) of each text, in input order (ids
+    ascending, the model's padding dropped), and the tokens embedded; `prompt_name` and
+    `truncate` as for `embed`."""
+    outputs = [contract.INDICES, contract.VALUES, contract.NUM_INPUT_TOKENS]
+    options = _options({contract.PROMPT_NAME: prompt_name, contract.TRUNCATE: truncate})
+    parts, order = await _infer_items(triton, info, texts, options, outputs)
+    rows = [
+        (ids[ids != contract.SPARSE_PAD_INDEX], weights[ids != contract.SPARSE_PAD_INDEX])
+        for part in parts
+        for ids, weights in zip(part[contract.INDICES], part[contract.VALUES], strict=True)
+    ]
+    return [rows[i] for i in order], _tokens(parts)
+
+
+def _options(values: dict[str, str | int | bool | None]) -> dict[str, str | int | bool]:
+    """The options a request sets (None: the model's default, not sent)."""
+    return {name: value for name, value in values.items() if value is not None}
+
+
+async def _infer_items(
+    triton: TritonClient,
+    info: ModelInfo,
+    items: list[str] | list[list[int]],
+    options: dict[str, str | int | bool],
+    outputs: list[str],
+) -> tuple[list[dict[str, np.ndarray]], np.ndarray]:
+    """The `outputs` of each Triton request the items take (`_embedding_requests`), sent
+    concurrently, and the order that puts their concatenated rows back in input order."""
     requests = _embedding_requests(items, info.max_batch_size, options)
     parts = await asyncio.gather(
         *(triton.infer(info.name, inputs, outputs, info.version) for _, inputs in requests)
     )
-    order = np.argsort(np.concatenate([rows for rows, _ in requests]), kind="stable")
-    vectors = np.concatenate([p[contract.EMBEDDING] for p in parts]).astype(np.float32)
-    return vectors[order], _tokens(parts)
+    return parts, np.argsort(np.concatenate([rows for rows, _ in requests]), kind="stable")
 
 
 async def score(

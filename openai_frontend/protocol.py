@@ -221,17 +221,16 @@ class EmbeddingRequest(_Body):
         return list(self.input)
 
 
-class TEIEmbedRequest(_Body):
-    """Hugging Face TEI's `/embed` body (texts only). TEI has no `model` field: the frontend's
-    only embedding model serves it, unless the extra `model` names one."""
+class TEIEmbedSparseRequest(_Body):
+    """Hugging Face TEI's `/embed_sparse` body (texts only), whose fields `/embed` shares. TEI has
+    no `model` field: the frontend's only (sparse) embedding model serves it, unless the extra
+    `model` names one."""
 
     inputs: str | Annotated[list[str], Field(min_length=1)]
-    normalize: bool = True
     truncate: bool | None = None
     """None: the model's own `truncate` setting (TEI's `--auto-truncate`)."""
     truncation_direction: Literal["Left", "Right", "left", "right"] = "Right"
     prompt_name: str | None = None
-    dimensions: Annotated[int, Field(ge=1)] | None = None
     model: str | None = None
 
     def texts(self) -> list[str]:
@@ -241,6 +240,13 @@ class TEIEmbedRequest(_Body):
                 "truncation_direction",
             )
         return [self.inputs] if isinstance(self.inputs, str) else list(self.inputs)
+
+
+class TEIEmbedRequest(TEIEmbedSparseRequest):
+    """Hugging Face TEI's `/embed` body: `/embed_sparse`'s fields, `normalize` and `dimensions`."""
+
+    normalize: bool = True
+    dimensions: Annotated[int, Field(ge=1)] | None = None
 
 
 class RerankDocument(BaseModel):

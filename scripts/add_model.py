@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Add a model to a Triton model repository from a local Hugging Face checkpoint directory.
 
-The kind (llm, embedding, rerank) is detected from the checkpoint's architecture; `config.pbtxt` and the
-versioned `model.py` wrapper are rendered from config_templates/ (tooling/repository.py).
+The kind (llm, embedding, rerank) is detected from the checkpoint's architecture (a SPLADE
+SparseEncoder is an embedding model with `mode: sparse`); `config.pbtxt` and the versioned `model.py`
+wrapper are rendered from config_templates/ (tooling/repository.py).
 
     python scripts/add_model.py /models/bge-small --name bge --repository model_repository
     python scripts/add_model.py /models/my-reranker --name my_rerank --param max_batch_tokens=8192
@@ -15,7 +16,7 @@ import json
 from pathlib import Path
 
 from backend_lib.contract import MODEL_KINDS
-from tooling.repository import ModelSpec, detect_kind, write_model
+from tooling.repository import ModelSpec, detect_kind, is_sparse_checkpoint, write_model
 
 
 def unsupported_llm_reason(checkpoint: Path) -> str | None:
@@ -57,6 +58,8 @@ def main() -> None:
     if kind == "llm" and (reason := unsupported_llm_reason(checkpoint)) is not None:
         parser.error(f"{checkpoint}: {reason}")
     parameters = {"model": str(checkpoint)}
+    if kind == "embedding" and is_sparse_checkpoint(checkpoint):
+        parameters["mode"] = "sparse"  # its config.pbtxt declares the sparse outputs
     for item in args.param:
         key, sep, value = item.partition("=")
         if not sep:

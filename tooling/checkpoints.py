@@ -320,6 +320,77 @@ def build_cross_encoder(out_dir: Path, seed: int = 0, head_std: float = 1.0) -> 
     return Path(out_dir)
 
 
+def build_splade(
+    out_dir: Path,
+    config: transformers.PretrainedConfig | None = None,
+    seed: int = 0,
+    pooling_strategy: str = "max",
+    activation_function: str = "relu",
+    tokenizer_dir: Path | None = None,
+    max_seq_length: int | None = None,
+    prompts: dict[str, str] | None = None,
+    default_prompt_name: str | None = None,
+    transformer_module: str = "MLMTransformer",
+) -> Path:
+    """A SPLADE model in `out_dir`, saved by sentence-transformers itself as a SparseEncoder
+    (`transformer_module` -> SpladePooling(`pooling_strategy`, `activation_function`), `prompts`):
+    a random `*ForMaskedLM` of `config` (default: `tiny_bert_config`'s BERT) under the tokenizer
+    files of `tokenizer_dir` (default: MiniLM's). `transformer_module` "Transformer" saves
+    sentence-transformers 6's form (a Transformer with `transformer_task: fill-mask`).
+
+    The head's norm and biases are redrawn away from 1 and 0, and its decoder bias makes vectors
+    sparse as trained SPLADE ones are, with no weight near 0 (where our float32 and theirs could
+    disagree on whether an entry exists): -8 over most of the vocabulary, never reached, and
+    uniform in [-2.5, 0.5] over a random 3% of it."""
+    import tempfile
+
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import (
+        MLMTransformer,
+        SpladePooling,
+        Transformer,
+    )
+
+    if config is None:
+        config = tiny_bert_config(architectures=["BertForMaskedLM"])
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForMaskedLM.from_config(config, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(seed)
+    head = model.get_output_embeddings()  # the decoder; its bias is the head's `bias`
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if not name.startswith(("cls.", "lm_head.")) or parameter is head.weight:
+                continue
+            noise = torch.randn(parameter.shape, generator=generator)
+            norm = "LayerNorm" in name or "layer_norm" in name
+            parameter.copy_(1.0 + 0.1 * noise if norm and name.endswith("weight") else 0.1 * noise)
+        vocab = head.bias.shape[0]
+        active = torch.rand(vocab, generator=generator) < 0.03
+        bias = torch.full((vocab,), -8.0)
+        bias[active] = torch.rand(int(active.sum()), generator=generator) * 3.0 - 2.5
+        head.bias.copy_(bias)
+    with tempfile.TemporaryDirectory() as staging:
+        model.save_pretrained(staging)
+        if tokenizer_dir is None:
+            copy_minilm_tokenizer(Path(staging))
+        else:
+            for file in Path(tokenizer_dir).iterdir():
+                shutil.copy(file, Path(staging) / file.name)
+        if transformer_module == "MLMTransformer":
+            transformer = MLMTransformer(staging, max_seq_length=max_seq_length)
+        else:
+            transformer = Transformer(
+                staging, transformer_task="fill-mask", max_seq_length=max_seq_length
+            )
+        encoder = SparseEncoder(
+            modules=[transformer, SpladePooling(pooling_strategy, activation_function)],
+            prompts=prompts,
+            default_prompt_name=default_prompt_name,
+        )
+        encoder.save(str(out_dir))
+    return Path(out_dir)
+
+
 # --- sentence-transformers files -----------------------------------------------------------------
 
 
@@ -407,4 +478,59 @@ def build_decoder_body(
     randomize_(model, seed)
     model.save_pretrained(out_dir)
     write_decoder_tokenizer(out_dir)
+    return out_dir
+
+
+RERANK_CHAT_TEMPLATE = """\
+{%- set query = messages | selectattr("role", "eq", "query") | first -%}
+{%- set document = messages | selectattr("role", "eq", "document") | first -%}
+{%- set system = messages | selectattr("role", "eq", "system") | list -%}
+<|bos|>[Judge whether the Document meets the requirements based on the Query and the Instruct \
+provided. Note that the answer can only be "Yes" or "No".]
+USER:
+<Instruct>: {{ system[0].content if system else "Given a query, retrieve passages that answer it" }}
+<Query>: {{ query.content }}
+<Document>: {{ document.content }}
+ASSISTANT:
+"""
+"""A Qwen3-Reranker style prompt over the Shakespeare tokenizer: the query and document roles
+sentence-transformers' CrossEncoder renders pairs as, the system prompt as the instruction."""
+RERANK_TOKENS = ("No", "Yes")
+"""The false and true tokens of the test rerankers (the Shakespeare vocabulary has no "yes")."""
+
+
+def build_causal_reranker(
+    out_dir: Path,
+    arch: str = "Qwen3ForCausalLM",
+    seed: int = 0,
+    logit_score: bool = True,
+    prompts: dict[str, str] | None = None,
+    default_prompt_name: str | None = None,
+    chat_template: str | None = RERANK_CHAT_TEMPLATE,
+    **overrides: Any,
+) -> Path:
+    """A random causal LM of `arch` as a Qwen3-Reranker style reranker: with `logit_score`, saved
+    by sentence-transformers itself as a CrossEncoder (Transformer -> LogitScore on
+    RERANK_TOKENS, `prompts`); else a bare transformers save. `chat_template` (None: none) is
+    written as the tokenizer's chat_template.jinja."""
+    from sentence_transformers import CrossEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.cross_encoder.modules import LogitScore
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    values = dict(vocab_size=DECODER_VOCAB, max_position_embeddings=512, pad_token_id=0)
+    build_checkpoint(arch, out_dir, seed, **{**values, **overrides})
+    write_decoder_tokenizer(out_dir, append_eos=False)
+    if chat_template is not None:
+        (out_dir / "chat_template.jinja").write_text(chat_template, encoding="utf-8")
+    if not logit_score:
+        return out_dir
+    transformer = Transformer(str(out_dir), transformer_task="text-generation")
+    false_id, true_id = transformer.tokenizer.convert_tokens_to_ids(list(RERANK_TOKENS))
+    model = CrossEncoder(
+        modules=[transformer, LogitScore(true_token_id=true_id, false_token_id=false_id)],
+        prompts=prompts,
+        default_prompt_name=default_prompt_name,
+    )
+    model.save(str(out_dir))
     return out_dir

@@ -49,6 +49,12 @@ class ModelSpec:
     `enable_lora` gets that file even when this is empty (the model refuses to load without it)."""
 
     @property
+    def sparse(self) -> bool:
+        """An embedding model serving sparse vectors (`mode: sparse`, as the backend reads it):
+        its config.pbtxt declares `indices` and `values` instead of `embedding`."""
+        return self.kind == "embedding" and self.parameters.get("mode", "").strip() == "sparse"
+
+    @property
     def writes_multi_lora(self) -> bool:
         enabled = parse_bool(self.parameters.get("enable_lora", "false"))  # as the backend reads it
         return self.kind == "llm" and (enabled or bool(self.lora_modules))
@@ -112,7 +118,7 @@ def pbtxt_string(value: str) -> str:
 def render_config(spec: ModelSpec) -> str:
     """The `config.pbtxt` text of `spec`."""
     template = _environment().get_template(f"{spec.kind}.pbtxt.j2")
-    return template.render(**vars(spec))
+    return template.render(**vars(spec), sparse=spec.sparse)
 
 
 def render_model_py(kind: ModelKind) -> str:
@@ -150,12 +156,25 @@ def write_model(spec: ModelSpec, repository: Path) -> list[Path]:
     return written
 
 
-def _has_pooling_module(checkpoint: Path) -> bool:
-    """Whether modules.json lists a sentence-transformers Pooling module."""
+def _has_module(checkpoint: Path, kind: str) -> bool:
+    """Whether modules.json lists a sentence-transformers module of class `kind` ("Pooling")."""
     modules = checkpoint / "modules.json"
     if not modules.is_file():
         return False
-    return any(str(m.get("type", "")).endswith(".Pooling") for m in json.loads(modules.read_text()))
+    return any(
+        str(m.get("type", "")).rsplit(".", 1)[-1] == kind for m in json.loads(modules.read_text())
+    )
+
+
+def is_sparse_checkpoint(checkpoint: Path) -> bool:
+    """Whether a checkpoint is a SPLADE model, saved by sentence-transformers as a SparseEncoder
+    (a SpladePooling module, or `model_type` SparseEncoder): an embedding model served with
+    `mode: sparse`."""
+    st_config = checkpoint / "config_sentence_transformers.json"
+    model_type = (
+        json.loads(st_config.read_text()).get("model_type") if st_config.is_file() else None
+    )
+    return _has_module(checkpoint, "SpladePooling") or model_type == "SparseEncoder"
 
 
 def detect_kind(checkpoint: Path) -> ModelKind:
@@ -167,8 +186,15 @@ def detect_kind(checkpoint: Path) -> ModelKind:
     architecture = architectures[0] if architectures else ""
     # A sentence-transformers embedder first: decoder embedders (Qwen3-Embedding) often keep
     # their causal-LM architecture name in config.json.
-    if _has_pooling_module(checkpoint):
+    if _has_module(checkpoint, "Pooling"):
         return "embedding"
+    # A SPLADE model's `*ForMaskedLM` is no other kind (a bare one is refused below, as before).
+    if is_sparse_checkpoint(checkpoint):
+        return "embedding"
+    # A causal-LM reranker saved as a sentence-transformers CrossEncoder (Qwen3-Reranker): its
+    # LogitScore module scores the last token's yes/no logits.
+    if _has_module(checkpoint, "LogitScore"):
+        return "rerank"
     if architecture.endswith("ForCausalLM"):
         return "llm"
     if architecture.endswith("ForSequenceClassification"):

@@ -9,5 +9,6 @@ packed_tokens.py lays each micro-batch end to end without padding, packed_bert.p
 attention.py and the weights read by weights.py) computes the hidden states, and pooling.py
 (modes from the checkpoint's sentence-transformers files, st_config.py) or the classifier head
 turns them into vectors or scores, returned to each request in order. config.py holds the
-settings of both models.
+settings of both models. An embedding model in sparse mode (SPLADE) puts a masked-LM head and
+vocabulary-wide pooling (sparse.py) where pooling.py would be, and answers nonzero ids and weights.
 """

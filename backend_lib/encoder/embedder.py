@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -97,12 +98,79 @@ def load_encoder(
     return model_dir, arch, weights, PackedBertEncoder(weights, arch)
 
 
-class Embedder:
-    """Embeds texts: tokenize -> packed encoder -> pooling -> optional L2 normalisation.
+class PromptLayout(Protocol):
+    """The part of a checkpoint's layout (`EmbeddingLayout`, `SparseLayout`) prompts come from."""
 
-    `tokenize` and `embed` are separate so a server can tokenize each request on its own
-    (a bad request fails alone) and then embed the items of many requests together.
+    @property
+    def prompts(self) -> dict[str, str]: ...
+
+    @property
+    def default_prompt_name(self) -> str | None: ...
+
+
+class EmbedderInputs:
+    """What the dense (`Embedder`) and sparse (`backend_lib.encoder.sparse.SparseEmbedder`)
+    embedders do before the model: texts, with the checkpoint's prompts, or token-id items to
+    token ids. A subclass sets `tokenizer`, `layout` (its `prompts`, `default_prompt_name`),
+    `truncate_default`, `max_seq_length` and `encoder`.
+
+    Tokenizing and computing are separate so a server can tokenize each request on its own
+    (a bad request fails alone) and then compute the items of many requests together.
     """
+
+    tokenizer: TextTokenizer
+    layout: PromptLayout
+    truncate_default: bool
+    max_seq_length: int
+    encoder: Encoder
+
+    def tokenize(
+        self, texts: Sequence[str], truncate: bool | None = None, prompt: str | None = None
+    ) -> list[list[int]]:
+        """Token ids per text, `prompt` (a `resolve_prompt` text) prepended to each as
+        sentence-transformers does; `InputError` names the offending item."""
+        if prompt:
+            texts = [prompt + text if isinstance(text, str) else text for text in texts]
+        return self.tokenizer.encode_texts(
+            texts, self.truncate_default if truncate is None else truncate
+        )
+
+    def resolve_prompt(self, name: str | None) -> str | None:
+        """The prompt text of prompt `name`; for None the checkpoint's `default_prompt_name`'s, if
+        it has one (sentence-transformers' `encode(prompt_name=...)`). `InputError` lists the
+        prompt names when the model lacks `name`."""
+        prompts = self.layout.prompts
+        if name is None:
+            default = self.layout.default_prompt_name
+            return prompts[default] if default is not None else None
+        if name not in prompts:
+            allowed = ", ".join(f"'{p}'" for p in prompts) if prompts else None
+            raise InputError(
+                f"'prompt_name' '{name}' is not one of this model's prompts: {allowed}"
+                if allowed
+                else f"'prompt_name' '{name}': this model has no prompts"
+            )
+        return prompts[name]
+
+    def check_token_ids(self, items: Sequence[Sequence[int]]) -> list[list[int]]:
+        """Token-id items a caller sent, as they are: each id must be in the vocabulary and each
+        item 1..max_seq_length tokens long (never truncated: which end to cut is the caller's
+        choice, and cutting drops the special tokens it chose). `InputError` names the item."""
+        vocab = self.encoder.arch.vocab_size
+        for i, ids in enumerate(items):
+            if not 0 < len(ids) <= self.max_seq_length:
+                raise InputError(
+                    f"item {i} has {len(ids)} token ids; expected 1..{self.max_seq_length} "
+                    "(max_seq_length; token ids are never truncated)"
+                )
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise InputError(f"item {i}: token id {bad} is outside the vocabulary [0, {vocab})")
+        return [list(ids) for ids in items]
+
+
+class Embedder(EmbedderInputs):
+    """Embeds texts: tokenize -> packed encoder -> pooling -> optional L2 normalisation."""
 
     def __init__(
         self,
@@ -156,34 +224,6 @@ class Embedder:
             max_batch_size=config.max_batch_size,
         )
 
-    def tokenize(
-        self, texts: Sequence[str], truncate: bool | None = None, prompt: str | None = None
-    ) -> list[list[int]]:
-        """Token ids per text, `prompt` (a `resolve_prompt` text) prepended to each as
-        sentence-transformers does; `InputError` names the offending item."""
-        if prompt:
-            texts = [prompt + text if isinstance(text, str) else text for text in texts]
-        return self.tokenizer.encode_texts(
-            texts, self.truncate_default if truncate is None else truncate
-        )
-
-    def resolve_prompt(self, name: str | None) -> str | None:
-        """The prompt text of prompt `name`; for None the checkpoint's `default_prompt_name`'s, if
-        it has one (sentence-transformers' `encode(prompt_name=...)`). `InputError` lists the
-        prompt names when the model lacks `name`."""
-        prompts = self.layout.prompts
-        if name is None:
-            default = self.layout.default_prompt_name
-            return prompts[default] if default is not None else None
-        if name not in prompts:
-            allowed = ", ".join(f"'{p}'" for p in prompts) if prompts else None
-            raise InputError(
-                f"'prompt_name' '{name}' is not one of this model's prompts: {allowed}"
-                if allowed
-                else f"'prompt_name' '{name}': this model has no prompts"
-            )
-        return prompts[name]
-
     def pool_skip(self, prompt: str | None) -> int:
         """Leading tokens of an item with `prompt` that pooling leaves out: the prompt's tokens,
         its [CLS] included, when the Pooling module says `include_prompt: false`; else 0.
@@ -207,22 +247,6 @@ class Embedder:
                 f"'dimensions' {dimensions} is not one of this model's sizes: {allowed}"
             )
         return dimensions
-
-    def check_token_ids(self, items: Sequence[Sequence[int]]) -> list[list[int]]:
-        """Token-id items a caller sent, as they are: each id must be in the vocabulary and each
-        item 1..max_seq_length tokens long (never truncated: which end to cut is the caller's
-        choice, and cutting drops the special tokens it chose). `InputError` names the item."""
-        vocab = self.encoder.arch.vocab_size
-        for i, ids in enumerate(items):
-            if not 0 < len(ids) <= self.max_seq_length:
-                raise InputError(
-                    f"item {i} has {len(ids)} token ids; expected 1..{self.max_seq_length} "
-                    "(max_seq_length; token ids are never truncated)"
-                )
-            bad = next((t for t in ids if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise InputError(f"item {i}: token id {bad} is outside the vocabulary [0, {vocab})")
-        return [list(ids) for ids in items]
 
     def embed(
         self,

@@ -7,6 +7,9 @@ score head. Each text is one sequence of a paged prefill: the batch is packed (n
 attention is causal within each text, and nothing is kept after the forward. K/V go to a scratch
 block pool of one layer, which every layer reuses: a layer reads back only what it wrote in the
 same forward, so the next layer may overwrite it (the pool costs 1/num_layers of a full cache).
+When only some rows are wanted (last-token pooling, a score head), the whole blocks of a token
+prefix all texts of the micro-batch share (an instruction prompt; a reranker's template and query)
+are computed once, as a sequence the others attend to.
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ DECODER_MODEL_TYPES = {
 """config.json `model_type` of the decoder bodies served as encoders -> the engine's class."""
 HEAD_TENSORS = ("lm_head.weight", "score.weight")
 """Heads stored beside the body; the body never loads them (`DecoderHeads` reads them)."""
-BLOCK_SIZE = 64
-"""Tokens per scratch KV block: large, since each text is one prefill (fewer table entries)."""
+BLOCK_SIZE = 16
+"""Tokens per scratch KV block: also the granularity of a shared prefix (`shared_prefix`)."""
 
 
 def is_decoder(model_dir: Path) -> bool:
@@ -159,27 +162,93 @@ class PackedDecoderEncoder:
     def __call__(
         self, tokens: PackedTokens, output_rows: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """[T, hidden_size] states of every token, or only those of `output_rows` ([R] int64)."""
+        """[T, hidden_size] states of every token, or only those of `output_rows` ([R] int64
+        rows of `tokens`). With `output_rows`, a token prefix every sequence shares (an
+        instruction prompt, a reranker's query) is computed once (`shared_prefix`)."""
+        ids = (tokens.host_ids if tokens.host_ids is not None else tokens.input_ids.cpu()).numpy()
         lengths = np.array(tokens.lengths, dtype=np.int64)
-        blocks = -(-lengths // BLOCK_SIZE)
-        first = np.concatenate(([0], np.cumsum(blocks)))
-        tables = [list(range(first[b], first[b + 1])) for b in range(len(lengths))]
-        caches = self._layer_caches(int(first[-1]))
-        batch = flat_batch(
-            tokens.input_ids.cpu().numpy(),
-            np.zeros_like(lengths),
-            lengths,
-            tables,
-            [],
-            BLOCK_SIZE,
-            self._device,
-        )
+        shared = 0
+        if output_rows is not None and len(lengths) > 1:
+            # Rows inside the prefix would not be computed: the prefix ends before the first.
+            first_row = int(
+                (output_rows - tokens.starts[self._sequence_of(tokens, output_rows)]).min()
+            )
+            shared = shared_prefix(ids, lengths, min(first_row, int(lengths.min()) - 1))
+        if shared:
+            batch, caches = self._shared_batch(ids, lengths, shared)
+            output_rows = self._rows_after_prefix(tokens, output_rows, shared)
+        else:
+            batch, caches = self._batch(ids, lengths)
         meta = batch.meta
         if self.ops.plan_attention is not None:
             meta.plan = self.ops.plan_attention(
                 meta.query_start_loc, meta.seq_lens, meta.block_tables, caches[0][0]
             )
         return self.model(batch.input_ids, batch.positions, meta, caches, None, output_rows)
+
+    def _batch(self, ids: np.ndarray, lengths: np.ndarray):
+        """Each sequence a whole prefill in blocks of its own."""
+        blocks = -(-lengths // BLOCK_SIZE)
+        first = np.concatenate(([0], np.cumsum(blocks)))
+        tables = [list(range(first[b], first[b + 1])) for b in range(len(lengths))]
+        caches = self._layer_caches(int(first[-1]))
+        zeros = np.zeros_like(lengths)
+        return flat_batch(ids, zeros, lengths, tables, [], BLOCK_SIZE, self._device), caches
+
+    def _shared_batch(self, ids: np.ndarray, lengths: np.ndarray, shared: int):
+        """The shared prefix as a sequence of its own (first, so its K/V are in its blocks when
+        the others attend: each layer writes every row's K/V before attending), then each
+        sequence's rest, its table starting with the prefix's blocks."""
+        prefix_blocks = shared // BLOCK_SIZE
+        rest = lengths - shared
+        own = -(-lengths // BLOCK_SIZE) - prefix_blocks
+        first = np.concatenate(([prefix_blocks], prefix_blocks + np.cumsum(own)))
+        prefix = list(range(prefix_blocks))
+        tables = [prefix] + [prefix + list(range(first[b], first[b + 1])) for b in range(len(rest))]
+        caches = self._layer_caches(int(first[-1]))
+        starts = np.concatenate(([0], np.full(len(rest), shared)))
+        offsets = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        keep = np.concatenate(
+            [ids[o + shared : o + n] for o, n in zip(offsets, lengths, strict=True)]
+        )
+        flat = np.concatenate((ids[:shared], keep))
+        q_lens = np.concatenate(([shared], rest))
+        return flat_batch(flat, starts, q_lens, tables, [], BLOCK_SIZE, self._device), caches
+
+    @staticmethod
+    def _sequence_of(tokens: PackedTokens, rows: torch.Tensor) -> torch.Tensor:
+        """[R] int64: the sequence each packed row belongs to."""
+        return torch.searchsorted(tokens.starts, rows, right=True) - 1
+
+    def _rows_after_prefix(
+        self, tokens: PackedTokens, rows: torch.Tensor, shared: int
+    ) -> torch.Tensor:
+        """`rows` of `tokens` as rows of the shared-prefix batch (the prefix first, then each
+        sequence's rest)."""
+        seq = self._sequence_of(tokens, rows)
+        new_starts = (
+            shared + tokens.starts - shared * torch.arange(len(tokens.lengths), device=rows.device)
+        )
+        return rows - tokens.starts[seq] - shared + new_starts[seq]
+
+
+def shared_prefix(ids: np.ndarray, lengths: np.ndarray, limit: int) -> int:
+    """Tokens every packed sequence of `ids` starts with, at most `limit`, in whole scratch blocks
+    (the prefix's K/V blocks are shared; a partial block would be each sequence's own); 0 when
+    that is less than one block."""
+    limit = (min(limit, int(lengths.min())) // BLOCK_SIZE) * BLOCK_SIZE
+    if limit <= 0:
+        return 0
+    offsets = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    head = ids[:limit]
+    common = limit
+    for offset in offsets[1:]:
+        differ = np.flatnonzero(ids[offset : offset + common] != head[:common])
+        if len(differ):
+            common = int(differ[0])
+            if common < BLOCK_SIZE:
+                return 0
+    return (common // BLOCK_SIZE) * BLOCK_SIZE
 
 
 def read_head(
@@ -190,6 +259,17 @@ def read_head(
         with safe_open(str(path), framework="pt") as handle:
             if name in handle.keys():  # noqa: SIM118
                 return handle.get_tensor(name).to(device=device, dtype=dtype)
+    return None
+
+
+def read_head_rows(model_dir: Path, name: str, rows: list[int], spec: str) -> torch.Tensor | None:
+    """Rows `rows` of head tensor `name`, float32 [len(rows), hidden]; None if the checkpoint lacks
+    it. Only those rows are read."""
+    for path in safetensors_files(model_dir, spec):
+        with safe_open(str(path), framework="pt") as handle:
+            if name in handle.keys():  # noqa: SIM118
+                tensor = handle.get_slice(name)
+                return torch.cat([tensor[r : r + 1] for r in rows]).float()
     return None
 
 
@@ -209,6 +289,34 @@ class LastTokenScoreHead:
         if weight is None:
             raise ConfigError("model", spec, "a decoder reranker needs its 'score.weight' head")
         return cls(weight, arch.pad_token_id)
+
+    @classmethod
+    def from_token_logits(
+        cls,
+        model_dir: Path,
+        encoder: PackedDecoderEncoder,
+        true_token_id: int,
+        false_token_id: int | None,
+        spec: str,
+    ) -> LastTokenScoreHead:
+        """A causal LM's token-logit score as a one-label head: lm_head[true] - lm_head[false]
+        (lm_head[true] alone without a false token), on the last token (sentence-transformers'
+        LogitScore, vLLM's `classifier_from_token`). One [1, hidden] row replaces the
+        [vocab, hidden] lm_head: the logits of the other tokens are never computed."""
+        ids = [true_token_id] + ([] if false_token_id is None else [false_token_id])
+        bad = [i for i in ids if not 0 <= i < encoder.arch.vocab_size]
+        if bad:
+            raise ConfigError(
+                "classifier_from_token",
+                spec,
+                f"token ids {bad} are outside the vocabulary [0, {encoder.arch.vocab_size})",
+            )
+        rows = read_head_rows(model_dir, "lm_head.weight", ids, spec)
+        if rows is None:  # tied: the embedding is the lm_head
+            rows = encoder.model.model.embed_tokens.weight[ids].float()
+        weight = rows[:1] - rows[1:2] if false_token_id is not None else rows[:1]
+        # The last token as the causal model saw it, whatever it is (no pad-token search).
+        return cls(weight.to(encoder.dtype), None)
 
     def rows(self, tokens: PackedTokens) -> torch.Tensor:
         """[B] int64: the packed row each sequence is scored on."""

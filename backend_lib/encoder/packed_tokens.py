@@ -22,6 +22,8 @@ class PackedTokens:
     lengths: list[int]
     starts: torch.Tensor  # [B] int64, first token of each sequence
     lengths_t: torch.Tensor  # [B] int64
+    host_ids: torch.Tensor | None = None
+    """[T] int64 on the host: input_ids as packed, for host-side batch building (no device sync)."""
 
     @property
     def num_tokens(self) -> int:
@@ -53,4 +55,5 @@ def pack(
         lengths=lengths,
         starts=starts.to(device, non_blocking=True),
         lengths_t=lengths_cpu.to(device, non_blocking=True),
+        host_ids=flat,
     )

@@ -7,6 +7,7 @@ of many requests together.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,7 +28,15 @@ from backend_lib.encoder.embedder import (
 from backend_lib.encoder.packed_bert import ClassifierHead, EncoderArchitecture
 from backend_lib.encoder.packed_decoder import DecoderArchitecture, LastTokenScoreHead, is_decoder
 from backend_lib.encoder.packed_tokens import pack
-from backend_lib.encoder.st_config import read_cross_encoder_activation, read_max_seq_length
+from backend_lib.encoder.pair_template import ChatPairTokenizer
+from backend_lib.encoder.st_config import (
+    LogitScoreTokens,
+    module_kinds,
+    read_cross_encoder_activation,
+    read_logit_score,
+    read_max_seq_length,
+    read_prompts,
+)
 from backend_lib.encoder.tokenization import TextTokenizer
 from backend_lib.errors import InputError
 
@@ -51,27 +60,30 @@ def _choose_activation(default: str, apply_sigmoid: bool | None) -> str:
 
 
 class CrossEncoderReranker:
-    """Scores (query, document) pairs jointly with a one-label sequence classifier,
-    as `sentence_transformers.CrossEncoder.predict` does."""
+    """Scores (query, document) pairs jointly with a one-label sequence classifier, or a causal
+    LM's token logits at the last token, as `sentence_transformers.CrossEncoder.predict` does."""
 
     def __init__(
         self,
         encoder: Encoder,
         head: ClassifierHead | LastTokenScoreHead,
-        tokenizer: TextTokenizer,
+        pairs: TextTokenizer | ChatPairTokenizer,
         activation: str,
         config: RerankConfig,
     ):
-        self.encoder, self.head, self.tokenizer = encoder, head, tokenizer
+        self.encoder, self.head, self.pairs = encoder, head, pairs
         self.activation, self.config = activation, config
-        self.max_seq_length = tokenizer.max_length
+        self.max_seq_length = pairs.max_length
 
     @classmethod
     def from_config(
         cls, config: RerankConfig, device: torch.device, base_dir: Path
     ) -> CrossEncoderReranker:
         model_dir, arch, weights, encoder = load_encoder(config, device, base_dir)
-        if arch.num_labels != 1:
+        causal = isinstance(arch, DecoderArchitecture) and not arch.architecture.endswith(
+            "ForSequenceClassification"
+        )
+        if not causal and arch.num_labels != 1:
             raise ConfigError(
                 "model",
                 config.model,
@@ -82,20 +94,25 @@ class CrossEncoderReranker:
             config, tokenizer, arch, read_max_seq_length(model_dir, config.model)
         )
         settle_batch_tokens(config, length, device)
-        activation = read_cross_encoder_activation(model_dir, config.model, arch.num_labels)
-        activation = _choose_activation(activation, config.apply_sigmoid)
-        head = (
-            ClassifierHead(weights, arch)
-            if weights is not None
-            else LastTokenScoreHead.read(model_dir, arch, encoder, config.model)
+        activation = read_cross_encoder_activation(
+            model_dir, config.model, 1 if causal else arch.num_labels
         )
-        return cls(encoder, head, tokenizer, activation, config)
+        activation = _choose_activation(activation, config.apply_sigmoid)
+        if weights is not None:
+            head, pairs = ClassifierHead(weights, arch), tokenizer
+        elif not causal:
+            head = LastTokenScoreHead.read(model_dir, arch, encoder, config.model)
+            pairs = tokenizer
+        else:
+            head, pairs = _causal_lm_scoring(config, model_dir, base_dir, encoder, tokenizer)
+        return cls(encoder, head, pairs, activation, config)
 
     def tokenize(
         self, queries: Sequence[str], documents: Sequence[str], truncate: bool | None = None
     ) -> list[PairItem]:
-        """One item per pair: query and document joined with the model's special tokens."""
-        return self.tokenizer.encode_pairs(
+        """One item per pair: query and document joined with the model's special tokens (a
+        causal-LM reranker: rendered with its chat template)."""
+        return self.pairs.encode_pairs(
             queries, documents, self.config.truncate if truncate is None else truncate
         )
 
@@ -203,20 +220,69 @@ def _per_pair(text_batches: list[MicroBatch], rows: np.ndarray) -> list[MicroBat
     return out
 
 
+def _causal_lm_scoring(
+    config: RerankConfig,
+    model_dir: Path,
+    base_dir: Path,
+    encoder: Encoder,
+    tokenizer: TextTokenizer,
+) -> tuple[LastTokenScoreHead, ChatPairTokenizer]:
+    """The score head and pair renderer of a causal-LM reranker (Qwen3-Reranker form)."""
+    tokens = _logit_score_tokens(config, model_dir, tokenizer)
+    head = LastTokenScoreHead.from_token_logits(
+        model_dir, encoder, tokens.true_token_id, tokens.false_token_id, config.model
+    )
+    template = None
+    if config.chat_template:
+        path = base_dir / config.chat_template
+        if not path.is_file():
+            raise ConfigError("chat_template", config.chat_template, f"no such file: {path}")
+        template = path.read_text(encoding="utf-8")
+    prompts, default = read_prompts(model_dir, config.model)
+    system = prompts[default] if default is not None else None
+    return head, ChatPairTokenizer(tokenizer, template, system, config.model)
+
+
+def _logit_score_tokens(
+    config: RerankConfig, model_dir: Path, tokenizer: TextTokenizer
+) -> LogitScoreTokens:
+    """`classifier_from_token` if set, else the checkpoint's LogitScore module, else the tokens
+    "yes" / "no" (what sentence-transformers assumes for a bare causal LM)."""
+    names = config.classifier_tokens
+    if not names:
+        found = read_logit_score(model_dir, config.model)
+        if found is not None:
+            return found
+        names = ("no", "yes")
+    ids = tokenizer.tokenizer.convert_tokens_to_ids(list(names))
+    missing = [n for n, i in zip(names, ids, strict=True) if i is None]
+    if missing:
+        raise ConfigError(
+            "classifier_from_token",
+            config.classifier_from_token or json.dumps(list(names)),
+            f"the tokenizer has no token {', '.join(map(repr, missing))}",
+        )
+    return LogitScoreTokens(ids[-1], ids[0] if len(ids) == 2 else None)
+
+
 Reranker = CrossEncoderReranker | BiEncoderReranker
 
 
 def load_reranker(config: RerankConfig, device: torch.device, base_dir: Path) -> Reranker:
-    """A cross-encoder for `*ForSequenceClassification` checkpoints (mode auto), else a
-    bi-encoder over the embedding model."""
+    """A cross-encoder for `*ForSequenceClassification` checkpoints and causal-LM rerankers (mode
+    auto), else a bi-encoder over the embedding model."""
     mode = config.mode
     if mode == "auto":
         model_dir = resolve_model_path(config.model, base_dir)
         reader = DecoderArchitecture if is_decoder(model_dir) else EncoderArchitecture
-        arch = reader.read(model_dir, config.model)
+        architecture = reader.read(model_dir, config.model).architecture
+        kinds = module_kinds(model_dir, config.model)
+        # A causal LM scores pairs unless it is an embedder (a Pooling module), as in
+        # sentence-transformers, whose CrossEncoder reads any *ForCausalLM as a reranker.
+        causal = architecture.endswith("ForCausalLM") and "Pooling" not in kinds
         mode = (
             "cross_encoder"
-            if arch.architecture.endswith("ForSequenceClassification")
+            if architecture.endswith("ForSequenceClassification") or causal or "LogitScore" in kinds
             else "bi_encoder"
         )
     if mode == "cross_encoder":

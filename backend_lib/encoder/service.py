@@ -15,10 +15,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from backend_lib.config import from_parameters
+from backend_lib.config import ConfigError, from_parameters
 from backend_lib.contract import (
     DIMENSIONS,
     EMBEDDING,
+    INDICES,
     INPUT_IDS,
     NORMALIZE,
     NUM_INPUT_TOKENS,
@@ -26,11 +27,14 @@ from backend_lib.contract import (
     SCORE,
     TEXT_INPUT,
     TRUNCATE,
+    VALUES,
+    is_sparse_embedding,
 )
 from backend_lib.encoder.batching import MicroBatch
 from backend_lib.encoder.config import EmbeddingConfig, RerankConfig
-from backend_lib.encoder.embedder import Embedder, reduce
+from backend_lib.encoder.embedder import Embedder, EmbedderInputs, reduce
 from backend_lib.encoder.reranker import load_reranker
+from backend_lib.encoder.sparse import SparseEmbedder, pad_rows, serves_sparse
 from backend_lib.errors import InputError
 from backend_lib.metrics import MetricsSink
 from backend_lib.model_context import ModelContext
@@ -171,13 +175,14 @@ class _EncoderService:
         offset = 0
         for index, count in zip(parsed.request_index, parsed.row_counts, strict=True):
             rows = slice(offset, offset + count)
-            output = self._request_output(values[rows], parsed.items[rows])
-            results[index] = {self.output: output, NUM_INPUT_TOKENS: tokens[rows]}
+            outputs = self._request_outputs(values[rows], parsed.items[rows])
+            results[index] = {**outputs, NUM_INPUT_TOKENS: tokens[rows]}
             offset += count
 
-    def _request_output(self, values: np.ndarray, items: list) -> np.ndarray:
-        """One request's output from its rows of the computed values (its `items`)."""
-        return values
+    def _request_outputs(self, values: np.ndarray, items: list) -> dict[str, np.ndarray]:
+        """One request's output tensors (beside NUM_INPUT_TOKENS) from its rows of the computed
+        values (its `items`)."""
+        return {self.output: values}
 
     def _tokenize_request(self, inputs: Inputs) -> list:
         raise NotImplementedError
@@ -198,6 +203,50 @@ def _by_flag(flags: Sequence[bool | None], run: Callable[[list[int], bool | None
         for i, value in zip(indices, run(indices, flag), strict=True):
             out[i] = value
     return out
+
+
+def _check_declared_outputs(model_config: dict, sparse: bool, mode: str) -> None:
+    """Refuse a config.pbtxt declaring the other kind of vectors' outputs than the model computes
+    (every request would fail); a config without outputs (tests) passes."""
+    if not model_config.get("output") or is_sparse_embedding(model_config) == sparse:
+        return
+    computed = f"'{INDICES}' and '{VALUES}'" if sparse else f"'{EMBEDDING}'"
+    raise ConfigError(
+        "mode",
+        mode,
+        f"the checkpoint is served as {'sparse' if sparse else 'dense'} vectors (outputs "
+        f"{computed}) but config.pbtxt declares the other kind's outputs; render config.pbtxt "
+        "with this mode (scripts/add_model.py --param mode=...)",
+    )
+
+
+def _read_token_items(
+    inputs: Inputs, embedder: EmbedderInputs
+) -> tuple[list[list[int]], str | None]:
+    """A request's items as token ids, and the prompt prepended to its texts: `text_input` texts
+    with the prompt `prompt_name` names (default: the checkpoint's), tokenized as their `truncate`
+    says, or `input_ids` as sent (no prompt: None)."""
+    if (TEXT_INPUT in inputs) == (INPUT_IDS in inputs):
+        raise InputError(
+            f"send exactly one of '{TEXT_INPUT}' (texts) and '{INPUT_IDS}' (token ids)"
+        )
+    if INPUT_IDS in inputs:
+        if PROMPT_NAME in inputs:
+            raise InputError(
+                f"'{PROMPT_NAME}' applies to '{TEXT_INPUT}' only: token ids are used as sent"
+            )
+        return embedder.check_token_ids(read_token_rows(inputs, INPUT_IDS)), None
+    texts = read_strings(inputs, TEXT_INPUT)
+    name = read_shared(inputs, PROMPT_NAME, len(texts))
+    prompt_name = None if name is None else read_strings({PROMPT_NAME: name}, PROMPT_NAME)[0]
+    prompt = embedder.resolve_prompt(prompt_name)
+    # Size limits are the tokenizer's (max_text_bytes): cut when truncating, refused otherwise.
+    truncate = read_bools(inputs, TRUNCATE, len(texts), None)
+    tokens = _by_flag(
+        truncate,
+        lambda idx, flag: embedder.tokenize([texts[i] for i in idx], truncate=flag, prompt=prompt),
+    )
+    return tokens, prompt
 
 
 class _EmbeddingItem(NamedTuple):
@@ -221,33 +270,23 @@ class EmbeddingService(_EncoderService):
         self.embedder = embedder
 
     @classmethod
-    def from_context(cls, context: ModelContext, sink: MetricsSink | None) -> EmbeddingService:
-        """Load from the model's config.pbtxt parameters (raises ConfigError naming a bad key)."""
+    def from_context(
+        cls, context: ModelContext, sink: MetricsSink | None
+    ) -> EmbeddingService | SparseEmbeddingService:
+        """Load from the model's config.pbtxt parameters (raises ConfigError naming a bad key); a
+        model serving sparse vectors (`EmbeddingConfig.mode`) is a `SparseEmbeddingService`."""
         config = from_parameters(EmbeddingConfig, context.parameters)
-        embedder = Embedder.from_config(config, context.device, context.model_dir)
-        return cls(embedder, EncoderMetrics(sink) if sink else None)
+        metrics = EncoderMetrics(sink) if sink else None
+        sparse = serves_sparse(config, context.model_dir)
+        _check_declared_outputs(context.model_config, sparse, config.mode)
+        if sparse:
+            embedder = SparseEmbedder.from_config(config, context.device, context.model_dir)
+            return SparseEmbeddingService(embedder, metrics)
+        return cls(Embedder.from_config(config, context.device, context.model_dir), metrics)
 
     def _tokenize_request(self, inputs: Inputs) -> list:
-        if (TEXT_INPUT in inputs) == (INPUT_IDS in inputs):
-            raise InputError(
-                f"send exactly one of '{TEXT_INPUT}' (texts) and '{INPUT_IDS}' (token ids)"
-            )
-        skip = 0
-        if INPUT_IDS in inputs:
-            tokens = self.embedder.check_token_ids(read_token_rows(inputs, INPUT_IDS))
-            if PROMPT_NAME in inputs:
-                raise InputError(
-                    f"'{PROMPT_NAME}' applies to '{TEXT_INPUT}' only: token ids are used as sent"
-                )
-        else:
-            texts = read_strings(inputs, TEXT_INPUT)
-            name = read_shared(inputs, PROMPT_NAME, len(texts))
-            prompt_name = (
-                None if name is None else read_strings({PROMPT_NAME: name}, PROMPT_NAME)[0]
-            )
-            prompt = self.embedder.resolve_prompt(prompt_name)
-            tokens = self._tokenize_texts(inputs, texts, prompt)
-            skip = self.embedder.pool_skip(prompt)
+        tokens, prompt = _read_token_items(inputs, self.embedder)
+        skip = self.embedder.pool_skip(prompt)
         size = read_shared(inputs, DIMENSIONS, len(tokens))
         if size is not None and not np.issubdtype(size.dtype, np.integer):
             raise InputError(f"input '{DIMENSIONS}' must be TYPE_INT32, got {size.dtype}")
@@ -256,18 +295,6 @@ class EmbeddingService(_EncoderService):
         return [
             _EmbeddingItem(t, n, skip, dimensions) for t, n in zip(tokens, normalize, strict=True)
         ]
-
-    def _tokenize_texts(
-        self, inputs: Inputs, texts: list[str], prompt: str | None
-    ) -> list[list[int]]:
-        # Size limits are the tokenizer's (max_text_bytes): cut when truncating, refused otherwise.
-        truncate = read_bools(inputs, TRUNCATE, len(texts), None)
-        return _by_flag(
-            truncate,
-            lambda idx, flag: self.embedder.tokenize(
-                [texts[i] for i in idx], truncate=flag, prompt=prompt
-            ),
-        )
 
     def _num_tokens(self, item) -> int:
         return len(item.tokens)
@@ -287,8 +314,37 @@ class EmbeddingService(_EncoderService):
                 raw[i] = raw[i] / max(float(np.linalg.norm(raw[i])), 1e-12)
         return raw, batches
 
-    def _request_output(self, values: np.ndarray, items: list) -> np.ndarray:
-        return reduce(values, items[0].dimensions, [self._unit(item) for item in items])
+    def _request_outputs(self, values: np.ndarray, items: list) -> dict[str, np.ndarray]:
+        unit = [self._unit(item) for item in items]
+        return {EMBEDDING: reduce(values, items[0].dimensions, unit)}
+
+
+class SparseEmbeddingService(_EncoderService):
+    """A SPLADE model's requests, read as `EmbeddingService` reads them (`text_input` with
+    `truncate` and `prompt_name`, or `input_ids`; no `normalize` or `dimensions`) -> `indices`
+    INT64 and `values` FP32 [N, K] (each row's nonzero vocabulary ids, ascending, and their
+    weights, padded to the request's longest row with -1 and 0: `sparse.pad_rows`) and
+    `num_input_tokens` [N, 1]."""
+
+    def __init__(self, embedder: SparseEmbedder, metrics: EncoderMetrics | None = None):
+        super().__init__(metrics)
+        self.embedder = embedder
+
+    def _tokenize_request(self, inputs: Inputs) -> list:
+        for name in (NORMALIZE, DIMENSIONS):
+            if name in inputs:
+                raise InputError(f"'{name}' does not apply to a sparse embedding model")
+        return _read_token_items(inputs, self.embedder)[0]
+
+    def _num_tokens(self, item) -> int:
+        return len(item)
+
+    def _compute(self, items: list) -> tuple[list, list[MicroBatch]]:
+        return self.embedder.embed(items)  # a list of SparseVector, sliced per request
+
+    def _request_outputs(self, values: list, items: list) -> dict[str, np.ndarray]:
+        indices, weights = pad_rows(values)
+        return {INDICES: indices, VALUES: weights}
 
 
 class RerankService(_EncoderService):

@@ -8,7 +8,8 @@ modes, `include_prompt`), `sentence_bert_config.json` (max_seq_length, do_lower_
 mean pooling and reads no prompts, and so does this reader.
 
 Cross-encoders: the activation applied to the logit, resolved in the order of
-sentence-transformers 6.x `CrossEncoder` (see `read_cross_encoder_activation`).
+sentence-transformers 6.x `CrossEncoder` (see `read_cross_encoder_activation`); for a causal-LM
+reranker, the two tokens its `LogitScore` module scores (`read_logit_score`).
 """
 
 from __future__ import annotations
@@ -52,16 +53,27 @@ class EmbeddingLayout:
     matryoshka_dimensions: tuple[int, ...] = ()  # sizes a vector may be cut to, besides its own
 
 
-def _read_json(path: Path, spec: str) -> Any:
+def read_json(path: Path, spec: str) -> Any:
+    """A checkpoint JSON file; ConfigError on the model naming the file when unreadable."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError("model", spec, f"cannot read {path.name}: {exc}") from None
 
 
-def _module_kind(entry: dict[str, Any]) -> str:
+def module_kind(entry: dict[str, Any]) -> str:
+    """A modules.json entry's class name."""
     # "sentence_transformers.models.Pooling", "...base.modules.transformer.Transformer" -> last part
     return str(entry.get("type", "")).rsplit(".", 1)[-1]
+
+
+def module_kinds(model_dir: Path, spec: str) -> list[str]:
+    """The class names of modules.json's modules in order ("Transformer", "Pooling", ...); []
+    without modules.json."""
+    path = model_dir / "modules.json"
+    if not path.is_file():
+        return []
+    return [module_kind(m) for m in sorted(read_json(path, spec), key=lambda m: m.get("idx", 0))]
 
 
 def _pooling_modes(config: dict[str, Any], spec: str) -> tuple[str, ...]:
@@ -77,21 +89,22 @@ def _pooling_modes(config: dict[str, Any], spec: str) -> tuple[str, ...]:
     return modes
 
 
-def _sentence_bert_config(model_dir: Path, spec: str) -> dict[str, Any]:
+def sentence_bert_config(model_dir: Path, spec: str) -> dict[str, Any]:
+    """sentence_bert_config.json ({} when absent)."""
     path = model_dir / "sentence_bert_config.json"
-    return _read_json(path, spec) if path.is_file() else {}
+    return read_json(path, spec) if path.is_file() else {}
 
 
 def read_max_seq_length(model_dir: Path, spec: str) -> int | None:
     """`max_seq_length` of sentence_bert_config.json, None when absent."""
-    return _sentence_bert_config(model_dir, spec).get("max_seq_length")
+    return sentence_bert_config(model_dir, spec).get("max_seq_length")
 
 
-def _prompts(model_dir: Path, spec: str) -> tuple[dict[str, str], str | None]:
+def read_prompts(model_dir: Path, spec: str) -> tuple[dict[str, str], str | None]:
     """`prompts` and `default_prompt_name` of config_sentence_transformers.json (none if absent);
     the default must name a prompt, as sentence-transformers requires at load."""
     path = model_dir / "config_sentence_transformers.json"
-    config = _read_json(path, spec) if path.is_file() else {}
+    config = read_json(path, spec) if path.is_file() else {}
     prompts = config.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
@@ -109,7 +122,7 @@ def _prompts(model_dir: Path, spec: str) -> tuple[dict[str, str], str | None]:
 
 def _matryoshka_dimensions(model_dir: Path, spec: str) -> tuple[int, ...]:
     path = model_dir / "config.json"
-    sizes = (_read_json(path, spec) if path.is_file() else {}).get("matryoshka_dimensions") or []
+    sizes = (read_json(path, spec) if path.is_file() else {}).get("matryoshka_dimensions") or []
     if not isinstance(sizes, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in sizes
     ):
@@ -122,7 +135,7 @@ def _matryoshka_dimensions(model_dir: Path, spec: str) -> tuple[int, ...]:
 def read_embedding_layout(model_dir: Path, spec: str) -> EmbeddingLayout:
     """Read pooling, normalisation, sequence, prompt and Matryoshka settings; unsupported modules
     are errors."""
-    bert_config = _sentence_bert_config(model_dir, spec)
+    bert_config = sentence_bert_config(model_dir, spec)
     max_seq_length = bert_config.get("max_seq_length")
     do_lower_case = bool(bert_config.get("do_lower_case", False))
     matryoshka = _matryoshka_dimensions(model_dir, spec)
@@ -131,8 +144,8 @@ def read_embedding_layout(model_dir: Path, spec: str) -> EmbeddingLayout:
             ("mean",), False, max_seq_length, do_lower_case, matryoshka_dimensions=matryoshka
         )
 
-    modules = sorted(_read_json(model_dir / "modules.json", spec), key=lambda m: m.get("idx", 0))
-    kinds = [_module_kind(m) for m in modules]
+    modules = sorted(read_json(model_dir / "modules.json", spec), key=lambda m: m.get("idx", 0))
+    kinds = [module_kind(m) for m in modules]
     if not kinds or kinds[0] != "Transformer" or modules[0].get("path", "") not in ("", "."):
         raise ConfigError(
             "model",
@@ -148,10 +161,10 @@ def read_embedding_layout(model_dir: Path, spec: str) -> EmbeddingLayout:
     include_prompt = True
     if "Pooling" in kinds:
         entry = modules[kinds.index("Pooling")]
-        pooling = _read_json(model_dir / entry["path"] / "config.json", spec)
+        pooling = read_json(model_dir / entry["path"] / "config.json", spec)
         modes = _pooling_modes(pooling, spec)
         include_prompt = bool(pooling.get("include_prompt", True))
-    prompts, default_prompt_name = _prompts(model_dir, spec)
+    prompts, default_prompt_name = read_prompts(model_dir, spec)
     return EmbeddingLayout(
         modes,
         "Normalize" in kinds,
@@ -182,10 +195,10 @@ def read_cross_encoder_activation(model_dir: Path, spec: str, num_labels: int) -
     candidates: list[str | None] = []
     st_file = model_dir / "config_sentence_transformers.json"
     if (model_dir / "modules.json").is_file() and st_file.is_file():
-        st_config = _read_json(st_file, spec)
+        st_config = read_json(st_file, spec)
         if st_config.get("model_type") == "CrossEncoder":
             candidates.append(st_config.get("activation_fn"))
-    config = _read_json(model_dir / "config.json", spec)
+    config = read_json(model_dir / "config.json", spec)
     st_section = config.get("sentence_transformers") or {}
     if "activation_fn" in st_section:
         candidates.append(st_section["activation_fn"])
@@ -199,3 +212,30 @@ def read_cross_encoder_activation(model_dir: Path, spec: str, num_labels: int) -
             raise ConfigError("model", spec, f"unsupported cross-encoder activation '{path}'")
         return name
     return "sigmoid" if num_labels == 1 else "identity"
+
+
+@dataclass(frozen=True)
+class LogitScoreTokens:
+    """A causal-LM reranker's score: logit[true_token_id] - logit[false_token_id] at the last token
+    (the true token's logit alone when false_token_id is None)."""
+
+    true_token_id: int
+    false_token_id: int | None = None
+
+
+def read_logit_score(model_dir: Path, spec: str) -> LogitScoreTokens | None:
+    """The tokens of modules.json's `LogitScore` module (sentence-transformers 6.x), None without
+    one."""
+    if not (model_dir / "modules.json").is_file():
+        return None
+    modules = read_json(model_dir / "modules.json", spec)
+    entry = next((m for m in modules if module_kind(m) == "LogitScore"), None)
+    if entry is None:
+        return None
+    config = read_json(model_dir / entry.get("path", "") / "config.json", spec)
+    true_id, false_id = config.get("true_token_id"), config.get("false_token_id")
+    if not isinstance(true_id, int) or not (false_id is None or isinstance(false_id, int)):
+        raise ConfigError(
+            "model", spec, f"LogitScore needs integer token ids, got {true_id!r} and {false_id!r}"
+        )
+    return LogitScoreTokens(true_id, false_id)

@@ -57,7 +57,7 @@ class TextTokenizer:
 
     def encode_texts(self, texts: Sequence[str], truncate: bool) -> list[list[int]]:
         """Token ids per text, special tokens included."""
-        texts = self._checked(texts, truncate, "text")
+        texts = self.checked(texts, truncate, "text")
         if not texts:  # the HF tokenizer fails on an empty batch
             return []
         encoded = self.tokenizer(
@@ -67,7 +67,7 @@ class TextTokenizer:
             verbose=False,
         )["input_ids"]
         if not truncate:
-            self._check_lengths(encoded, "text")
+            self.check_lengths(encoded, "text")
         return encoded
 
     def encode_pairs(
@@ -78,8 +78,8 @@ class TextTokenizer:
             raise InputError(
                 f"got {len(queries)} queries but {len(documents)} documents; they must pair up"
             )
-        queries = self._checked(queries, truncate, "query")
-        documents = self._checked(documents, truncate, "document")
+        queries = self.checked(queries, truncate, "query")
+        documents = self.checked(documents, truncate, "document")
         if not queries:
             return []
         encoded = self.tokenizer(
@@ -91,11 +91,12 @@ class TextTokenizer:
         )
         ids = encoded["input_ids"]
         if not truncate:
-            self._check_lengths(ids, "query-document pair")
+            self.check_lengths(ids, "query-document pair")
         types = encoded.get("token_type_ids") or [None] * len(ids)
         return list(zip(ids, types, strict=True))
 
-    def _checked(self, texts: Sequence[str], truncate: bool, what: str) -> list[str]:
+    def checked(self, texts: Sequence[str], truncate: bool, what: str) -> list[str]:
+        """`texts` as strings within max_text_bytes (cut there when truncating, else refused)."""
         out = []
         for i, text in enumerate(texts):
             if not isinstance(text, str):
@@ -109,7 +110,8 @@ class TextTokenizer:
             out.append(cut)
         return out
 
-    def _check_lengths(self, encoded: list[list[int]], what: str) -> None:
+    def check_lengths(self, encoded: list[list[int]], what: str) -> None:
+        """Refuse an untruncated item longer than max_length, naming it."""
         for i, ids in enumerate(encoded):
             if len(ids) > self.max_length:
                 raise InputError(

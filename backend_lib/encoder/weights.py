@@ -53,6 +53,10 @@ class CheckpointWeights:
             tensor = handle.get_tensor(key)
         return tensor.to(device=self.device, dtype=self.dtype)
 
+    def has(self, name: str, prefixed: bool = True) -> bool:
+        """Whether the tensor `name` is stored (a tied head's weight may not be)."""
+        return self._resolve(name, prefixed) is not None
+
     def _resolve(self, name: str, prefixed: bool) -> str | None:
         key = self.prefix + name if prefixed else name
         if key in self._files:

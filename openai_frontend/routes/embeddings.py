@@ -1,4 +1,5 @@
-"""`POST /v1/embeddings`, and Hugging Face TEI's `POST /embed` (answer: a bare list of vectors)."""
+"""`POST /v1/embeddings`, and Hugging Face TEI's `POST /embed` (answer: a bare list of vectors) and
+`POST /embed_sparse` (a sparse embedding model's: per text, its nonzero `{"index", "value"}`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import numpy as np
 from fastapi import APIRouter
 
 from backend_lib import contract
-from openai_frontend.encoders import embed
+from openai_frontend.encoders import embed, embed_sparse
 from openai_frontend.errors import APIError
-from openai_frontend.protocol import EmbeddingRequest, TEIEmbedRequest
+from openai_frontend.protocol import EmbeddingRequest, TEIEmbedRequest, TEIEmbedSparseRequest
 from openai_frontend.state import State
 
 router = APIRouter()
@@ -27,7 +28,7 @@ def _encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:
 async def embeddings(body: EmbeddingRequest, state: State) -> dict[str, Any]:
     items = body.items()
     prompt_name = body.resolved_prompt_name()
-    info = await state.registry.get(body.model, "embedding", key=body.user)
+    info = await state.registry.get(body.model, "embedding", key=body.user, sparse=False)
     try:
         vectors, tokens = await embed(state.triton, info, items, prompt_name, body.dimensions)
     except APIError as error:
@@ -46,7 +47,7 @@ async def embeddings(body: EmbeddingRequest, state: State) -> dict[str, Any]:
 @router.post("/embed")
 async def tei_embed(body: TEIEmbedRequest, state: State) -> Any:
     texts = body.texts()
-    info = await state.registry.get(body.model, "embedding")
+    info = await state.registry.get(body.model, "embedding", sparse=False)
     try:
         vectors, _ = await embed(
             state.triton,
@@ -60,6 +61,22 @@ async def tei_embed(body: TEIEmbedRequest, state: State) -> Any:
     except APIError as error:
         raise _with_param(error, False) from None
     return vectors.tolist()
+
+
+@router.post("/embed_sparse")
+async def tei_embed_sparse(body: TEIEmbedSparseRequest, state: State) -> Any:
+    texts = body.texts()
+    info = await state.registry.get(body.model, "embedding", sparse=True)
+    try:
+        vectors, _ = await embed_sparse(
+            state.triton, info, texts, body.prompt_name, truncate=body.truncate
+        )
+    except APIError as error:
+        raise _with_param(error, False) from None
+    return [
+        [{"index": int(i), "value": float(v)} for i, v in zip(ids, weights, strict=True)]
+        for ids, weights in vectors
+    ]
 
 
 def _with_param(error: APIError, sent_as_input_type: bool) -> APIError:

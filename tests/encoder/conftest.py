@@ -59,3 +59,15 @@ class Helpers:
 @pytest.fixture(scope="session")
 def enc() -> type[Helpers]:
     return Helpers
+
+
+@pytest.fixture(scope="session")
+def splade_dir(tmp_path_factory) -> Path:
+    """A random BertForMaskedLM saved by sentence-transformers as a SPLADE SparseEncoder
+    (MLMTransformer -> SpladePooling max), max_seq_length 32, with prompts (no default one)."""
+    from tests.encoder.sparse_helpers import MAX_SEQ_LENGTH, PROMPTS
+    from tooling.checkpoints import build_splade
+
+    return build_splade(
+        tmp_path_factory.mktemp("splade"), max_seq_length=MAX_SEQ_LENGTH, prompts=PROMPTS
+    )

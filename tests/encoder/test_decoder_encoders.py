@@ -14,7 +14,7 @@ import torch
 from backend_lib.contract import EMBEDDING, SCORE
 from backend_lib.encoder.config import EmbeddingConfig, RerankConfig
 from backend_lib.encoder.embedder import Embedder
-from backend_lib.encoder.packed_decoder import PackedDecoderEncoder
+from backend_lib.encoder.packed_decoder import BLOCK_SIZE, PackedDecoderEncoder, shared_prefix
 from backend_lib.encoder.reranker import CrossEncoderReranker, load_reranker
 from backend_lib.encoder.service import EmbeddingService, RerankService
 from backend_lib.errors import InputError
@@ -93,6 +93,51 @@ def test_prompts_and_dimensions_equal_sentence_transformers(prompted_decoder):
     assert got.shape == (len(TEXTS), 16)
     assert _cosine_min(got, expected) >= 0.99999
     np.testing.assert_allclose(np.linalg.norm(got, axis=-1), 1.0, rtol=1e-5)
+
+
+LONG_PROMPTS = {
+    "query": "Instruct: Given a question about the plays, retrieve the lines of verse that answer "
+    "it, the speaker named and the scene told\nQuery: "
+}
+
+
+@pytest.mark.parametrize("pooling", ["lasttoken", "mean"])
+def test_a_shared_instruction_prefix_is_computed_once(tmp_path, monkeypatch, pooling):
+    """Texts sharing a long instruction prompt: with last-token pooling its whole blocks are one
+    sequence of the batch that the texts attend to (fewer rows computed), and the vectors still
+    equal sentence-transformers'; mean pooling needs every row, so nothing is shared."""
+    path = _embedder_dir(tmp_path, "Qwen3ForCausalLM", pooling)
+    write_json(path / "config_sentence_transformers.json", {"prompts": LONG_PROMPTS})
+    ours = _embedder(path)
+    rows = []
+    forward = ours.encoder.model.forward
+    monkeypatch.setattr(
+        ours.encoder.model,
+        "forward",
+        lambda ids, *rest: rows.append(len(ids)) or forward(ids, *rest),
+    )
+    expected = _st(path).encode(TEXTS, prompt_name="query", convert_to_numpy=True)
+    assert _cosine_min(ours.encode(TEXTS, prompt_name="query"), expected) >= 0.99999
+    tokens = sum(len(ids) for ids in ours.tokenize(TEXTS, prompt=LONG_PROMPTS["query"]))
+    prompt_tokens = len(ours.tokenize([""], prompt=LONG_PROMPTS["query"])[0])
+    if pooling == "mean":
+        assert sum(rows) == tokens
+    else:
+        shared = (prompt_tokens - 2) // BLOCK_SIZE * BLOCK_SIZE  # less bos/eos, whole blocks
+        assert shared >= BLOCK_SIZE and sum(rows) == tokens - shared * (len(TEXTS) - len(rows))
+
+
+def test_shared_prefix_counts_whole_blocks_common_to_all():
+    b = BLOCK_SIZE
+    common = np.arange(2 * b + 3)
+    ids = np.concatenate((common, [7, 8], common, [9], common[: b + 2], [5]))
+    lengths = np.array([2 * b + 5, 2 * b + 4, b + 3])
+    assert shared_prefix(ids, lengths, 10 * b) == b  # the third has only one whole block
+    assert shared_prefix(ids[: 4 * b + 9], lengths[:2], 10 * b) == 2 * b
+    assert shared_prefix(ids[: 4 * b + 9], lengths[:2], 2 * b - 1) == b  # the limit, in blocks
+    other = ids.copy()
+    other[2 * b + 5] += 1  # the second sequence differs at its first token
+    assert shared_prefix(other, lengths, 10 * b) == 0
 
 
 def _text_request(texts, **extra) -> dict:

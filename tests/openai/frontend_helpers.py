@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tooling.tritonserver import free_port, http_status
+from tooling.tritonserver import TritonServer, free_port, http_status
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,13 +76,20 @@ def stop_frontend(front: Frontend) -> None:
 @contextmanager
 def served_repository(repository: Path) -> Iterator[Frontend]:
     """A real tritonserver on `repository` and a frontend before it, both stopped on exit."""
+    with served_with_server(repository) as (_, front):
+        yield front
+
+
+@contextmanager
+def served_with_server(repository: Path) -> Iterator[tuple[TritonServer, Frontend]]:
+    """`served_repository`, with the tritonserver too (for calls to Triton itself)."""
     from tests.server_helpers import start_server, stop_server
 
     server = start_server(repository)
     try:
         front = start_frontend(server.grpc_url, repository)
         try:
-            yield front
+            yield server, front
         finally:
             stop_frontend(front)
     finally:

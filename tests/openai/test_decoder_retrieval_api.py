@@ -1,6 +1,7 @@
-"""End to end: a Qwen3 decoder embedder (last-token pooling, prompts, Matryoshka sizes) and a
-Qwen3 `*ForSequenceClassification` reranker served beside the default llm, embedding and rerank
-models by one real tritonserver, through the OpenAI frontend, against sentence-transformers."""
+"""End to end: a Qwen3 decoder embedder (last-token pooling, prompts, Matryoshka sizes), a Qwen3
+`*ForSequenceClassification` reranker and a causal-LM reranker (Qwen3-Reranker's original form:
+chat template, yes/no logits) served beside the default llm, embedding and rerank models by one
+real tritonserver, through the OpenAI frontend, against sentence-transformers."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 
 from tests.encoder.encoder_helpers import write_json, write_st_files
 from tests.openai.frontend_helpers import Frontend, cosine, served_repository
-from tooling.checkpoints import build_decoder_body
+from tooling.checkpoints import build_causal_reranker, build_decoder_body
 from tooling.repository import ModelSpec, write_model
 
 pytestmark = pytest.mark.e2e
@@ -32,6 +33,7 @@ DOCUMENTS = ["the king is Lear", "a rose", "Lear, king of Britain, divides his r
 class Served:
     embedder: Path
     reranker: Path
+    causal_reranker: Path
     front: Frontend
 
 
@@ -44,6 +46,11 @@ def served(tmp_path_factory) -> Iterator[Served]:
     config = json.loads((embedder / "config.json").read_text())
     write_json(embedder / "config.json", {**config, "matryoshka_dimensions": [16, 32]})
     reranker = build_decoder_body("Qwen3ForCausalLM", root / "qwen3-reranker", num_labels=1)
+    causal = build_causal_reranker(
+        root / "qwen3-causal-reranker",
+        prompts={"plays": "Find the line that answers"},
+        default_prompt_name="plays",
+    )
     # The default repository as it is (its models found at ../../models), plus the two.
     repository = root / "serving" / "model_repository"
     shutil.copytree(REPO_ROOT / "model_repository", repository)
@@ -51,11 +58,12 @@ def served(tmp_path_factory) -> Iterator[Served]:
     for name, kind, checkpoint in (
         ("qwen3_embedding", "embedding", embedder),
         ("qwen3_rerank", "rerank", reranker),
+        ("qwen3_causal_rerank", "rerank", causal),
     ):
         parameters = {"model": str(checkpoint), "dtype": "float32"}
         write_model(ModelSpec(name, kind, parameters), repository)
     with served_repository(repository) as front:
-        yield Served(embedder, reranker, front)
+        yield Served(embedder, reranker, causal, front)
 
 
 def test_decoder_embeddings_prompts_and_dimensions(served):
@@ -84,13 +92,18 @@ def test_decoder_embeddings_prompts_and_dimensions(served):
     assert vectors(model="embedding").shape == (3, 384)
 
 
-def test_decoder_reranker_orders_as_cross_encoder(served):
+@pytest.mark.parametrize(
+    ("model", "checkpoint"),
+    [("qwen3_rerank", "reranker"), ("qwen3_causal_rerank", "causal_reranker")],
+)
+def test_decoder_reranker_orders_as_cross_encoder(served, model, checkpoint):
     from sentence_transformers import CrossEncoder
 
-    reference = CrossEncoder(str(served.reranker), device="cpu", local_files_only=True)
+    path = str(getattr(served, checkpoint))
+    reference = CrossEncoder(path, device="cpu", local_files_only=True)
     expected = reference.predict([(QUERY, d) for d in DOCUMENTS])
     client = httpx.Client(base_url=served.front.url, timeout=120)
-    body = {"model": "qwen3_rerank", "query": QUERY, "documents": DOCUMENTS}
+    body = {"model": model, "query": QUERY, "documents": DOCUMENTS}
     reply = client.post("/v1/rerank", json=body)
     assert reply.status_code == 200, reply.text
     results = reply.json()["results"]

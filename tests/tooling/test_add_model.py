@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from backend_lib.contract import is_sparse_embedding
 from backend_lib.llm.execution.models import supported_architectures
-from tooling.repository import REPO_ROOT
+from tooling.repository import REPO_ROOT, read_config
 
 
 def _add_model(checkpoint: Path, repository: Path) -> subprocess.CompletedProcess:
@@ -38,3 +39,23 @@ def test_unsupported_llm_architecture_is_refused_up_front(tmp_path):
     result = _add_model(checkpoint, repository)
     assert result.returncode == 0, result.stderr
     assert (repository / "m" / "config.pbtxt").is_file()
+
+
+def test_a_splade_checkpoint_is_added_in_sparse_mode(tmp_path):
+    checkpoint = tmp_path / "splade"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps({"architectures": ["BertForMaskedLM"]}))
+    modules = [
+        {
+            "idx": 0,
+            "path": "",
+            "type": "sentence_transformers.sparse_encoder.models.MLMTransformer",
+        },
+        {"idx": 1, "path": "1_SpladePooling", "type": "sentence_transformers.models.SpladePooling"},
+    ]
+    (checkpoint / "modules.json").write_text(json.dumps(modules))
+    result = _add_model(checkpoint, tmp_path / "repo")
+    assert result.returncode == 0, result.stderr
+    config = read_config((tmp_path / "repo" / "m" / "config.pbtxt").read_text())
+    assert config["parameters"]["mode"]["string_value"] == "sparse"
+    assert is_sparse_embedding(config)

@@ -57,9 +57,10 @@ def test_detect_kind(tmp_path: Path, architecture, kind):
 
 def test_decoder_retrieval_checkpoints_get_their_kind(tmp_path: Path):
     """A Qwen3-Embedding style checkpoint (a causal-LM name in config.json, a Pooling module) is
-    an embedding model; a decoder `*ForSequenceClassification` a reranker; a bare causal LM an llm."""
+    an embedding model; a decoder `*ForSequenceClassification` or a CrossEncoder-saved causal LM a
+    reranker; a bare causal LM an llm."""
     from tests.encoder.encoder_helpers import write_st_files
-    from tooling.checkpoints import build_decoder_body
+    from tooling.checkpoints import build_causal_reranker, build_decoder_body
 
     embedder = build_decoder_body("Qwen3ForCausalLM", tmp_path / "embedder")
     write_st_files(embedder, "lasttoken", normalize=True, max_seq_length=256)
@@ -72,6 +73,33 @@ def test_decoder_retrieval_checkpoints_get_their_kind(tmp_path: Path):
     assert detect_kind(reranker) == "rerank"
     (embedder / "modules.json").unlink()
     assert detect_kind(embedder) == "llm"
+    # A causal-LM reranker saved as a CrossEncoder (Transformer -> LogitScore).
+    causal = build_causal_reranker(tmp_path / "causal-reranker")
+    assert detect_kind(causal) == "rerank"
+
+
+def test_a_splade_checkpoint_is_a_sparse_embedding_model(tmp_path: Path):
+    """A SparseEncoder save (MLMTransformer -> SpladePooling) is an embedding model rendered with
+    the sparse outputs; a bare `*ForMaskedLM` stays refused, as before."""
+    from backend_lib.contract import SPARSE_EMBEDDING_OUTPUTS, is_sparse_embedding, model_kind
+    from tooling.checkpoints import build_splade
+    from tooling.repository import is_sparse_checkpoint
+
+    splade = build_splade(tmp_path / "splade")
+    assert detect_kind(splade) == "embedding" and is_sparse_checkpoint(splade)
+    (splade / "modules.json").unlink()  # config_sentence_transformers.json's model_type says it
+    assert detect_kind(splade) == "embedding" and is_sparse_checkpoint(splade)
+    (splade / "config_sentence_transformers.json").unlink()
+    assert not is_sparse_checkpoint(splade)
+    with pytest.raises(ValueError, match="BertForMaskedLM"):
+        detect_kind(splade)
+    config = read_config(render_config(ModelSpec("s", "embedding", {"mode": " sparse"})))
+    assert model_kind(config) == "embedding" and is_sparse_embedding(config)
+    assert tuple(output["name"] for output in config["output"]) == SPARSE_EMBEDDING_OUTPUTS
+    inputs = {item["name"] for item in config["input"]}
+    assert {"text_input", "input_ids", "truncate", "prompt_name"} == inputs  # no normalize, dims
+    dense = read_config(render_config(ModelSpec("d", "embedding", {"mode": "auto"})))
+    assert model_kind(dense) == "embedding" and not is_sparse_embedding(dense)
 
 
 def test_detect_kind_rejects_unknown(tmp_path: Path):
