@@ -113,11 +113,10 @@ class RerankConfig(EncoderSettings):
 
     - `mode`: auto = cross-encoder for `*ForSequenceClassification` checkpoints, bi-encoder
       (cosine of the embedding model's vectors) otherwise; a decoder `*ForCausalLM` (without a
-      Pooling module) or a checkpoint with a LogitScore module is a causal-LM cross-encoder. The default checkpoint is an
-      embedding model, since no cross-encoder weights ship offline.
+      Pooling module) or a checkpoint with a LogitScore module is a causal-LM cross-encoder.
+      The default checkpoint is an embedding model, since no cross-encoder weights ship offline.
     - `apply_sigmoid`: None = the checkpoint's sentence-transformers activation (raw logit
       when it says Identity; bi-encoder: raw cosine); True/False force sigmoid on/off.
-
     - `classifier_from_token`: for a causal-LM reranker (Qwen3-Reranker form), the tokens whose
       last-position logits give the score, as vLLM's `classifier_from_token`: a JSON list of two
       tokens `["no", "yes"]` (score = logit of the second minus the first, then the activation:

@@ -168,15 +168,16 @@ class PackedDecoderEncoder:
         ids = (tokens.host_ids if tokens.host_ids is not None else tokens.input_ids.cpu()).numpy()
         lengths = np.array(tokens.lengths, dtype=np.int64)
         shared = 0
-        if output_rows is not None and len(lengths) > 1:
-            # Rows inside the prefix would not be computed: the prefix ends before the first.
-            first_row = int(
-                (output_rows - tokens.starts[self._sequence_of(tokens, output_rows)]).min()
-            )
-            shared = shared_prefix(ids, lengths, min(first_row, int(lengths.min()) - 1))
+        # A prefix shares whole blocks and leaves each sequence a token of its own.
+        if output_rows is not None and len(lengths) > 1 and lengths.min() > BLOCK_SIZE:
+            owner = torch.searchsorted(tokens.starts, output_rows, right=True) - 1
+            offsets = output_rows - tokens.starts[owner]
+            # Rows inside the prefix would not be computed: it ends at or before the first.
+            limit = min(int(offsets.min()), int(lengths.min()) - 1)
+            shared = shared_prefix(ids, lengths, limit)
         if shared:
             batch, caches = self._shared_batch(ids, lengths, shared)
-            output_rows = self._rows_after_prefix(tokens, output_rows, shared)
+            output_rows = self._rows_after_prefix(tokens, owner, offsets, shared)
         else:
             batch, caches = self._batch(ids, lengths)
         meta = batch.meta
@@ -216,20 +217,14 @@ class PackedDecoderEncoder:
         return flat_batch(flat, starts, q_lens, tables, [], BLOCK_SIZE, self._device), caches
 
     @staticmethod
-    def _sequence_of(tokens: PackedTokens, rows: torch.Tensor) -> torch.Tensor:
-        """[R] int64: the sequence each packed row belongs to."""
-        return torch.searchsorted(tokens.starts, rows, right=True) - 1
-
     def _rows_after_prefix(
-        self, tokens: PackedTokens, rows: torch.Tensor, shared: int
+        tokens: PackedTokens, owner: torch.Tensor, offsets: torch.Tensor, shared: int
     ) -> torch.Tensor:
-        """`rows` of `tokens` as rows of the shared-prefix batch (the prefix first, then each
-        sequence's rest)."""
-        seq = self._sequence_of(tokens, rows)
-        new_starts = (
-            shared + tokens.starts - shared * torch.arange(len(tokens.lengths), device=rows.device)
-        )
-        return rows - tokens.starts[seq] - shared + new_starts[seq]
+        """Rows at `offsets` ([R] int64) in their sequences `owner` ([R] int64) as rows of the
+        shared-prefix batch: the prefix first, then each sequence's rest."""
+        sequence = torch.arange(len(tokens.lengths), device=owner.device)
+        rest_starts = shared + tokens.starts - shared * sequence
+        return rest_starts[owner] + offsets - shared
 
 
 def shared_prefix(ids: np.ndarray, lengths: np.ndarray, limit: int) -> int:
