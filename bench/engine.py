@@ -75,13 +75,16 @@ class EngineRunner:
         max_num_seqs: int = 64,
         quantization: str = "none",
         kv_cache_dtype: str = "auto",
+        **settings,
     ):
+        """`settings`: further LLMConfig fields."""
         self.model_dir, self.dtype, self.device = model_dir, dtype, device
         self.settings = {
             "max_model_len": 1024,
             "max_num_seqs": max_num_seqs,
             "quantization": quantization,
             "kv_cache_dtype": kv_cache_dtype,
+            **settings,
         }
         self.config = None
         """The latest engine's LLMConfig."""

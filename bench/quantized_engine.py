@@ -13,13 +13,15 @@ llm_cpu::wna16_linear where it is built, else its PyTorch twin; the result says 
 The workload is decode-bound: the engine benchmark's, with a quarter of the requests (16), prompts
 a quarter as long (32-128 tokens) and outputs of 128-256 tokens (greedy, EOS ignored), so every
 decode step has at most 16 rows: the regime where 4-bit weights pay, by reading a quarter of the
-bytes per step (the C++ op unpacks them straight into its FMAs below 32 rows; from 32 it
-dequantizes blocks for a GEMM, which saves memory, not time). The engine benchmark's own workload
+bytes per step (the C++ op unpacks them straight into its dot products: with AVX-512 at every
+row count, with AVX2 below 64 rows, above which it dequantizes blocks for a GEMM). The engine benchmark's own workload
 (64 requests, prompts 32-512, outputs 32-256) is timed too for the two engines and reported beside
 (--no-engine-workload leaves it out).
 
 - engine_w4a16: `LLMEngine.generate` on the W4A16 checkpoint, activations and KV cache in the
-  baseline's dtype, a fresh engine (empty prefix cache) each run;
+  baseline's dtype, a fresh engine (empty prefix cache) each run; the default `w4a16_activations:
+  auto`, so in bfloat16 on a CPU with AVX512-VNNI the 4-bit layers quantize their activations to
+  int8 per call, as the OpenVINO peer's CPU plugin does by default (the report says which ran);
 - engine_bf16: the same on the float checkpoint in bfloat16 (`--dtype auto`: bfloat16 on CUDA and
   on CPUs with native bf16, float32 elsewhere, said in the report; float32 under --quick);
 - openvino_genai: `ContinuousBatchingPipeline.generate` on `optimum-cli export openvino
@@ -160,6 +162,8 @@ def loaded_layers(w4a16_dir: Path, dtype: str, device, parameters: int) -> dict:
     return {
         "wna16_layers": len(layers),
         "wna16_backends": dict(Counter(m.backend for m in layers)),
+        "int8_activation_layers": sum(m.dynamic_int8 for m in layers),
+        "w4a16_activations": engine.config.w4a16_activations,
         "bits": sorted({m.bits for m in layers}),
         "group_sizes": sorted({m.group_size for m in layers}),
         "cpu_extension": _cpu_extension_state() if device.type == "cpu" else None,
@@ -407,8 +411,7 @@ def report(result: dict) -> list[str]:
         lines.append(
             f"- The engine benchmark's workload ({engine_work['requests']} requests, "
             f"{engine_work['prompt_tokens']} prompt / {engine_work['output_tokens']} output tokens; "
-            f"decode steps of up to {min(64, engine_work['requests'])} rows; the C++ op "
-            "dequantizes for a GEMM from 32), "
+            f"decode steps of up to {min(64, engine_work['requests'])} rows), "
             f"{run['threads']} thread(s): W4A16 {rates[OURS]['median']:.1f}, {dtype} "
             f"{rates[BASELINE]['median']:.1f} output tokens/s: "
             f"{run['engine_workload']['w4a16_vs_bf16']:.2f}x."
@@ -435,6 +438,12 @@ def kernel_lines(result: dict) -> list[str]:
         )
     backends = ", ".join(f"{n} on `{b}`" for b, n in result["wna16_backends"].items())
     lines = [f"- Kernels: {result['wna16_layers']} `WNA16Linear` layers, {backends}{state}."]
+    if "int8_activation_layers" in result:
+        lines.append(
+            f"- Activations (`w4a16_activations: {result['w4a16_activations']}`): "
+            f"{result['int8_activation_layers']} of the layers quantize them to int8 per call "
+            "(AVX512-VNNI dot products), the others multiply them as they are."
+        )
     conversion = result.get("conversion")
     if conversion:
         lines.append(

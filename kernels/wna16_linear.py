@@ -14,7 +14,15 @@ Contract, for an out x in = N x K linear:
 
 `wna16_linear_*(x, qweight, scales, zeros, group_size, bits, bias=None)` returns `x @ w.T + bias`
 for x [M, K], in x's dtype: products accumulated in float32, rounded once to x's dtype.
-Activations are never quantized.
+Activations are not quantized, except on the CPU op's dynamic int8 path below.
+
+Dynamic int8 activations (`dynamic_int8=True`, 4-bit weights, bfloat16 x, a CPU with AVX512-VNNI:
+`wna16_int8_dot()`; twin `wna16_linear_int8_torch`): each row of x is quantized at the call per
+chunk of K (the group, or for groups over 256 inputs the largest divisor of it within 256 that is a
+multiple of 8: `int8_chunk`), symmetric, xq = round-half-even(x * (127 / max|x|)) with scale
+max|x| / 127 (0 for an all-zero chunk), as OpenVINO's CPU plugin quantizes activations for
+compressed weights by default. Then y = sum over chunks of scale_w * scale_x * (xq . (u - z)), the
+dot products exact in int32, + bias, rounded once to x's dtype.
 
 PyTorch twin (`wna16_linear_torch`): dequantize in float32, float32 matmul, bias, cast; the
 reference, and the fallback wherever no kernel applies.
@@ -326,6 +334,68 @@ def prepare_wna16_cpu(
     )
 
 
+MAX_INT8_CHUNK = 256
+"""Longest run of K one activation scale covers on the dynamic int8 path (kMaxChunk in the C++)."""
+
+
+def int8_chunk(group_size: int, bits: int) -> int:
+    """The run of K each dynamic int8 activation scale covers: the group, or for longer groups
+    the largest divisor of it within `MAX_INT8_CHUNK` that holds whole words."""
+    per_word = 32 // bits
+    chunk = group_size
+    if chunk > MAX_INT8_CHUNK:
+        chunk = MAX_INT8_CHUNK - MAX_INT8_CHUNK % per_word
+        while group_size % chunk:
+            chunk -= per_word
+    return chunk
+
+
+def quantize_activations_int8(x: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(xq float32 [M, K] holding int8 values, scale float32 [M, K // chunk]) of x [M, K]: per row
+    and chunk, round-half-even(x * (127 / max|x|)) and max|x| / 127 (the module docstring)."""
+    m, k = x.shape
+    xc = x.float().view(m, k // chunk, chunk)
+    amax = xc.abs().amax(-1, keepdim=True)
+    # A true float32 division (as the C++ does): `127.0 / amax` would be 127 * reciprocal(amax).
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
+    return torch.round(xc * inv).view(m, k), (amax / 127.0).squeeze(-1)
+
+
+def wna16_linear_int8_torch(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    group_size: int,
+    bits: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The dynamic int8 path's twin (the module docstring): x's chunks quantized to int8, each
+    chunk's exact dot with u - z scaled by scale_w * scale_x, summed in float64, rounded once."""
+    n, k = _check_layout(qweight, scales, zeros, group_size, bits)
+    _check_x(x, k, bias, n)
+    chunk = int8_chunk(group_size, bits)
+    xq, sx = quantize_activations_int8(x, chunk)
+    h = k // chunk
+    u = unpack_wna16(qweight, bits, k).double()
+    per_chunk = group_size // chunk
+    z = zeros.double().repeat_interleave(per_chunk, 1)  # [N, H]
+    s = scales.double().repeat_interleave(per_chunk, 1)
+    # [M, H, 1, chunk] x [1, H, N, chunk] -> the exact int dots [M, H, N]
+    dots = torch.einsum("mhc,nhc->mhn", xq.double().view(-1, h, chunk), u.view(n, h, chunk))
+    qsum = xq.double().view(-1, h, chunk).sum(-1, keepdim=True)
+    y = ((dots - z.T.unsqueeze(0) * qsum) * s.T.unsqueeze(0) * sx.double().unsqueeze(-1)).sum(1)
+    if bias is not None:
+        y = y + bias.double()
+    return y.to(x.dtype)
+
+
+def wna16_int8_dot() -> bool:
+    """Whether `wna16_linear_cpu(..., dynamic_int8=True)` takes the int8 path here: the C++ library
+    is loaded, built for AVX-512, and the CPU has AVX512-VNNI."""
+    return cpu_extension.load() and bool(torch.ops.llm_cpu.wna16_int8_dot())
+
+
 def wna16_cpu_takes(x: torch.Tensor) -> bool:
     """Whether `wna16_linear_cpu` takes x: the C++ library is loaded, x is a CPU float32 or
     bfloat16 tensor. Otherwise call `wna16_linear_torch` (or the Triton kernel on CUDA)."""
@@ -337,12 +407,15 @@ def wna16_linear_cpu(
     prepared: WNA16CPUWeight,
     bias: torch.Tensor | None = None,
     gemm_min_rows: int = -1,
+    dynamic_int8: bool = False,
 ) -> torch.Tensor:
     """`wna16_linear_torch`'s contract on a prepared weight through the C++ op; only where
     `wna16_cpu_takes(x)`. x [M, K] float32 or bfloat16 (any row stride; a strided K is copied)
     -> [M, N] in x's dtype. `gemm_min_rows`: from how many rows the op dequantizes blocks of the
     weight for a GEMM instead of unpacking per FMA; -1: the crossover measured for the build's ISA
-    (AVX-512: never; AVX2: 64 rows; baseline: always; kAutoGemmMinRows in the C++)."""
+    (AVX-512: never; AVX2: 64 rows; baseline: always; kAutoGemmMinRows in the C++).
+    `dynamic_int8`: `wna16_linear_int8_torch`'s contract instead, where it applies (4-bit
+    weights, bfloat16 x, fewer than gemm_min_rows rows, `wna16_int8_dot()`); elsewhere ignored."""
     _check_x(x, prepared.in_features, bias, prepared.out_features)
     if x.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"x must be float32 or bfloat16 for the CPU op, got {x.dtype}")
@@ -358,4 +431,5 @@ def wna16_linear_cpu(
         prepared.out_features,
         bias,
         gemm_min_rows,
+        dynamic_int8,
     )

@@ -10,6 +10,7 @@ from backend_lib.config import require
 from backend_lib.llm.spec_decode.config import SpeculativeConfig
 
 QUANTIZATION_MODES = ("auto", "none", "int8", "fp8")
+W4A16_ACTIVATIONS = ("auto", "bfloat16", "int8")
 
 
 @dataclass
@@ -29,6 +30,13 @@ class LLMConfig:
     symmetric int8 weights; on CPU the layers run fbgemm's W8A8-dynamic int8 GEMM, on CUDA a
     weight-only Triton kernel); fp8 (float8_e4m3fn weights, per-channel scales, CUDA only).
     Embeddings, norms and the lm_head stay in `dtype`."""
+    w4a16_activations: Literal["auto", "bfloat16", "int8"] = "auto"
+    """What a pre-quantized checkpoint's 4-bit weight-only layers multiply with on CPU in bfloat16
+    (kernels/wna16_linear.py): bfloat16, the activations as they are (AVX512-BF16 dot products);
+    int8, each row quantized at the call per 128-input group (dynamic, symmetric; AVX512-VNNI dot
+    products, as OpenVINO's CPU plugin does by default for compressed weights), 1.3-1.6x faster
+    per layer at 1-16 rows. auto: int8 where the CPU and the C++ kernels have AVX512-VNNI, else
+    bfloat16. int8 needs dtype bfloat16 on CPU and a CPU with AVX512-VNNI."""
     kv_cache_dtype: Literal["auto", "int8", "fp8"] = "auto"
     """KV-cache storage (vLLM's name): auto, the model's dtype; int8 or fp8 (float8_e4m3fn): 8-bit
     keys and values with a float32 scale per token and kv head (symmetric, max|x| / 127 or / 448
@@ -175,6 +183,12 @@ class LLMConfig:
             "quantization",
             self.quantization,
             f"expected one of {', '.join(QUANTIZATION_MODES)}",
+        )
+        require(
+            self.w4a16_activations in W4A16_ACTIVATIONS,
+            "w4a16_activations",
+            self.w4a16_activations,
+            f"expected one of {', '.join(W4A16_ACTIVATIONS)}",
         )
         require(
             self.kv_cache_dtype in ("auto", "int8", "fp8"),

@@ -1,7 +1,8 @@
 """WNA16 linear (kernels/wna16_linear.py): the packing against the layout written out by hand, the
 dequantization against an element-by-element formula on the raw words, the C++ CPU op (both its
-decode and GEMM paths) and the Triton kernel (interpreter on CPU: float32 and float16) against the
-PyTorch twin, strided x, and bad arguments.
+decode and GEMM paths, and the dynamic int8 activations of its AVX512-VNNI path) and the Triton
+kernel (interpreter on CPU: float32 and float16) against the PyTorch twins, strided x, and bad
+arguments.
 
 Tolerances (relative, conftest.TOLERANCE): float32 1e-5, float16 2e-3, bfloat16 1.6e-2.
 """
@@ -14,11 +15,15 @@ import torch
 from kernels import cpu_extension
 from kernels.wna16_linear import (
     dequantize_wna16,
+    int8_chunk,
     pack_wna16,
     prepare_wna16_cpu,
+    quantize_activations_int8,
     unpack_wna16,
     wna16_cpu_takes,
+    wna16_int8_dot,
     wna16_linear_cpu,
+    wna16_linear_int8_torch,
     wna16_linear_torch,
     wna16_linear_triton,
 )
@@ -157,6 +162,98 @@ def test_cpu_op_strided_and_empty_x(cpu_kernels, assert_close):
     transposed = rows.T.contiguous().T  # unit stride along M, copied by the entry
     assert_close(wna16_linear_cpu(transposed, prepared), want, torch.float32)
     assert wna16_linear_cpu(rows[:0], prepared).shape == (0, 32)
+
+
+# --- dynamic int8 activations -----------------------------------------------------------------
+
+needs_int8_dot = pytest.mark.skipif(
+    not wna16_int8_dot(),
+    reason="the int8 path needs the C++ kernels built for AVX-512 on a CPU with AVX512-VNNI",
+)
+
+
+def _within_a_bfloat16_ulp(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Each element of got (bfloat16) within one bfloat16 ulp of want's (the op folds chunks in
+    float32, the twin in float64: only the final rounding may differ)."""
+    got, want = got.double(), want.double()
+    slack = want.abs() * 2.0**-7 + want.abs().max() * 1e-6
+    assert ((got - want).abs() <= slack).all(), (got - want).abs().max().item()
+
+
+def test_int8_chunk_is_the_group_or_a_divisor_within_256():
+    assert [int8_chunk(g, 4) for g in (32, 128, 256, 512, 520, 1024)] == [
+        32,
+        128,
+        256,
+        256,
+        104,
+        256,
+    ]
+    assert int8_chunk(1040, 8) == 208
+
+
+def test_activation_quantization_is_symmetric_round_half_even_per_chunk():
+    x = torch.tensor([[62.5, -127.0, 63.5, 1.25, 0.0, 0.0, 0.0, 0.0, 0.5, -1.0, 0.25, 0.0]])
+    xq, scale = quantize_activations_int8(x, 4)
+    # chunk 0: max|x| 127, so x itself rounds, half to even (62.5 -> 62, 63.5 -> 64); chunk 1: all
+    # zero; chunk 2: max|x| 1, x * 127.
+    assert xq.tolist() == [[62, -127, 64, 1, 0, 0, 0, 0, 64, -127, 32, 0]]
+    assert scale.tolist() == [[1.0, 0.0, pytest.approx(1 / 127)]]
+
+
+@needs_int8_dot
+@pytest.mark.parametrize(
+    "group_size,k", [(32, 256), (64, 256), (128, 512), (256, 256), (520, 520), (1024, 1024)]
+)
+def test_cpu_int8_path_matches_its_twin(cpu_kernels, group_size, k):
+    n = 72  # 4 tiles and a half: register tiles of 4 tiles and single ones
+    qweight, scales, zeros = _weight(n, k, group_size, 4, seed=group_size)
+    prepared = prepare_wna16_cpu(qweight, scales, zeros, group_size, 4)
+    for m in (1, 2, 3, 4, 5, 17, 130):  # every row tile, a tail, rows quantized in parallel
+        for bias in (None, torch.randn(n).bfloat16()):
+            x = _x(m, k, torch.bfloat16, seed=m)
+            got = wna16_linear_cpu(x, prepared, bias, dynamic_int8=True)
+            want = wna16_linear_int8_torch(x, qweight, scales, zeros, group_size, 4, bias)
+            assert got.shape == (m, n) and got.dtype == torch.bfloat16
+            _within_a_bfloat16_ulp(got, want)
+
+
+@needs_int8_dot
+def test_cpu_int8_path_is_close_to_the_exact_products_and_really_quantizes(cpu_kernels):
+    qweight, scales, zeros = _weight(64, 512, 128, 4, seed=7)
+    prepared = prepare_wna16_cpu(qweight, scales, zeros, 128, 4)
+    x = _x(16, 512, torch.bfloat16)
+    exact = wna16_linear_torch(x, qweight, scales, zeros, 128, 4)
+    got = wna16_linear_cpu(x, prepared, dynamic_int8=True)
+    # int8 rounding of unit-normal activations: ~0.7% of each x, ~1e-2 of the output's scale.
+    assert 1e-3 < _relative_error(got, exact) < 3e-2
+    assert not torch.equal(got, wna16_linear_cpu(x, prepared))
+
+
+@needs_int8_dot
+def test_cpu_int8_path_strided_zero_and_ignored_cases(cpu_kernels, assert_close):
+    qweight, scales, zeros = _weight(32, 128, 64, 4)
+    prepared = prepare_wna16_cpu(qweight, scales, zeros, 64, 4)
+    wide = _x(5, 160, torch.bfloat16)
+    rows = wide[:, 16:144]  # row stride 160
+    want = wna16_linear_int8_torch(rows, qweight, scales, zeros, 64, 4)
+    _within_a_bfloat16_ulp(wna16_linear_cpu(rows, prepared, dynamic_int8=True), want)
+    rows = rows.clone()
+    rows[2] = 0  # an all-zero row: scale 0, the bias alone
+    bias = torch.randn(32).bfloat16()
+    got = wna16_linear_cpu(rows, prepared, bias, dynamic_int8=True)
+    assert torch.equal(got[2], bias)
+    # Float32 x and 8-bit weights take the exact path whatever the flag.
+    xf = _x(3, 128, torch.float32)
+    assert torch.equal(
+        wna16_linear_cpu(xf, prepared, dynamic_int8=True), wna16_linear_cpu(xf, prepared)
+    )
+    q8, s8, z8 = _weight(32, 128, 64, 8)
+    prepared8 = prepare_wna16_cpu(q8, s8, z8, 64, 8)
+    xb = _x(3, 128, torch.bfloat16)
+    assert torch.equal(
+        wna16_linear_cpu(xb, prepared8, dynamic_int8=True), wna16_linear_cpu(xb, prepared8)
+    )
 
 
 def test_prepare_pads_the_last_tile(cpu_kernels):

@@ -155,6 +155,7 @@ def load_model(
     max_position: int | None = None,
     pack_linear_weights: bool = True,
     quantization: str = "none",
+    dynamic_int8: bool = False,
     quantize_lm_head: bool = QUANTIZE_LM_HEAD,
     tp: TensorParallel = NO_TENSOR_PARALLEL,
     pp: PipelineStage = NO_PIPELINE,
@@ -168,7 +169,8 @@ def load_model(
 
     A pre-quantized checkpoint (`info.quantization`) loads as stored: its quantized projections
     are staged on the meta device, filled from the format's translated tensors and finalized into
-    the layers that compute (checkpoint_quantization/layers.py).
+    the layers that compute (checkpoint_quantization/layers.py); `dynamic_int8`: its 4-bit layers
+    quantize bfloat16 activations to int8 per call (the resolved `w4a16_activations` setting).
 
     `quantization` int8 or fp8 replaces the projections (q/k/v, o, gate/up, down; the lm_head
     too when `quantize_lm_head`) by `backend_lib.quantization.QuantizedLinear` layers, quantized
@@ -176,7 +178,7 @@ def load_model(
     """
     info = as_checkpoint_info(checkpoint)
     model = load_checkpoint_weights(info, device, dtype, ops, max_position, tp, pp)
-    finalize_quantized_layers(model)
+    finalize_quantized_layers(model, dynamic_int8)
     quantize_linear_layers(model, quantization, skip=() if quantize_lm_head else ("lm_head",))
     if pack_linear_weights:
         pack_linear_layers(model)

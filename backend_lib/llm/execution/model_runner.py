@@ -36,6 +36,7 @@ from backend_lib.llm.core.scheduler import ScheduledSequence, SchedulerOutput
 from backend_lib.llm.core.sequence import Sequence
 from backend_lib.llm.execution import workers
 from backend_lib.llm.execution.attention import AttentionMetadata, select_kernel_ops
+from backend_lib.llm.execution.checkpoint_quantization.layers import resolve_w4a16_activations
 from backend_lib.llm.execution.flat_batch import flat_batch
 from backend_lib.llm.execution.kv_pool import (
     GIB,
@@ -228,6 +229,7 @@ class ModelRunner:
             config.quantization, None if prequantized is None else prequantized.describe()
         )
         check_quantization(quantization, device)
+        dynamic_int8 = resolve_w4a16_activations(config.w4a16_activations, self.dtype, device)
         kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, device)
         tp_size, pp_size = config.tensor_parallel_size, config.pipeline_parallel_size
         self.tp = TensorParallel.from_process_group(tp_size, pp_size)
@@ -241,6 +243,7 @@ class ModelRunner:
             self.ops,
             self.max_model_len,
             quantization=quantization,
+            dynamic_int8=dynamic_int8,
             tp=self.tp,
             pp=self.pp,
         )

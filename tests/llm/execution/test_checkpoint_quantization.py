@@ -181,6 +181,32 @@ def test_own_quantization_of_a_quantized_checkpoint_is_refused():
         make_engine(quantized_shakespeare("W8A16_CHANNEL"), quantization="int8")
 
 
+def _wna16_layers(engine) -> list[WNA16Linear]:
+    return [m for m in engine.runner.model.modules() if isinstance(m, WNA16Linear)]
+
+
+def test_w4a16_activations_setting_reaches_the_4bit_layers():
+    """auto: int8 activations in bfloat16 where the CPU has AVX512-VNNI, never in float32; an
+    explicit bfloat16 keeps them; int8 where it cannot run is refused, naming the field."""
+    from kernels.wna16_linear import wna16_int8_dot
+
+    checkpoint = quantized_shakespeare("W4A16_G128")
+    in_bf16 = make_engine(checkpoint, dtype="bfloat16")
+    assert {m.dynamic_int8 for m in _wna16_layers(in_bf16)} == {wna16_int8_dot()}
+    assert len(_wna16_layers(in_bf16)) == 6 * 4
+    kept = make_engine(checkpoint, dtype="bfloat16", w4a16_activations="bfloat16")
+    assert not any(m.dynamic_int8 for m in _wna16_layers(kept))
+    assert not any(m.dynamic_int8 for m in _wna16_layers(make_engine(checkpoint)))  # float32
+    with pytest.raises(
+        ConfigError, match="w4a16_activations.*int8 activations need dtype bfloat16"
+    ):
+        make_engine(checkpoint, w4a16_activations="int8")  # float32
+    with pytest.raises(
+        ConfigError, match="w4a16_activations.*expected one of auto, bfloat16, int8"
+    ):
+        make_engine(checkpoint, w4a16_activations="fp8")
+
+
 # Bad checkpoints: each fails the load naming what is wrong.
 
 

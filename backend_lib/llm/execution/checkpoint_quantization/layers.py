@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
+from backend_lib.config import ConfigError
 from backend_lib.llm.execution.checkpoint_quantization.scheme import (
     CheckpointFormatError,
     LayerShape,
@@ -100,14 +101,15 @@ class StagingLinear(nn.Module):
             weight = q.float() * scales
         return weight.to(dtype)
 
-    def finalize(self) -> nn.Module:
-        """The layer that computes with the loaded tensors."""
+    def finalize(self, dynamic_int8: bool = False) -> nn.Module:
+        """The layer that computes with the loaded tensors; `dynamic_int8`: a 4-bit layer's
+        bfloat16 activations are quantized to int8 per call (`WNA16Linear`)."""
         q, scales = self.qweight.data, self.scales.data
         bias = None if self.bias is None else self.bias.data
         if self.scheme.kind == "wna16":
             group = self.scheme.group_size_for(self.in_features)
             bits, perm = self.scheme.num_bits, self._input_order()
-            return WNA16Linear(q, scales, self.zeros.data, group, bits, bias, perm)
+            return WNA16Linear(q, scales, self.zeros.data, group, bits, bias, perm, dynamic_int8)
         if self.scheme.kind == "int8_dynamic":
             return QuantizedLinear(q, scales[:, 0], bias, "int8")
         if Fp8Linear.runs_on(q.device) and self.scheme.dynamic_activations:
@@ -180,13 +182,28 @@ def take_input_permutations(
         layer.set_input_permutation(name, tensor)
 
 
-def finalize_quantized_layers(model: nn.Module) -> int:
-    """Replace every `StagingLinear` under `model` by its computing layer; returns how many."""
+def resolve_w4a16_activations(setting: str, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether 4-bit layers quantize their activations to int8 (the `w4a16_activations`
+    setting, LLMConfig); ConfigError naming it for int8 where that cannot run."""
+    runs = device.type == "cpu" and dtype == torch.bfloat16 and wna16.wna16_int8_dot()
+    if setting == "int8" and not runs:
+        raise ConfigError(
+            "w4a16_activations",
+            setting,
+            "int8 activations need dtype bfloat16 on CPU, a CPU with AVX512-VNNI and the C++ "
+            f"kernels built for AVX-512 (here: {dtype} on {device.type}); use auto or bfloat16",
+        )
+    return setting != "bfloat16" and runs
+
+
+def finalize_quantized_layers(model: nn.Module, dynamic_int8: bool = False) -> int:
+    """Replace every `StagingLinear` under `model` by its computing layer; returns how many.
+    `dynamic_int8`: see `StagingLinear.finalize`."""
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, StagingLinear):
-                setattr(parent, name, child.finalize())
+                setattr(parent, name, child.finalize(dynamic_int8))
                 replaced += 1
     return replaced
 
@@ -196,7 +213,8 @@ class WNA16Linear(nn.Module):
     contract), activations in the model dtype. Backend: the Triton kernel on CUDA; on CPU the C++
     kernel (its weights prepared once, here) where the extension is built, else the PyTorch twin.
     `perm` (int64 [K], optional): the weight's column j multiplies input perm[j], so the kernel
-    computes on x[:, perm] (GPTQ act-order)."""
+    computes on x[:, perm] (GPTQ act-order). `dynamic_int8`: on the C++ kernel, 4-bit weights
+    with bfloat16 x take the op's dynamic int8 activations (`wna16_linear_int8_torch`'s contract)."""
 
     def __init__(
         self,
@@ -207,6 +225,7 @@ class WNA16Linear(nn.Module):
         bits: int,
         bias: torch.Tensor | None,
         perm: torch.Tensor | None = None,
+        dynamic_int8: bool = False,
     ):
         super().__init__()
         self.out_features = qweight.shape[0]
@@ -224,6 +243,7 @@ class WNA16Linear(nn.Module):
             self.qweight = self.scales = self.zeros = None  # the prepared copy is the one used
         else:
             self.backend = "torch"
+        self.dynamic_int8 = dynamic_int8 and self.backend == "cpu" and bits == 4
 
     @property
     def weight_bytes(self) -> int:
@@ -233,6 +253,24 @@ class WNA16Linear(nn.Module):
             held = (self._prepared.packed, self._prepared.scales, self._prepared.zeros)
         return sum(t.numel() * t.element_size() for t in held)
 
+    def call_2d(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """`forward` for the models' flattened [T, K] activations, bound once (models/llama.py's
+        `_projection`): on the C++ kernel, the op itself with its weight arguments fixed, which
+        saves the entry's checks (~10 us a call, 4 calls a layer)."""
+        if self._prepared is None or self.perm is not None:
+            return self.forward
+        op, prepared = torch.ops.llm_cpu.wna16_linear.default, self._prepared
+        args = (prepared.packed, prepared.scales, prepared.zeros, self.bits, self.group_size)
+        tail = (self.out_features, self.bias, -1, self.dynamic_int8)
+        takes = (torch.float32, torch.bfloat16)
+
+        def call(x: torch.Tensor) -> torch.Tensor:
+            if x.dtype in takes and x.dim() == 2 and x.stride(1) == 1:
+                return op(x, *args, *tail)
+            return self.forward(x)
+
+        return call
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         leading = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
@@ -240,7 +278,9 @@ class WNA16Linear(nn.Module):
             x2 = x2.index_select(1, self.perm)
         if self._prepared is not None:
             if wna16.wna16_cpu_takes(x2):
-                y = wna16.wna16_linear_cpu(x2, self._prepared, self.bias)
+                y = wna16.wna16_linear_cpu(
+                    x2, self._prepared, self.bias, dynamic_int8=self.dynamic_int8
+                )
             else:  # e.g. float16 activations: the op computes in float32 or bfloat16
                 y = wna16.wna16_linear_cpu(x2.float(), self._prepared, self.bias).to(x.dtype)
         else:
@@ -257,6 +297,7 @@ class WNA16Linear(nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bits={self.bits}, group_size={self.group_size}, backend={self.backend}"
             + (", input_permuted=True" if self.perm is not None else "")
+            + (", dynamic_int8=True" if self.dynamic_int8 else "")
         )
 
 

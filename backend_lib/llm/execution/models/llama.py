@@ -283,9 +283,12 @@ class LayerCalls:
 
 
 def _projection(module: nn.Module) -> Projection:
-    """What calling `module` (nn.Linear, PackedLinear or QuantizedLinear) on a 2-D input ends in,
-    without nn.Module's call machinery (~2 us a call)."""
-    return module.inner if isinstance(module, PackedLinear) else module.forward
+    """What calling `module` (nn.Linear, PackedLinear, QuantizedLinear or WNA16Linear) on a 2-D
+    input ends in, without nn.Module's call machinery (~2 us a call)."""
+    if isinstance(module, PackedLinear):
+        return module.inner
+    call_2d = getattr(module, "call_2d", None)
+    return module.forward if call_2d is None else call_2d()
 
 
 # Checkpoint tensor name part -> (fused parameter name part, shard index).
