@@ -60,26 +60,22 @@ TARGETS = (
         1.3,
         "engine output tokens/s on a W4A16 (group 128, symmetric) compressed-tensors checkpoint vs "
         "the float checkpoint in bfloat16, decode-bound workload (worst of 1 and 2 threads)",
-        "Measured 1.41x at 1 thread, 1.13x at 2 (16 requests, at most 16 rows a step; medians of "
-        "3 repeats on a loaded 2-core machine). The 4-bit op itself is 1.7x the bf16 GEMMs here "
-        "(under torch.profiler: 2.76 -> 1.66 s at 1 thread, 1.23 -> 0.74 s at 2; per call 1.5-3x "
-        "at 1-4 rows, about even from 16 rows, where this AVX512-BF16 CPU runs the bf16 GEMMs "
-        "compute-bound), but on this 32.5M-parameter model the projections are under half of a "
-        "bf16 step: attention, norms and above all the Python around the ops (outside ops, ~1.0-1.2 "
-        "s, ~4 ms a step, which does not shrink with threads) stay: with the rest equal, the GEMM "
-        "time saved is worth ~1.25x at either thread count. On the engine benchmark's own workload (64 rows a step, long "
-        "prompts) the op dequantizes for a GEMM and W4A16 is ~0.9x bf16.",
+        "Measured 1.36x at 1 thread, 1.49x at 2 with the 4-bit layers' int8 activations "
+        "(`w4a16_activations: auto` on AVX512-VNNI; 16 requests, at most 16 rows a step, medians of "
+        "3 repeats on a 2-core AMD EPYC). Without them (`w4a16_activations: bfloat16`, or a CPU "
+        "without VNNI) it measured 1.12x at 1 thread: the bf16-dot 4-bit op is only ~1.4x the bf16 "
+        "GEMMs at 16 rows, where this CPU runs both compute-bound, and attention, norms and the "
+        "Python around the ops stay.",
     ),
     Target(
         "engine_w4a16_vs_openvino_genai_int4",
         1.0,
         "the same W4A16 engine vs OpenVINO GenAI on its own int4 export (group 128, symmetric), "
         "CPU (worst of 1 and 2 threads)",
-        "Measured 1.10x at 1 thread, 0.93x at 2. Not the GEMMs: on the model's shapes our 4-bit "
-        "op runs at 137-175 GFLOP/s at 16 rows, OpenVINO's int4 FullyConnected at 62-163 (1 "
-        "thread). At 2 threads the W4A16 engine's GEMMs take 0.74 s of 2.32 s; the fixed cost per "
-        "step (Python around the ops, ~1.2 s: as much as at 1 thread) is what OpenVINO's compiled "
-        "graph does not pay (its whole run 2.15 s).",
+        "Measured 1.20x at 1 thread, 1.17x at 2 with int8 activations (OpenVINO's CPU plugin "
+        "quantizes them too, by default); with bfloat16 activations it measured 1.10x and 0.93x: "
+        "the GEMMs then are not behind OpenVINO's, but the fixed cost per step (the Python around "
+        "the ops, ~1 s a run) is what its compiled graph does not pay.",
     ),
     Target(
         "prefix_cache_ttft_reduction",

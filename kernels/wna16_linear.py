@@ -357,7 +357,9 @@ def quantize_activations_int8(x: torch.Tensor, chunk: int) -> tuple[torch.Tensor
     xc = x.float().view(m, k // chunk, chunk)
     amax = xc.abs().amax(-1, keepdim=True)
     # A true float32 division (as the C++ does): `127.0 / amax` would be 127 * reciprocal(amax).
-    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
+    # Bounded so that a subnormal chunk stays finite; a chunk holding NaN gets xq 0, scale NaN.
+    inv = (torch.full_like(amax, 127.0) / amax).clamp(max=torch.finfo(torch.float32).max)
+    inv = torch.where(amax > 0, inv, torch.zeros_like(amax))
     return torch.round(xc * inv).view(m, k), (amax / 127.0).squeeze(-1)
 
 
@@ -371,9 +373,12 @@ def wna16_linear_int8_torch(
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The dynamic int8 path's twin (the module docstring): x's chunks quantized to int8, each
-    chunk's exact dot with u - z scaled by scale_w * scale_x, summed in float64, rounded once."""
+    chunk's exact dot with u - z scaled by scale_w * scale_x, summed in float64, rounded once
+    (the op folds the chunks in float32: within a bfloat16 ulp of this)."""
     n, k = _check_layout(qweight, scales, zeros, group_size, bits)
     _check_x(x, k, bias, n)
+    if bits != 4:
+        raise ValueError(f"the dynamic int8 path takes 4-bit weights only, got bits={bits}")
     chunk = int8_chunk(group_size, bits)
     xq, sx = quantize_activations_int8(x, chunk)
     h = k // chunk

@@ -31,12 +31,13 @@ class LLMConfig:
     weight-only Triton kernel); fp8 (float8_e4m3fn weights, per-channel scales, CUDA only).
     Embeddings, norms and the lm_head stay in `dtype`."""
     w4a16_activations: Literal["auto", "bfloat16", "int8"] = "auto"
-    """What a pre-quantized checkpoint's 4-bit weight-only layers multiply with on CPU in bfloat16
-    (kernels/wna16_linear.py): bfloat16, the activations as they are (AVX512-BF16 dot products);
-    int8, each row quantized at the call per 128-input group (dynamic, symmetric; AVX512-VNNI dot
-    products, as OpenVINO's CPU plugin does by default for compressed weights), 1.3-1.6x faster
-    per layer at 1-16 rows. auto: int8 where the CPU and the C++ kernels have AVX512-VNNI, else
-    bfloat16. int8 needs dtype bfloat16 on CPU and a CPU with AVX512-VNNI."""
+    """What a pre-quantized checkpoint's 4-bit weight-only layers (compressed-tensors, GPTQ, AWQ)
+    multiply with on CPU in bfloat16 (kernels/wna16_linear.py): bfloat16, the activations as they
+    are (AVX512-BF16 dot products); int8, each row quantized at the call per weight group of at
+    most 256 inputs (dynamic, symmetric; AVX512-VNNI dot products, as OpenVINO's CPU plugin does by
+    default for compressed weights), 1.3-1.6x faster per layer at 1-16 rows. auto: int8 where the
+    CPU and the C++ kernels have AVX512-VNNI, else bfloat16. int8 needs dtype bfloat16 on CPU and
+    a CPU with AVX512-VNNI. A draft model (`speculative_config`) follows the same setting."""
     kv_cache_dtype: Literal["auto", "int8", "fp8"] = "auto"
     """KV-cache storage (vLLM's name): auto, the model's dtype; int8 or fp8 (float8_e4m3fn): 8-bit
     keys and values with a float32 scale per token and kv head (symmetric, max|x| / 127 or / 448

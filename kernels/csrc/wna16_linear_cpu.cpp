@@ -373,8 +373,8 @@ bool has_int8_dot() {
 // Position in a word's 8 k of byte b of xq's reordered word: the k each byte of (low, high) holds.
 constexpr int kXqOrder[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
-// The register tile is MR rows by NV tiles of int32 sums (up to 4 x 4: 16 accumulators, as many
-// unpacked vectors and two broadcasts); each chunk's fold goes straight to `out`, which is zeroed first.
+// The register tile is MR rows by NV tiles of int32 sums (up to 4 x 4: 16 accumulators, 2 NV
+// unpacked vectors and two broadcasts); each chunk's fold goes straight to `out`, zeroed first.
 template <int MR, int NV>
 __attribute__((target("avx512vnni"), always_inline)) inline void micro_tile_int8(const Problem& p, int64_t m0,
                                                                                 int64_t t0, float* out, int64_t ldo) {
@@ -457,10 +457,21 @@ void quantize_x(const c10::BFloat16* x, int64_t ldx, int64_t M, int64_t K, int64
         float amax = 0.f;
         int64_t k = 0;
         __m512 vmax = _mm512_setzero_ps();
-        for (; k + 16 <= chunk; k += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(widen(src + k)));
+        __mmask16 nan = 0;  // max drops NaN: a chunk holding one gets a NaN scale, as the twin
+        for (; k + 16 <= chunk; k += 16) {
+          const __m512 v = widen(src + k);
+          nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+          vmax = _mm512_max_ps(vmax, _mm512_abs_ps(v));
+        }
         amax = _mm512_reduce_max_ps(vmax);
-        for (; k < chunk; ++k) amax = std::max(amax, std::abs(static_cast<float>(src[k])));
-        const float inv = amax > 0.f ? 127.f / amax : 0.f;
+        for (; k < chunk; ++k) {
+          const float v = static_cast<float>(src[k]);
+          nan |= std::isnan(v);
+          amax = std::max(amax, std::abs(v));
+        }
+        if (nan) amax = std::numeric_limits<float>::quiet_NaN();
+        // amax > 0 is false for NaN (xq 0, scale NaN); the bound keeps a subnormal chunk finite.
+        const float inv = amax > 0.f ? std::min(127.f / amax, std::numeric_limits<float>::max()) : 0.f;
         const __m512 vinv = _mm512_set1_ps(inv);
         __m512i vsum = _mm512_setzero_si512();
         k = 0;

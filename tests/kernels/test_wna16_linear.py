@@ -243,6 +243,11 @@ def test_cpu_int8_path_strided_zero_and_ignored_cases(cpu_kernels, assert_close)
     bias = torch.randn(32).bfloat16()
     got = wna16_linear_cpu(rows, prepared, bias, dynamic_int8=True)
     assert torch.equal(got[2], bias)
+    # A NaN in a row's chunk makes that row's outputs NaN, as the exact path's.
+    rows[3, 5] = float("nan")
+    got = wna16_linear_cpu(rows, prepared, bias, dynamic_int8=True)
+    assert got[3].isnan().all() and not got[4].isnan().any()
+    assert wna16_linear_int8_torch(rows, qweight, scales, zeros, 64, 4)[3].isnan().all()
     # Float32 x and 8-bit weights take the exact path whatever the flag.
     xf = _x(3, 128, torch.float32)
     assert torch.equal(

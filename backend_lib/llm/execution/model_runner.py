@@ -280,6 +280,7 @@ class ModelRunner:
                 self.ops,
                 self.max_model_len,
                 config.block_size,
+                dynamic_int8,
             )
         # After the adapter slots and the draft, so that GPU sizing counts their memory.
         self.kv_pool = self._allocate_kv_pool()

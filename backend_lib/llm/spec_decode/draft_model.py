@@ -109,10 +109,12 @@ class DraftModel:
         ops: KernelOps,
         max_model_len: int,
         block_size: int,
+        dynamic_int8: bool = False,
     ):
         """Load the weights (the KV pool comes later, `allocate`: the target sizes both pools
         together). ConfigError naming speculative_config.model when the draft's positions end
-        before max_model_len."""
+        before max_model_len. `dynamic_int8`: the target's resolved `w4a16_activations` (its
+        4-bit layers' int8 activations)."""
         if checkpoint.max_position_embeddings < max_model_len:
             raise ConfigError(
                 FIELD,
@@ -126,7 +128,13 @@ class DraftModel:
         )
         check_quantization(quantization, device)
         self.model = load_model(
-            checkpoint, device, dtype, ops, max_model_len, quantization=quantization
+            checkpoint,
+            device,
+            dtype,
+            ops,
+            max_model_len,
+            quantization=quantization,
+            dynamic_int8=dynamic_int8,
         )
         self.device, self.ops, self.block_size = device, ops, block_size
         args = self.model.args
