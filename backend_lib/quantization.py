@@ -33,6 +33,8 @@ from backend_lib.config import ConfigError
 from kernels.quantized_linear import quantized_linear_torch, quantized_linear_triton
 
 QUANTIZATION_MODES = ("none", "int8", "fp8")
+QUANTIZATION_SETTINGS = ("auto", *QUANTIZATION_MODES)
+"""Values of a `quantization` setting (LLMConfig's, a draft model's in speculative_config)."""
 INT8_MAX = 127.0
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
@@ -115,11 +117,16 @@ def _fbgemm_per_token(
     (over values now within [-1, 1]) is, in effect, each row's own; the int32 GEMM's float result
     is multiplied back by the row maxima. fbgemm's reduce_range (7-bit activations) stays on:
     without it AVX2's 16-bit pair sums saturate (measured: validation perplexity +0.2% with
-    per-token scales, +185% with one scale per call)."""
+    per-token scales, +185% with one scale per call). A single row (a decode step's) is passed as
+    it is: the per-call scale is then its own already, and the four extra ops cost more than
+    its GEMM."""
     x32 = x.float()
-    row_max = x32.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30)
-    y = torch.ops.quantized.linear_dynamic((x32 / row_max).contiguous(), packed, True)
-    y.mul_(row_max)
+    if x32.shape[0] == 1:
+        y = torch.ops.quantized.linear_dynamic(x32.contiguous(), packed, True)
+    else:
+        row_max = x32.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30)
+        y = torch.ops.quantized.linear_dynamic((x32 / row_max).contiguous(), packed, True)
+        y.mul_(row_max)
     if bias is not None:
         y.add_(bias)
     return y.to(x.dtype)

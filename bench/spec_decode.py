@@ -4,9 +4,10 @@ request at a time and 16 at once.
 The default LLM (models/shakespeare-llama), float32 on CPU. The workload's answers repeat their
 context: each prompt is a passage followed by its first line again, so the model's continuation
 may quote it (what prompt lookup drafts from). Three engines on the same checkpoint: plain;
-`speculative_config` ngram (k = 4 drafts, 2- to 3-gram lookup); draft_model with the shipped
-one-layer draft (models/shakespeare-draft, k = 4). Both speculate only up to 4 running sequences
-(`speculative_disable_by_batch_size`). c1: the prompts one after another, each alone; c16: all 16
+`speculative_config` ngram (k = 6 drafts, 2- to 3-gram lookup); draft_model with the shipped
+one-layer draft (models/shakespeare-draft, k = 4, its weights int8: `quantization`); each k is
+the best of 2-8 in interleaved runs on this workload. Both speculate only up to 4 running
+sequences (`speculative_disable_by_batch_size`). c1: the prompts one after another, each alone; c16: all 16
 added at once (speculation switched off by the batch-size limit). Greedy token ids must be
 identical before timing; the systems then run interleaved. Acceptance rate (accepted / draft
 tokens) and mean accepted length (1 + accepted per drafted run) are each engine's own counters
@@ -49,7 +50,7 @@ OFF_ABOVE = {"speculative_disable_by_batch_size": 4}
 SPECULATIVE = {
     "ngram": {
         "method": "ngram",
-        "num_speculative_tokens": 4,
+        "num_speculative_tokens": 6,
         "prompt_lookup_min": 2,
         "prompt_lookup_max": 3,
         **OFF_ABOVE,
@@ -58,6 +59,7 @@ SPECULATIVE = {
         "method": "draft_model",
         "model": str(DRAFT_CHECKPOINT.relative_to(REPO_ROOT)),
         "num_speculative_tokens": 4,
+        "quantization": "int8",
         **OFF_ABOVE,
     },
 }

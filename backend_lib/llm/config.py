@@ -8,8 +8,8 @@ from typing import Literal
 from backend_lib import contract
 from backend_lib.config import require
 from backend_lib.llm.spec_decode.config import SpeculativeConfig
+from backend_lib.quantization import QUANTIZATION_SETTINGS
 
-QUANTIZATION_MODES = ("auto", "none", "int8", "fp8")
 W4A16_ACTIVATIONS = ("auto", "bfloat16", "int8")
 
 
@@ -29,7 +29,8 @@ class LLMConfig:
     from a full-precision checkpoint (`backend_lib.quantization`): none; int8 (per-output-channel
     symmetric int8 weights; on CPU the layers run fbgemm's W8A8-dynamic int8 GEMM, on CUDA a
     weight-only Triton kernel); fp8 (float8_e4m3fn weights, per-channel scales, CUDA only).
-    Embeddings, norms and the lm_head stay in `dtype`."""
+    The lm_head is quantized too (a tied one gets its own int8 copy); embeddings and norms stay
+    in `dtype`. A draft model has its own setting (`speculative_config`'s `quantization`)."""
     w4a16_activations: Literal["auto", "bfloat16", "int8"] = "auto"
     """What a pre-quantized checkpoint's 4-bit weight-only layers (compressed-tensors, GPTQ, AWQ)
     multiply with on CPU in bfloat16 (kernels/wna16_linear.py): bfloat16, the activations as they
@@ -180,10 +181,10 @@ class LLMConfig:
             "expected one of auto, float32, bfloat16, float16",
         )
         require(
-            self.quantization in QUANTIZATION_MODES,
+            self.quantization in QUANTIZATION_SETTINGS,
             "quantization",
             self.quantization,
-            f"expected one of {', '.join(QUANTIZATION_MODES)}",
+            f"expected one of {', '.join(QUANTIZATION_SETTINGS)}",
         )
         require(
             self.w4a16_activations in W4A16_ACTIVATIONS,

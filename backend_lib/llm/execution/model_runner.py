@@ -281,6 +281,7 @@ class ModelRunner:
                 self.max_model_len,
                 config.block_size,
                 dynamic_int8,
+                config.speculative.quantization,
             )
         # After the adapter slots and the draft, so that GPU sizing counts their memory.
         self.kv_pool = self._allocate_kv_pool()

@@ -2,7 +2,8 @@
 
 The parameter's value is a JSON object with vLLM's field names, for example
 `{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}` or
-`{"method": "draft_model", "model": "draft", "num_speculative_tokens": 4}`. An empty value
+`{"method": "draft_model", "model": "draft", "num_speculative_tokens": 4, "quantization": "int8"}`.
+An empty value
 means no speculation. Every problem raises `ConfigError` naming the field as
 `speculative_config.<field>`, so a bad value fails only that model's load.
 """
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from backend_lib.config import ConfigError, require
+from backend_lib.quantization import QUANTIZATION_SETTINGS
 
 PARAMETER = "speculative_config"
 """The config.pbtxt parameter holding the JSON object."""
@@ -59,6 +61,13 @@ class SpeculativeConfig:
     model: str | None = None
     """draft_model only (required there): the draft checkpoint directory, relative to the model
     dir like LLMConfig.model. None for ngram."""
+    quantization: str | None = None
+    """draft_model only: the draft's weight quantization, as LLMConfig.quantization (vLLM's field):
+    auto (or null) loads it as stored, a full-precision draft in full precision; int8 quantizes
+    its projections and lm_head at load (per output channel; on CPU fbgemm's W8A8-dynamic GEMM),
+    fp8 likewise on CUDA. A draft's weights are read k times a step for tokens the target then
+    verifies, so their precision moves the acceptance rate only, never the output. None for
+    ngram."""
     speculative_disable_by_batch_size: int | None = None
     """Speculation is off for a step with more running sequences than this (>= 2); None: never
     off. The JSON key may also be vLLM's newer `disable_by_batch_size`."""
@@ -103,6 +112,7 @@ class SpeculativeConfig:
 
     def _validate_ngram(self) -> None:
         _refuse("model", self.model, "ngram")
+        _refuse("quantization", self.quantization, "ngram")
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
         _check_int("prompt_lookup_min", lo)
         _check_int("prompt_lookup_max", hi)
@@ -128,6 +138,12 @@ class SpeculativeConfig:
             _key("model"),
             self.model,
             "draft_model needs the draft checkpoint directory (a non-empty string)",
+        )
+        require(
+            self.quantization is None or self.quantization in QUANTIZATION_SETTINGS,
+            _key("quantization"),
+            self.quantization,
+            f"expected one of {', '.join(QUANTIZATION_SETTINGS)} (or null)",
         )
 
 

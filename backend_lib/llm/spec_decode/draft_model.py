@@ -35,6 +35,7 @@ from backend_lib.quantization import check_quantization, resolve_quantization
 from kernels import KernelOps
 
 FIELD = "speculative_config.model"
+QUANTIZATION_FIELD = "speculative_config.quantization"
 
 
 def draft_checkpoint(
@@ -78,6 +79,22 @@ def _tokenizer_mismatch(
     return None
 
 
+def _draft_quantization(
+    setting: str | None, checkpoint: CheckpointInfo, device: torch.device
+) -> str:
+    """The draft's at-load quantization mode for its `quantization` setting, checked as the
+    target's is; errors name speculative_config.quantization."""
+    prequantized = checkpoint.quantization
+    try:
+        mode = resolve_quantization(
+            setting or "auto", None if prequantized is None else prequantized.describe()
+        )
+        check_quantization(mode, device)
+    except ConfigError as error:
+        raise ConfigError(QUANTIZATION_FIELD, setting, error.reason) from None
+    return mode
+
+
 @dataclass
 class _DraftCache:
     """One sequence's entries in the draft cache."""
@@ -110,11 +127,13 @@ class DraftModel:
         max_model_len: int,
         block_size: int,
         dynamic_int8: bool = False,
+        quantization: str | None = None,
     ):
         """Load the weights (the KV pool comes later, `allocate`: the target sizes both pools
         together). ConfigError naming speculative_config.model when the draft's positions end
         before max_model_len. `dynamic_int8`: the target's resolved `w4a16_activations` (its
-        4-bit layers' int8 activations)."""
+        4-bit layers' int8 activations). `quantization`: speculative_config.quantization (None:
+        auto), ConfigError naming it where it cannot apply."""
         if checkpoint.max_position_embeddings < max_model_len:
             raise ConfigError(
                 FIELD,
@@ -122,11 +141,7 @@ class DraftModel:
                 f"the draft model's max_position_embeddings ({checkpoint.max_position_embeddings})"
                 f" is below the target's max_model_len ({max_model_len})",
             )
-        prequantized = checkpoint.quantization
-        quantization = resolve_quantization(
-            "auto", None if prequantized is None else prequantized.describe()
-        )
-        check_quantization(quantization, device)
+        quantization = _draft_quantization(quantization, checkpoint, device)
         self.model = load_model(
             checkpoint,
             device,

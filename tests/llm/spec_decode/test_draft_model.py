@@ -11,6 +11,7 @@ import shutil
 import pytest
 
 from backend_lib.config import ConfigError
+from backend_lib.quantization import QuantizedLinear
 from tests.llm.engine_helpers import assert_pool_released, engine_checkpoint, greedy
 from tests.llm.shakespeare_helpers import SHAKESPEARE, SHAKESPEARE_DRAFT
 from tests.llm.spec_decode.speculation_helpers import DRAFT, PROMPTS, completions, engine
@@ -38,6 +39,27 @@ def test_the_shipped_draft_speaks_the_default_models_tokenizer_and_is_smaller():
     counters = spec.stats().counters
     assert 0 < counters.spec_decode_num_accepted_tokens < counters.spec_decode_num_draft_tokens
     assert_pool_released(spec)
+
+
+def test_an_int8_draft_quantizes_its_layers_and_lm_head_and_leaves_greedy_text_unchanged():
+    """speculative_config.quantization int8: the draft's projections and lm_head are int8 layers
+    (the target's stay float), its drafts still mostly accepted, and every token as plain."""
+    spec = engine({**DRAFT, "quantization": "int8"})
+    draft, target = spec.runner.draft.model, spec.runner.model
+    assert isinstance(draft.lm_head, QuantizedLinear)
+    assert all(isinstance(m, QuantizedLinear) for m in draft.model.layers[0].mlp.children())
+    assert not any(isinstance(m, QuantizedLinear) for m in target.modules())
+    got = spec.generate(PROMPTS, greedy(40))
+    assert completions(got) == completions(engine().generate(PROMPTS, greedy(40)))
+    counters = spec.stats().counters
+    assert counters.spec_decode_num_accepted_tokens > 0.25 * counters.spec_decode_num_draft_tokens
+    assert_pool_released(spec)
+
+
+def test_a_draft_quantization_that_cannot_run_is_refused_naming_the_field():
+    with pytest.raises(ConfigError, match="fp8 runs only on CUDA") as error:
+        engine({**DRAFT, "quantization": "fp8"})
+    assert error.value.key == "speculative_config.quantization"
 
 
 def _copy_with_config(tmp_path, **changes):

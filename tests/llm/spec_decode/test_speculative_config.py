@@ -70,6 +70,12 @@ def test_draft_model():
     assert config.prompt_lookup_min is None and config.prompt_lookup_max is None
 
 
+@pytest.mark.parametrize("quantization", [None, "auto", "none", "int8", "fp8"])
+def test_draft_model_quantization(quantization):
+    config = parse(model="draft", num_speculative_tokens=2, quantization=quantization)
+    assert config.quantization == quantization  # fp8's device check comes at load
+
+
 def test_method_inferred_from_model():
     config = parse(model="draft", num_speculative_tokens=2)
     assert config.method == "draft_model"
@@ -138,6 +144,9 @@ DRAFT = {"method": "draft_model", "model": "draft", "num_speculative_tokens": 2}
         ({**DRAFT, "model": None}, "speculative_config.model"),
         ({"method": "draft_model", "num_speculative_tokens": 2}, "speculative_config.model"),
         ({**DRAFT, "prompt_lookup_min": 2}, "speculative_config.prompt_lookup_min"),
+        ({**DRAFT, "quantization": "int4"}, "speculative_config.quantization"),
+        ({**DRAFT, "quantization": 8}, "speculative_config.quantization"),
+        ({**NGRAM, "quantization": "int8"}, "speculative_config.quantization"),
         ({**DRAFT, "prompt_lookup_max": 2}, "speculative_config.prompt_lookup_max"),
         (
             {**NGRAM, "speculative_disable_by_batch_size": 1},
