@@ -3,8 +3,7 @@
 The parameter's value is a JSON object with vLLM's field names, for example
 `{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}` or
 `{"method": "draft_model", "model": "draft", "num_speculative_tokens": 4, "quantization": "int8"}`.
-An empty value
-means no speculation. Every problem raises `ConfigError` naming the field as
+An empty value means no speculation. Every problem raises `ConfigError` naming the field as
 `speculative_config.<field>`, so a bad value fails only that model's load.
 """
 
