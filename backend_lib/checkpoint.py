@@ -18,8 +18,12 @@ import importlib.resources
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from backend_lib.config import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 PACKAGE_PREFIX = "package:"
 HF_OFFLINE_KWARGS = {"local_files_only": True, "trust_remote_code": False}
@@ -110,3 +114,10 @@ def resolve_model_path(spec: str, base_dir: Path) -> Path:
     path = path.resolve()
     _validate_checkpoint_dir(path, spec)
     return path
+
+
+def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
+    """The checkpoint's fast tokenizer, configured as HF configures it (BOS and all)."""
+    from transformers import AutoTokenizer  # here: the frontend imports this module without it
+
+    return AutoTokenizer.from_pretrained(str(model_dir), **HF_OFFLINE_KWARGS)

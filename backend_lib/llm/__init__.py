@@ -1,6 +1,7 @@
 """The LLM engine behind the `llm` model: continuous batching over a paged KV cache.
 
 config.py                 LLMConfig: every engine setting, from config.pbtxt parameters.
+speculative_config.py     SpeculativeConfig: the speculative_config parameter, parsed.
 serving/                  Between Triton and the engine (the only layer that knows Triton tensors):
   service.py              LLMService: parse, submit, build response tensors; Responder thread.
   triton_request.py       Request tensors -> GenerateRequest (prompt, SamplingParams, flags).
@@ -8,6 +9,7 @@ serving/                  Between Triton and the engine (the only layer that kno
   metrics.py              LLMMetrics: vLLM-named gauges, counters, histograms from EngineStats.
 engine/                   Above core/ and execution/ (as vLLM v1's engine/ above its core):
   llm_engine.py           LLMEngine: step() = schedule -> execute -> update -> process outputs.
+  drafter.py              Drafter: who speculates, their drafts before scheduling, verification.
   input_processor.py      InputProcessor: validation, tokenization, adapter and grammar
                           resolution -> PreparedRequest (on the caller's thread).
   output_processor.py     OutputProcessor: per-request state, detokenizer, stop strings,
@@ -25,8 +27,14 @@ core/                     Scheduling state, device-independent (imports no engin
   sampling_params.py      SamplingParams: vLLM's fields, defaults and validation.
   outputs.py              RequestOutput, CompletionOutput: what a step hands back.
   stats.py                StatsCollector -> EngineStats snapshots for the metrics.
+spec_decode/              Speculation's maths, below the engine: n-gram and draft-model
+                          proposers, the verifier and its rejection sampler.
 execution/                What runs on the device:
-  model_runner.py         ModelRunner: block moves, one flattened batch, forward, sampling.
+  model_runner.py         ModelRunner: block moves, the step's forward, prompt logprobs.
+  step_batch.py           StepBatcher: a scheduled step -> one flattened ModelInput.
+  step_sampling.py        A step's logits -> ModelOutput: bitmasks, plain rows sampled.
+  kv_sizing.py            How many KV blocks the runner allocates (profiled on CUDA).
+  runner_lora.py          The runner's LoRA adapter spec and device slots.
   loader.py               Checkpoint facts and weights -> a registered model class.
   models/llama.py         The Llama family (Llama, Mistral, Qwen2, Qwen3): one forward, its
                           per-layer calls bound once at load, for every kernel set.

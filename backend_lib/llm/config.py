@@ -7,7 +7,7 @@ from typing import Literal
 
 from backend_lib import contract
 from backend_lib.config import require
-from backend_lib.llm.spec_decode.config import SpeculativeConfig
+from backend_lib.llm.speculative_config import SpeculativeConfig
 from backend_lib.quantization import QUANTIZATION_SETTINGS
 
 W4A16_ACTIVATIONS = ("auto", "bfloat16", "int8")
@@ -116,7 +116,7 @@ class LLMConfig:
     speculative_config: str = ""
     """Speculative decoding (vLLM's name): a JSON object with vLLM's SpeculativeConfig fields, e.g.
     `{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}`; "" for none.
-    Parsed and checked by `spec_decode.config.SpeculativeConfig` (errors name
+    Parsed and checked by `speculative_config.SpeculativeConfig` (errors name
     `speculative_config.<field>`); `speculative` is the parsed value."""
 
     enable_lora: bool = False

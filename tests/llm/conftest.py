@@ -14,8 +14,9 @@ import torch
 from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.core.scheduler import ScheduledSequence, SchedulerOutput
 from backend_lib.llm.core.sequence import Sequence
-from backend_lib.llm.execution.model_runner import ModelOutput, ModelRunner
+from backend_lib.llm.execution.model_runner import ModelRunner
 from backend_lib.llm.execution.step_input import BlockMoves
+from backend_lib.llm.execution.step_sampling import ModelOutput
 from tests.llm.config_helpers import BLOCK_SIZE, llm_config
 from tooling.checkpoints import build_checkpoint
 

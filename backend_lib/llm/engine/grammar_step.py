@@ -12,7 +12,7 @@ from __future__ import annotations
 from backend_lib.llm.core.scheduler import Scheduler, SchedulerOutput
 from backend_lib.llm.core.sequence import Sequence
 from backend_lib.llm.engine.parallel_sampling import Forks
-from backend_lib.llm.execution.model_runner import ModelOutput
+from backend_lib.llm.execution.step_sampling import ModelOutput
 from backend_lib.llm.structured.manager import StructuredOutputManager
 
 DEAD_END_ERROR = "structured_outputs: the grammar allows no next token (dead end)"

@@ -18,12 +18,10 @@ import threading
 import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from pathlib import Path
 
 import xgrammar as xgr
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
-from backend_lib.checkpoint import HF_OFFLINE_KWARGS
 from backend_lib.errors import InputError
 from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.sampling_params import SamplingParams
@@ -152,8 +150,3 @@ class InputProcessor:
                 raise InputError(
                     f"{name} must hold token ids in [0, {self.vocab_size}), got {token!r}"
                 )
-
-
-def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
-    """The checkpoint's fast tokenizer, configured as HF configures it (BOS and all)."""
-    return AutoTokenizer.from_pretrained(str(model_dir), **HF_OFFLINE_KWARGS)

@@ -21,9 +21,9 @@ LoRA: a request names its adapter with `lora_name`, resolved through the LoRAReg
 is prepared; the scheduler keeps at most max_loras adapters running; the runner maps rows to
 adapter slots.
 Speculative decoding (`speculative_config`): before each step the Drafter proposes draft tokens
-for the running decodes (spec_decode/drafter.py), the scheduler fits them in the step, the runner
-verifies them (spec_decode/verifier.py) and a sequence then advances by its accepted drafts plus
-one token.
+for the running decodes (engine/drafter.py), the scheduler fits them in the step, the runner
+computes their logits, the Drafter verifies them (spec_decode/verifier.py) and a sequence then
+advances by its accepted drafts plus one token.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from backend_lib.checkpoint import resolve_model_path
+from backend_lib.checkpoint import load_tokenizer, resolve_model_path
 from backend_lib.config import require
 from backend_lib.errors import InputError, QueueFullError
 from backend_lib.llm.config import LLMConfig
@@ -47,19 +47,20 @@ from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.core.scheduler import Scheduler
 from backend_lib.llm.core.sequence import Sequence
 from backend_lib.llm.core.stats import EngineStats, StatsCollector
+from backend_lib.llm.engine.drafter import Drafter
 from backend_lib.llm.engine.fault_injection import FaultHook
 from backend_lib.llm.engine.grammar_step import DEAD_END_ERROR, advance_grammars, dead_ends
 from backend_lib.llm.engine.grammar_wait import GrammarWait
-from backend_lib.llm.engine.input_processor import InputProcessor, PreparedRequest, load_tokenizer
+from backend_lib.llm.engine.input_processor import InputProcessor, PreparedRequest
 from backend_lib.llm.engine.output_processor import OutputProcessor
 from backend_lib.llm.engine.parallel_sampling import ParallelSampling
 from backend_lib.llm.execution.loader import read_checkpoint_info
-from backend_lib.llm.execution.model_runner import ModelOutput, ModelRunner
+from backend_lib.llm.execution.model_runner import ModelRunner
+from backend_lib.llm.execution.step_sampling import ModelOutput
 from backend_lib.llm.execution.workers import WorkerDied
 from backend_lib.llm.lora.registry import LoRARegistry
 from backend_lib.llm.lora.request import LoRARequest
-from backend_lib.llm.spec_decode.draft_model import draft_checkpoint
-from backend_lib.llm.spec_decode.drafter import Drafter
+from backend_lib.llm.spec_decode.draft_model import draft_model_loader
 from backend_lib.llm.structured.compiler import GrammarCompiler
 from backend_lib.llm.structured.manager import StructuredOutputManager
 
@@ -87,7 +88,7 @@ class LLMEngine:
         self.device = torch.device(device)
         checkpoint = read_checkpoint_info(model_dir)
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
-        draft = draft_checkpoint(config.speculative, checkpoint, self.tokenizer, base_dir)
+        draft = draft_model_loader(config.speculative, checkpoint, self.tokenizer, base_dir)
         self.runner = ModelRunner(config, self.device, checkpoint, draft)
         self.fatal_error: WorkerDied | None = None
         """Set when a step failed in a way no later step recovers from: a worker process (another
@@ -330,6 +331,8 @@ class LLMEngine:
         failed: list[RequestOutput] = []
         try:
             model_out = self.runner.execute(sched_out, samples_due or None, self.structured)
+            if self.drafter is not None:
+                self.drafter.verify(model_out, self.runner.sampler)
             self.outputs.record_prompt_logprobs(model_out.prompt_logprobs)
             self._stats.drafts_verified(model_out.drafts.values())
             failed += self._fail_dead_ends(model_out, samples_due)

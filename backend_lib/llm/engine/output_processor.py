@@ -23,9 +23,9 @@ from backend_lib.llm.core.stats import FinishedRequest, StatsCollector
 from backend_lib.llm.engine.detokenizer import IncrementalDetokenizer
 from backend_lib.llm.engine.fault_injection import FaultHook
 from backend_lib.llm.engine.input_processor import PreparedRequest
-from backend_lib.llm.execution.model_runner import ModelOutput
 from backend_lib.llm.execution.prompt_logprobs import PromptLogprobsChunk
 from backend_lib.llm.execution.sampler import TokenLogprobs
+from backend_lib.llm.execution.step_sampling import ModelOutput
 from backend_lib.llm.structured.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)

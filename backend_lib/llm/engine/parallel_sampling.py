@@ -15,7 +15,7 @@ import torch
 
 from backend_lib.llm.core.scheduler import SchedulerOutput
 from backend_lib.llm.core.sequence import Sequence
-from backend_lib.llm.execution.model_runner import ModelOutput
+from backend_lib.llm.execution.step_sampling import ModelOutput
 
 _SEED_MODULUS = 2**64
 

@@ -17,22 +17,22 @@ holds what the target holds; when it runs short a sequence just goes undrafted t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from backend_lib.checkpoint import resolve_model_path
+from backend_lib.checkpoint import load_tokenizer, resolve_model_path
 from backend_lib.config import ConfigError
 from backend_lib.llm.core.sequence import Sequence
-from backend_lib.llm.engine.input_processor import load_tokenizer
 from backend_lib.llm.execution.flat_batch import flat_batch
 from backend_lib.llm.execution.kv_pool import KVCacheSpec, KVPool
 from backend_lib.llm.execution.loader import CheckpointInfo, load_model, read_checkpoint_info
-from backend_lib.llm.spec_decode.config import SpeculativeConfig
+from backend_lib.llm.execution.model_runner import DraftLoader, ModelSettings
+from backend_lib.llm.speculative_config import SpeculativeConfig
 from backend_lib.quantization import check_quantization, resolve_quantization
-from kernels import KernelOps
 
 FIELD = "speculative_config.model"
 QUANTIZATION_FIELD = "speculative_config.quantization"
@@ -61,6 +61,22 @@ def draft_checkpoint(
             FIELD, spec, f"the draft model must use the target's tokenizer: {mismatch}"
         )
     return info
+
+
+def draft_model_loader(
+    config: SpeculativeConfig | None,
+    target: CheckpointInfo,
+    tokenizer: PreTrainedTokenizerBase,
+    base_dir: str | Path | None,
+) -> DraftLoader | None:
+    """What the runner calls to load the draft model of a draft_model config under its own
+    settings (None for any other config); the checkpoint is found and checked now
+    (`draft_checkpoint`)."""
+    info = draft_checkpoint(config, target, tokenizer, base_dir)
+    if info is None:
+        return None
+    assert config is not None
+    return partial(DraftModel, info, quantization=config.quantization)
 
 
 def _tokenizer_mismatch(
@@ -121,19 +137,16 @@ class DraftModel:
     def __init__(
         self,
         checkpoint: CheckpointInfo,
-        device: torch.device,
-        dtype: torch.dtype,
-        ops: KernelOps,
-        max_model_len: int,
-        block_size: int,
-        dynamic_int8: bool = False,
+        settings: ModelSettings,
         quantization: str | None = None,
     ):
-        """Load the weights (the KV pool comes later, `allocate`: the target sizes both pools
-        together). ConfigError naming speculative_config.model when the draft's positions end
-        before max_model_len. `dynamic_int8`: the target's resolved `w4a16_activations` (its
-        4-bit layers' int8 activations). `quantization`: speculative_config.quantization (None:
-        auto), ConfigError naming it where it cannot apply."""
+        """Load the weights under the target's `settings` (dtype, kernels, max_model_len, block
+        size, its 4-bit layers' int8 activations); the KV pool comes later, `allocate`: the
+        target sizes both pools together. ConfigError naming speculative_config.model when the
+        draft's positions end before max_model_len. `quantization`:
+        speculative_config.quantization (None: auto), ConfigError naming it where it cannot
+        apply."""
+        max_model_len, device = settings.max_model_len, settings.device
         if checkpoint.max_position_embeddings < max_model_len:
             raise ConfigError(
                 FIELD,
@@ -145,17 +158,17 @@ class DraftModel:
         self.model = load_model(
             checkpoint,
             device,
-            dtype,
-            ops,
+            settings.dtype,
+            settings.ops,
             max_model_len,
             quantization=quantization,
-            dynamic_int8=dynamic_int8,
+            dynamic_int8=settings.dynamic_int8,
         )
-        self.device, self.ops, self.block_size = device, ops, block_size
+        self.device, self.ops, self.block_size = device, settings.ops, settings.block_size
         args = self.model.args
         self.vocab_size = args.vocab_size
         self.kv_spec = KVCacheSpec(
-            args.num_layers, args.num_kv_heads, args.head_dim, block_size, dtype
+            args.num_layers, args.num_kv_heads, args.head_dim, self.block_size, settings.dtype
         )
         """One block of the draft's cache (in the model's dtype, whatever the target's is)."""
         self.kv_pool: KVPool | None = None

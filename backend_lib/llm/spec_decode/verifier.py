@@ -1,5 +1,6 @@
-"""Verification of a step's draft tokens on the target model's logits (the runner's half of
-speculative decoding; the proposer runs on the engine thread, the scheduler schedules the drafts).
+"""Verification of a step's draft tokens on the target model's logits. The proposers run before
+the step (engine/drafter.py), the scheduler schedules the drafts, the runner hands back the
+drafted rows' logits (`ModelOutput.draft_logits`) and `verify_drafts` turns them into tokens.
 
 A sequence that drafted d tokens x_0 .. x_{d-1} after its last token computes d + 1 positions in
 the step; the logits row at position i gives the target's distribution p_i for the token after
@@ -16,20 +17,10 @@ from dataclasses import dataclass
 import torch
 
 from backend_lib.llm.core.sampling_params import SAMPLING_EPS
-from backend_lib.llm.core.scheduler import ScheduledSequence
 from backend_lib.llm.execution.sampler import RawLogprobs, Sampler, SamplingRow, TokenLogprobs
+from backend_lib.llm.execution.step_batch import DraftedSequence
+from backend_lib.llm.execution.step_sampling import ModelOutput
 from backend_lib.llm.spec_decode.rejection_sampler import RejectionSamplerInput, rejection_sample
-
-
-@dataclass
-class DraftedSequence:
-    """One sequence verifying drafts this step: its d + 1 consecutive sampling rows."""
-
-    seq_id: int
-    draft_token_ids: list[int]
-    rows: list[SamplingRow]
-    """d + 1 rows, one per verified position: row i's history is the sequence's tokens plus the
-    first i drafts."""
 
 
 @dataclass
@@ -44,15 +35,24 @@ class Verified:
     num_accepted: int
 
 
-def drafted_sequence(item: ScheduledSequence, row: SamplingRow) -> DraftedSequence:
-    """The verification rows of a scheduled decode with drafts, from its plain sampling row."""
-    drafts = item.spec_token_ids
-    history = list(row.token_ids)
-    rows = [
-        SamplingRow(row.params, history + drafts[:i], row.num_prompt_tokens, row.generator)
-        for i in range(len(drafts) + 1)
-    ]
-    return DraftedSequence(item.seq.seq_id, drafts, rows)
+def verify_drafts(output: ModelOutput, sampler: Sampler) -> None:
+    """Verify `output.draft_logits` (when set) into the output's `sampled`, `logprobs` and
+    `drafts` entries. A constrained sequence whose accepted drafts lead its grammar to a dead end
+    is one (as plain decoding would find at its next step)."""
+    pending, output.draft_logits = output.draft_logits, None
+    if pending is None:
+        return
+    with torch.inference_mode():
+        verified = verify(pending.logits, pending.drafted, sampler)
+    mask = output.bitmask
+    for d, v in zip(pending.drafted, verified, strict=True):
+        output.sampled[d.seq_id] = v.token_ids
+        if v.logprobs is not None:
+            output.logprobs[d.seq_id] = v.logprobs
+        output.drafts[d.seq_id] = (v.num_drafts, v.num_accepted)
+        dead_at = None if mask is None else mask.dead_after_drafts.get(d.seq_id)
+        if dead_at is not None and v.num_accepted >= dead_at:
+            mask.dead_seq_ids.append(d.seq_id)
 
 
 def verify(

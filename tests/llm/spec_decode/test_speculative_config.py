@@ -8,7 +8,7 @@ import json
 import pytest
 
 from backend_lib.config import ConfigError
-from backend_lib.llm.spec_decode.config import (
+from backend_lib.llm.speculative_config import (
     DEFAULT_PROMPT_LOOKUP,
     MAX_PROMPT_LOOKUP,
     MAX_SPECULATIVE_TOKENS,

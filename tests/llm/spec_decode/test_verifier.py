@@ -8,7 +8,8 @@ import torch
 
 from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.execution.sampler import Sampler, SamplingRow
-from backend_lib.llm.spec_decode.verifier import DraftedSequence, verify
+from backend_lib.llm.execution.step_batch import DraftedSequence
+from backend_lib.llm.spec_decode.verifier import verify
 
 VOCAB = 50
 

@@ -1,7 +1,8 @@
-"""The engine's proposer step of speculative decoding: before each step is scheduled, every
-running decode that may speculate gets its draft tokens (`Sequence.spec_token_ids`), on the
-engine thread, from n-gram prompt lookup (ngram_proposer.py) or the draft model
-(draft_model.py); the scheduler fits them in the step and the runner verifies them (verifier.py).
+"""Speculative decoding as the engine drives it: before each step is scheduled, every running
+decode that may speculate gets its draft tokens (`Sequence.spec_token_ids`), on the engine
+thread, from n-gram prompt lookup or the draft model (spec_decode/ngram_proposer.py,
+draft_model.py); the scheduler fits them in the step, the runner computes their rows' logits and
+`Drafter.verify` accepts or rejects them (spec_decode/verifier.py).
 
 Who speculates: a running sequence whose next step is a decode (not a prefill chunk, nor a
 prompt recomputed after preemption), in a step with at most `speculative_disable_by_batch_size`
@@ -17,9 +18,12 @@ from collections.abc import Iterable
 
 from backend_lib.config import ConfigError
 from backend_lib.llm.core.sequence import Sequence
-from backend_lib.llm.spec_decode.config import SpeculativeConfig
+from backend_lib.llm.execution.sampler import Sampler
+from backend_lib.llm.execution.step_sampling import ModelOutput
 from backend_lib.llm.spec_decode.draft_model import DraftModel
 from backend_lib.llm.spec_decode.ngram_proposer import NgramProposer
+from backend_lib.llm.spec_decode.verifier import verify_drafts
+from backend_lib.llm.speculative_config import SpeculativeConfig
 from backend_lib.llm.structured.manager import StructuredOutputManager
 
 
@@ -65,6 +69,12 @@ class Drafter:
             if drafts and seq.seq_id in grammars:
                 drafts = drafts[: grammars.num_valid_drafts(seq.seq_id, drafts)]
             seq.spec_token_ids = drafts
+
+    @staticmethod
+    def verify(output: ModelOutput, sampler: Sampler) -> None:
+        """Accept or reject the step's drafts: `output.sampled` then holds each drafted
+        sequence's accepted drafts plus one token (spec_decode/verifier.py)."""
+        verify_drafts(output, sampler)
 
     def retain(self, running: list[Sequence]) -> None:
         """Free the draft model's cache of every sequence no longer running (finished, aborted
