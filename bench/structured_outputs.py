@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backend_lib.llm.core.request import EngineRequest
 from bench import cli, plots
 from bench.llm import check_same, new_engine
 from bench.output import progress
@@ -217,7 +218,11 @@ def compile_interference(engine, prompts: list[str], args: argparse.Namespace) -
     def free_batch(loop, tag: str) -> float:
         started = time.perf_counter()
         streams = [
-            loop.submit(f"{tag}-{i}", prompts[i % len(prompts)], free_params([args.max_tokens])[0])
+            loop.submit(
+                EngineRequest(
+                    f"{tag}-{i}", prompts[i % len(prompts)], free_params([args.max_tokens])[0]
+                )
+            )
             for i in range(args.free_requests)
         ]
         for stream in streams:
@@ -232,20 +237,24 @@ def compile_interference(engine, prompts: list[str], args: argparse.Namespace) -
     alone, during, still_compiling, costly_seconds = [], [], [], []
     try:
         warm = SamplingParams(temperature=0.0, max_tokens=4, structured_outputs={"regex": "[ab]"})
-        list(loop.submit("warm-compile", prompts[0], warm))  # compile workers started
+        list(
+            loop.submit(EngineRequest("warm-compile", prompts[0], warm))
+        )  # compile workers started
         free_batch(loop, "warm")
         for rep in range(args.repeats):
             alone.append(free_batch(loop, f"alone-{rep}"))
             started = time.perf_counter()
             costly = [
                 loop.submit(
-                    f"costly-{rep}-{i}",
-                    prompts[i % len(prompts)],
-                    SamplingParams(
-                        temperature=0.0,
-                        max_tokens=args.max_tokens,
-                        structured_outputs={"json": next(schemas)},
-                    ),
+                    EngineRequest(
+                        f"costly-{rep}-{i}",
+                        prompts[i % len(prompts)],
+                        SamplingParams(
+                            temperature=0.0,
+                            max_tokens=args.max_tokens,
+                            structured_outputs={"json": next(schemas)},
+                        ),
+                    )
                 )
                 for i in range(COSTLY_REQUESTS)
             ]

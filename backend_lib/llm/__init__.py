@@ -10,6 +10,7 @@ serving/                  Between Triton and the engine (the only layer that kno
 engine/                   Above core/ and execution/ (as vLLM v1's engine/ above its core):
   llm_engine.py           LLMEngine: step() = schedule -> execute -> update -> process outputs.
   drafter.py              Drafter: who speculates, their drafts before scheduling, verification.
+  offline.py              generate(): prompts queued all or nothing, stepped to completion.
   input_processor.py      InputProcessor: validation, tokenization, adapter and grammar
                           resolution -> PreparedRequest (on the caller's thread).
   output_processor.py     OutputProcessor: per-request state, detokenizer, stop strings,
@@ -20,7 +21,9 @@ engine/                   Above core/ and execution/ (as vLLM v1's engine/ above
   grammar_wait.py         Requests held outside the scheduler while their grammar compiles.
   fault_injection.py      The one TEST-ONLY seam for injecting per-request faults.
 core/                     Scheduling state, device-independent (imports no engine/execution):
+  request.py              EngineRequest: the request as it enters the engine (one typed seam).
   scheduler.py            Scheduler: admission, chunked prefill, preemption, token-level stops.
+  stop_checker.py         StopChecker: EOS, stop token ids, max_tokens, max_model_len.
   kv_cache_manager.py     KVCacheManager: block tables, prefix-cache lookup, copy-on-write, swap.
   block_pool.py           BlockPool: ref-counted KV block ids, LRU free queue, prefix hashes.
   sequence.py             Sequence: one generated sequence's tokens and state.
@@ -48,8 +51,8 @@ structured/               Structured outputs: params, grammar compiler (worker p
                           matchers, bitmasks.
 
 A request's path: model.py hands the request tensors to `LLMService.start`, which parses them
-(`parse_generate_request`) and submits them to the `EngineLoop`; the engine's `InputProcessor`
-validates and tokenizes on Triton's thread. The loop thread adds the request to the engine and
+(`parse_generate_request`) and submits an `EngineRequest` to the `EngineLoop`; the engine's
+`InputProcessor` validates and tokenizes it on Triton's thread. The loop thread adds the request to the engine and
 calls `LLMEngine.step()` while requests are unfinished: `Scheduler.schedule` picks the step's
 sequences and their KV blocks, `ModelRunner.execute` runs the model (attention through
 `kernels/`) and samples, `Scheduler.update` appends the tokens and applies stops, the

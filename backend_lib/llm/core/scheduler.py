@@ -47,6 +47,7 @@ from backend_lib.errors import InputError, QueueFullError
 from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.kv_cache_manager import KVCacheManager
 from backend_lib.llm.core.sequence import Sequence, SequenceStatus
+from backend_lib.llm.core.stop_checker import StopChecker
 
 
 def check_prompt_fits(num_prompt_tokens: int, max_model_len: int) -> None:
@@ -154,7 +155,7 @@ class Scheduler:
         )
         self.config = config
         self.max_model_len = max_model_len
-        self.eos_token_ids = frozenset(eos_token_ids)
+        self.stops = StopChecker(max_model_len, eos_token_ids)
         self.kv_cache_manager = KVCacheManager(
             num_blocks, config.block_size, num_host_blocks, config.enable_prefix_caching
         )
@@ -294,7 +295,7 @@ class Scheduler:
         Finished children are included in the result. Sequences aborted meanwhile are skipped.
         """
         forks = forks or {}
-        tokens = self._sampled_tokens(output, sampled)  # validated before anything changes
+        tokens = _sampled_tokens(output, sampled)  # validated before anything changes
         if not {item.seq.seq_id for item in output.scheduled if item.samples}.issuperset(forks):
             raise ValueError("forks must be keyed by sequences that sample in this step")
         finished = []
@@ -325,7 +326,7 @@ class Scheduler:
         K/V of the accepted ones, free the rejected ones' slots; returns whether it finished."""
         for token in emitted:
             seq.append_token(token)
-            if self._stop_reason(seq) is not None:
+            if self.stops.reason(seq) is not None:
                 break
         # Every position but the last token's now holds the K/V of the token there: the decode's
         # own and the accepted drafts (the inputs that agreed with what was emitted).
@@ -335,27 +336,6 @@ class Scheduler:
         return self._check_stop(seq)
 
     # --- internals -------------------------------------------------------------------------------
-
-    @staticmethod
-    def _sampled_tokens(
-        output: SchedulerOutput, sampled: Mapping[int, Seq[int] | int]
-    ) -> dict[int, list[int]]:
-        tokens = {}
-        for item in output.scheduled:
-            if not item.samples or item.seq.is_finished:
-                continue
-            value = sampled.get(item.seq.seq_id)
-            if value is not None and not isinstance(value, (list, tuple)):
-                value = [value]  # a bare token (int, numpy or 0-d tensor)
-            most = 1 + len(item.spec_token_ids)
-            if value is None or not 1 <= len(value) <= most:
-                expected = "one sampled token" if most == 1 else f"1 to {most} emitted tokens"
-                raise ValueError(
-                    f"expected {expected} for sequence {item.seq.seq_id}, "
-                    f"got {value!r} (for n > 1, pass the other samples as forks)"
-                )
-            tokens[item.seq.seq_id] = [int(t) for t in value]
-        return tokens
 
     def _register(self, seq: Sequence) -> None:
         self._seqs[seq.seq_id] = seq
@@ -482,29 +462,11 @@ class Scheduler:
 
     def _check_stop(self, seq: Sequence) -> bool:
         """Finish the sequence if its last token stops it; returns whether it did."""
-        reason = self._stop_reason(seq)
+        reason = self.stops.reason(seq)
         if reason is None:
             return False
-        # vLLM reports a stop token id as stop_reason, but None for EOS.
-        token = seq.last_token_id
-        is_stop_id = reason == "stop" and token in seq.sampling_params.stop_token_ids  # type: ignore[operator]
-        self.finish(seq, reason, token if is_stop_id else None)
+        self.finish(seq, reason, self.stops.stop_token(seq, reason))
         return True
-
-    def _stop_reason(self, seq: Sequence) -> str | None:
-        """Token-level stop check after appending a token (vLLM's order: stops, then length)."""
-        params = seq.sampling_params
-        if seq.num_output_tokens >= params.min_tokens:
-            token = seq.last_token_id
-            if (
-                token in self.eos_token_ids and not params.ignore_eos
-            ) or token in params.stop_token_ids:  # type: ignore[operator]
-                return "stop"
-        if seq.num_tokens >= self.max_model_len:
-            return "length"
-        if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
-            return "length"
-        return None
 
 
 def _count_adapters(seqs: Iterable[Sequence]) -> dict[str, int]:
@@ -515,3 +477,25 @@ def _count_adapters(seqs: Iterable[Sequence]) -> dict[str, int]:
             name = seq.lora_request.lora_name
             counts[name] = counts.get(name, 0) + 1
     return counts
+
+
+def _sampled_tokens(
+    output: SchedulerOutput, sampled: Mapping[int, Seq[int] | int]
+) -> dict[int, list[int]]:
+    """`update`'s tokens per sampling sequence, checked before anything changes."""
+    tokens = {}
+    for item in output.scheduled:
+        if not item.samples or item.seq.is_finished:
+            continue
+        value = sampled.get(item.seq.seq_id)
+        if value is not None and not isinstance(value, (list, tuple)):
+            value = [value]  # a bare token (int, numpy or 0-d tensor)
+        most = 1 + len(item.spec_token_ids)
+        if value is None or not 1 <= len(value) <= most:
+            expected = "one sampled token" if most == 1 else f"1 to {most} emitted tokens"
+            raise ValueError(
+                f"expected {expected} for sequence {item.seq.seq_id}, "
+                f"got {value!r} (for n > 1, pass the other samples as forks)"
+            )
+        tokens[item.seq.seq_id] = [int(t) for t in value]
+    return tokens

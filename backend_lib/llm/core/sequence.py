@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from backend_lib.llm.core.request import EngineRequest
 from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.lora.request import LoRARequest
 
@@ -57,6 +58,9 @@ class Sequence:
     spec_token_ids: list[int] = field(default_factory=list)
     """Draft tokens proposed for its next step (speculative decoding), not in token_ids: the step
     verifies them after its last token. Consumed when scheduled (or preempted)."""
+    request: EngineRequest | None = None
+    """The request it serves (its forked children share it), where the scheduler reads the
+    request's own fields; None for a sequence built outside the engine."""
 
     @property
     def lora_int_id(self) -> int:

@@ -1,4 +1,4 @@
-"""Input processing: a raw request -> a validated, tokenized `PreparedRequest`.
+"""Input processing: an `EngineRequest` -> a validated, tokenized `PreparedRequest`.
 
 Runs on the caller's thread (Triton's, in the served model) and touches no engine state, so a
 slow tokenization or adapter load of one request never holds the step. A structured_outputs
@@ -14,9 +14,10 @@ Length policy: `max_tokens=None` generates up to max_model_len; a `max_tokens` b
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
-from collections.abc import Sequence as Seq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import xgrammar as xgr
@@ -24,6 +25,7 @@ from transformers import PreTrainedTokenizerBase
 
 from backend_lib.errors import InputError
 from backend_lib.llm.config import LLMConfig
+from backend_lib.llm.core.request import EngineRequest
 from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.core.scheduler import check_prompt_fits
 from backend_lib.llm.lora.registry import LORA_DISABLED_ERROR, LoRARegistry
@@ -35,12 +37,10 @@ from backend_lib.llm.structured.compiler import GrammarCompiler, GrammarJob
 class PreparedRequest:
     """A validated, tokenized request, ready for `LLMEngine.add_prepared`."""
 
-    request_id: str
-    prompt: str | None
+    request: EngineRequest
+    """The request as submitted, its `arrival_time` filled in."""
     prompt_token_ids: list[int]
-    params: SamplingParams
-    arrival_time: float
-    """Seconds on `time.monotonic()`."""
+    """The prompt's token ids (given, or from the tokenizer)."""
     grammar: xgr.CompiledGrammar | None = None
     """params.structured_outputs compiled for this engine's tokenizer (None: unconstrained, or
     still compiling)."""
@@ -49,6 +49,23 @@ class PreparedRequest:
     grammar_job: GrammarJob | None = None
     """The constraint still compiling (None: `grammar` is final); the engine holds the request
     outside the scheduler until it is done."""
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def prompt(self) -> str | None:
+        return self.request.prompt
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def arrival_time(self) -> float:
+        """Seconds on `time.monotonic()`."""
+        return self.request.arrival_time
 
 
 class InputProcessor:
@@ -73,16 +90,7 @@ class InputProcessor:
         # concurrent callers must not interleave there.
         self._tokenizer_lock = threading.Lock()
 
-    def prepare(
-        self,
-        request_id: str,
-        prompt: str | None,
-        params: SamplingParams,
-        prompt_token_ids: Seq[int] | None = None,
-        arrival_time: float | None = None,
-        lora_name: str | None = None,
-        grammar_wait: float | None = None,
-    ) -> PreparedRequest:
+    def prepare(self, request: EngineRequest, grammar_wait: float | None = None) -> PreparedRequest:
         """Validate and tokenize (unless `prompt_token_ids` is given); submit the constraint.
 
         Raises InputError for bad parameters, an empty prompt, token ids outside the vocabulary,
@@ -92,24 +100,26 @@ class InputProcessor:
         `grammar_wait` seconds (None: waits for the compile; past it the request comes back
         with its `grammar_job` pending).
         """
-        arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        if not isinstance(request, EngineRequest):
+            raise InputError(f"request must be an EngineRequest, got {type(request).__name__}")
+        if request.arrival_time is None:
+            request = dataclasses.replace(request, arrival_time=time.monotonic())
+        request_id, params = request.request_id, request.params
         if not isinstance(request_id, str) or not request_id:
             raise InputError(f"request_id must be a non-empty string, got {request_id!r}")
         if not isinstance(params, SamplingParams):
             raise InputError(f"params must be SamplingParams, got {type(params).__name__}")
         params.validate(max_logprobs=self.config.max_logprobs, max_n=self.config.max_n)
         self._check_token_ids("stop_token_ids", params.stop_token_ids or [])
-        ids = self._prompt_ids(prompt, prompt_token_ids)
+        ids = self._prompt_ids(request.prompt, request.prompt_token_ids)
         check_prompt_fits(len(ids), self.max_model_len)
-        lora_request = self.resolve_lora(lora_name)
+        lora_request = self.resolve_lora(request.lora_name)
         grammar, job = None, None
         if params.structured_outputs is not None:
             job = self.grammar_compiler.submit(params.structured_outputs)
             if job.wait(grammar_wait):
                 grammar, job = job.result(), None
-        return PreparedRequest(
-            request_id, prompt, ids, params, arrival_time, grammar, lora_request, job
-        )
+        return PreparedRequest(request, ids, grammar, lora_request, job)
 
     def resolve_lora(self, lora_name: str | None) -> LoRARequest | None:
         """The loaded adapter `lora_name` (None: the base model); InputError with the vLLM
@@ -122,7 +132,7 @@ class InputProcessor:
             raise InputError(LORA_DISABLED_ERROR)
         return self.lora_registry.request(lora_name)
 
-    def _prompt_ids(self, prompt: str | None, prompt_token_ids: Seq[int] | None) -> list[int]:
+    def _prompt_ids(self, prompt: str | None, prompt_token_ids: Sequence[int] | None) -> list[int]:
         if prompt_token_ids is not None:
             ids = list(prompt_token_ids)
             self._check_token_ids("prompt_token_ids", ids)

@@ -43,10 +43,12 @@ from backend_lib.config import require
 from backend_lib.errors import InputError, QueueFullError
 from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.outputs import RequestOutput
+from backend_lib.llm.core.request import EngineRequest
 from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.core.scheduler import Scheduler
 from backend_lib.llm.core.sequence import Sequence
 from backend_lib.llm.core.stats import EngineStats, StatsCollector
+from backend_lib.llm.engine import offline
 from backend_lib.llm.engine.drafter import Drafter
 from backend_lib.llm.engine.fault_injection import FaultHook
 from backend_lib.llm.engine.grammar_step import DEAD_END_ERROR, advance_grammars, dead_ends
@@ -130,7 +132,6 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.tokenizer, self.scheduler, self.structured, self._stats)
         self._seq_ids = itertools.count()
         self.sampling = ParallelSampling(self.device, self._seq_ids)
-        self._generate_ids = itertools.count()
         self.grammar_wait = GrammarWait(self._stats)
         """Requests waiting for their grammar, outside the scheduler (grammar_wait.py)."""
         speculative = config.speculative
@@ -180,21 +181,12 @@ class LLMEngine:
     # --- requests ----------------------------------------------------------------------------
 
     def prepare_request(
-        self,
-        request_id: str,
-        prompt: str | None,
-        params: SamplingParams,
-        prompt_token_ids: Seq[int] | None = None,
-        arrival_time: float | None = None,
-        lora_name: str | None = None,
-        grammar_wait: float | None = None,
+        self, request: EngineRequest, grammar_wait: float | None = None
     ) -> PreparedRequest:
         """Validate and tokenize without touching engine state (safe from any thread);
         InputError for a bad request (see `InputProcessor.prepare`). A constraint is waited for
         at most `grammar_wait` seconds (None: until compiled)."""
-        return self.inputs.prepare(
-            request_id, prompt, params, prompt_token_ids, arrival_time, lora_name, grammar_wait
-        )
+        return self.inputs.prepare(request, grammar_wait)
 
     def resolve_lora(self, lora_name: str | None) -> LoRARequest | None:
         return self.inputs.resolve_lora(lora_name)
@@ -236,6 +228,7 @@ class LLMEngine:
             prepared.params,
             prepared.arrival_time,
             lora_request=prepared.lora_request,
+            request=prepared.request,
         )
         self.scheduler.add(seq)
         if prepared.grammar is not None:
@@ -245,22 +238,16 @@ class LLMEngine:
             self._stats.lora_request(prepared.lora_request.lora_name)
         self.outputs.add(prepared, seq)
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt: str | None,
-        params: SamplingParams,
-        prompt_token_ids: Seq[int] | None = None,
-        arrival_time: float | None = None,
-        lora_name: str | None = None,
-    ) -> None:
-        """Validate, tokenize (unless `prompt_token_ids` is given) and queue a request; a
+    def add(self, request: EngineRequest) -> None:
+        """Validate, tokenize (unless it has `prompt_token_ids`) and queue a request; a
         constraint is waited for (compiled in a worker), so a bad one is an InputError here."""
-        self.add_prepared(
-            self.prepare_request(
-                request_id, prompt, params, prompt_token_ids, arrival_time, lora_name
-            )
-        )
+        self.add_prepared(self.prepare_request(request))
+
+    def add_request(
+        self, request_id: str, prompt: str | None, params: SamplingParams, **fields
+    ) -> None:
+        """`add` of `EngineRequest(request_id, prompt, params, **fields)` (vLLM's call)."""
+        self.add(EngineRequest(request_id, prompt, params, **fields))
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Finish the request now with reason "abort", freeing its blocks; returns its final
@@ -359,50 +346,9 @@ class LLMEngine:
         params: SamplingParams | Seq[SamplingParams],
         lora_names: Seq[str | None] | None = None,
     ) -> list[RequestOutput]:
-        """Run `prompts` (texts or token id lists) to completion; final outputs in order.
-        `lora_names`: each prompt's adapter (None: the base model)."""
-        request_ids = self._add_all(prompts, params, lora_names)
-        finals: dict[str, RequestOutput] = {}
-        wanted = set(request_ids)
-        while len(finals) < len(request_ids):
-            if not self.needs_step():  # only held requests left: sleep until a grammar is done
-                self.grammar_wait.wait_any(timeout_s=1.0)
-                continue
-            for out in self.step():
-                if out.finished and out.request_id in wanted:
-                    finals[out.request_id] = out
-        return [finals[r] for r in request_ids]
-
-    def _add_all(
-        self,
-        prompts: Seq[str | Seq[int]],
-        params: SamplingParams | Seq[SamplingParams],
-        lora_names: Seq[str | None] | None,
-    ) -> list[str]:
-        """Queue `generate`'s prompts, all or nothing (a bad prompt or a full queue adds none)."""
-        params_list = (
-            [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-        )
-        if len(params_list) != len(prompts):
-            raise ValueError("need one SamplingParams per prompt")
-        loras = [None] * len(prompts) if lora_names is None else list(lora_names)
-        if len(loras) != len(prompts):
-            raise ValueError("need one lora name (or None) per prompt")
-        request_ids: list[str] = []
-        try:
-            for prompt, sp, lora in zip(prompts, params_list, loras, strict=True):
-                request_id = f"generate-{next(self._generate_ids)}"
-                if isinstance(prompt, str):
-                    self.add_request(request_id, prompt, sp, lora_name=lora)
-                else:
-                    self.add_request(request_id, None, sp, prompt_token_ids=prompt, lora_name=lora)
-                request_ids.append(request_id)
-                self.outputs.requests[request_id].final_only = True
-        except Exception:
-            for request_id in request_ids:
-                self.abort_request(request_id)
-            raise
-        return request_ids
+        """Run `prompts` (texts or token id lists) to completion; final outputs in order
+        (engine/offline.py). `lora_names`: each prompt's adapter (None: the base model)."""
+        return offline.generate(self, prompts, params, lora_names)
 
     # --- step internals ----------------------------------------------------------------------
 

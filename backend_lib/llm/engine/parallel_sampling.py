@@ -74,6 +74,7 @@ class ParallelSampling:
             params,
             parent.arrival_time,
             lora_request=parent.lora_request,
+            request=parent.request,
         )
         if params.seed is not None:
             # Its own stream, as the runner seeds a parent's, so siblings are not correlated.

@@ -8,7 +8,7 @@ it when done. `submit` waits at most SUBMIT_GRAMMAR_WAIT_S for a constraint's gr
 
     loop = EngineLoop(engine, on_step=update_metrics)
     loop.start()
-    stream = loop.submit("req-1", "Hello", SamplingParams(max_tokens=32))  # InputError at once
+    stream = loop.submit(EngineRequest("r1", "Hello", SamplingParams(max_tokens=32)))  # InputError now
     for output in stream:      # RequestOutputs until one has finished=True
         send(output.outputs[0].delta_text)
     loop.stop()                # aborts whatever still runs, joins the thread
@@ -20,12 +20,11 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from collections.abc import Sequence as Seq
 
 from backend_lib.contract import ErrorCode
 from backend_lib.errors import InputError, QueueFullError
 from backend_lib.llm.core.outputs import CompletionOutput, RequestOutput
-from backend_lib.llm.core.sampling_params import SamplingParams
+from backend_lib.llm.core.request import EngineRequest
 from backend_lib.llm.core.stats import EngineStats
 from backend_lib.llm.engine.input_processor import PreparedRequest
 from backend_lib.llm.engine.llm_engine import LLMEngine
@@ -98,31 +97,15 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="llm-engine-loop", daemon=True)
         self._thread.start()
 
-    def submit(
-        self,
-        request_id: str,
-        prompt: str | None,
-        params: SamplingParams,
-        prompt_token_ids: Seq[int] | None = None,
-        arrival_time: float | None = None,
-        lora_name: str | None = None,
-    ) -> OutputStream:
-        """Queue a request (under LoRA adapter `lora_name`, None: the base model); its outputs
-        arrive on the returned stream.
+    def submit(self, request: EngineRequest) -> OutputStream:
+        """Queue a request; its outputs arrive on the returned stream.
 
         Raises InputError (bad input, duplicate id, an adapter that cannot be served, a
         constraint that failed to compile within SUBMIT_GRAMMAR_WAIT_S) or QueueFullError in the
         caller's thread, before anything is queued.
         """
-        prepared = self.engine.prepare_request(
-            request_id,
-            prompt,
-            params,
-            prompt_token_ids,
-            arrival_time,
-            lora_name,
-            grammar_wait=SUBMIT_GRAMMAR_WAIT_S,
-        )
+        prepared = self.engine.prepare_request(request, grammar_wait=SUBMIT_GRAMMAR_WAIT_S)
+        request_id = prepared.request_id
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the engine loop is stopped")

@@ -28,6 +28,7 @@ from backend_lib.config import ConfigError, from_parameters
 from backend_lib.errors import InputError, ModelUnavailable, RequestCancelled, error_code
 from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.outputs import CompletionOutput, Logprob, RequestOutput
+from backend_lib.llm.core.request import EngineRequest
 from backend_lib.llm.engine.fault_injection import PromptMarkerFaults
 from backend_lib.llm.engine.llm_engine import LLMEngine
 from backend_lib.llm.execution.workers import WorkerDied
@@ -194,7 +195,9 @@ class LLMService:
             request_id = self.faults.request_id(request.prompt, request_id)
         prompt = None if request.prompt_token_ids is not None else request.prompt
         stream = self.loop.submit(
-            request_id, prompt, params, request.prompt_token_ids, lora_name=request.lora_name
+            EngineRequest(
+                request_id, prompt, params, request.prompt_token_ids, lora_name=request.lora_name
+            )
         )
         return Job(request_id, request, stream)
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from backend_lib.config import ConfigError
+from backend_lib.llm.core.request import EngineRequest
 from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.execution import workers
 from backend_lib.llm.serving.engine_loop import EngineLoop
@@ -129,7 +130,9 @@ def test_a_killed_worker_fails_its_requests_naming_the_rank(parallel, rank):
     loop = EngineLoop(engine)
     loop.start()
     try:
-        stream = loop.submit("doomed", None, greedy(100), prompt_token_ids=random_prompt(9, 3))
+        stream = loop.submit(
+            EngineRequest("doomed", None, greedy(100), prompt_token_ids=random_prompt(9, 3))
+        )
         first = next(iter(stream))
         assert first.error is None
         (worker,) = engine.runner.workers.procs
@@ -137,9 +140,11 @@ def test_a_killed_worker_fails_its_requests_naming_the_rank(parallel, rank):
         final = list(stream)[-1]
         assert final.finished and final.error and rank in final.error
         # Later requests fail the same way, at once: no hang.
-        again = list(loop.submit("later", None, greedy(3), prompt_token_ids=random_prompt(5, 4)))[
-            -1
-        ]
+        again = list(
+            loop.submit(
+                EngineRequest("later", None, greedy(3), prompt_token_ids=random_prompt(5, 4))
+            )
+        )[-1]
         assert again.error and rank in again.error
     finally:
         loop.stop(timeout=60)

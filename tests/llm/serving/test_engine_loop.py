@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from backend_lib.errors import InputError, QueueFullError
+from backend_lib.llm.core.request import EngineRequest
 from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.core.stats import EngineStats
 from backend_lib.llm.serving.engine_loop import EngineLoop
@@ -49,7 +50,7 @@ def test_concurrent_submitters_get_their_own_correct_streams():
     def client(thread_index: int) -> None:
         try:
             streams = {
-                rid: loop.submit(rid, None, greedy(6), prompt_token_ids=prompt)
+                rid: loop.submit(EngineRequest(rid, None, greedy(6), prompt_token_ids=prompt))
                 for rid, prompt in prompts.items()
                 if rid.startswith(f"t{thread_index}-")
             }
@@ -84,7 +85,9 @@ def test_abort_mid_stream_frees_blocks_and_unknown_ids_are_ignored():
     engine.fault_injector = _hold_after_first_step(aborted)
     loop = EngineLoop(engine)
     loop.start()
-    stream = loop.submit("long", None, greedy(100), prompt_token_ids=random_prompt(10, 1))
+    stream = loop.submit(
+        EngineRequest("long", None, greedy(100), prompt_token_ids=random_prompt(10, 1))
+    )
     first = stream.get(timeout=TIMEOUT)
     assert not first.finished and first.outputs[0].token_ids
     loop.abort("long")
@@ -94,7 +97,9 @@ def test_abort_mid_stream_frees_blocks_and_unknown_ids_are_ignored():
     assert rest[-1].outputs[0].finish_reason == "abort"
     assert len(rest[-1].outputs[0].token_ids) < 100
     loop.abort("long")  # finished: a no-op
-    after = loop.submit("after", None, greedy(3), prompt_token_ids=random_prompt(5, 2))
+    after = loop.submit(
+        EngineRequest("after", None, greedy(3), prompt_token_ids=random_prompt(5, 2))
+    )
     assert collect(after)[-1].outputs[0].finish_reason == "length"
     loop.stop()
     assert_pool_released(engine)
@@ -104,29 +109,29 @@ def test_bad_input_raises_in_the_callers_thread():
     model_dir, _ = engine_checkpoint("LlamaForCausalLM")
     loop = EngineLoop(make_engine(model_dir))
     with pytest.raises(InputError, match="empty"):
-        loop.submit("empty", "", greedy(4))
+        loop.submit(EngineRequest("empty", "", greedy(4)))
     with pytest.raises(InputError, match="max_model_len"):
-        loop.submit("long", None, greedy(4), prompt_token_ids=random_prompt(128, 3))
+        loop.submit(EngineRequest("long", None, greedy(4), prompt_token_ids=random_prompt(128, 3)))
     with pytest.raises(InputError, match="logprobs"):
-        loop.submit("lp", "ka", SamplingParams(logprobs=1000))
+        loop.submit(EngineRequest("lp", "ka", SamplingParams(logprobs=1000)))
     # Before start, so "ok" cannot finish (and free its id) before the duplicate arrives.
-    stream = loop.submit("ok", "ka ro", greedy(2))
+    stream = loop.submit(EngineRequest("ok", "ka ro", greedy(2)))
     with pytest.raises(InputError, match="already"):
-        loop.submit("ok", "ka ro", greedy(2))
+        loop.submit(EngineRequest("ok", "ka ro", greedy(2)))
     loop.start()
     assert collect(stream)[-1].error is None
     loop.stop()
     with pytest.raises(RuntimeError, match="stopped"):
-        loop.submit("late", "ka", greedy(2))
+        loop.submit(EngineRequest("late", "ka", greedy(2)))
 
 
 def test_queue_limit_is_enforced_at_submit_and_stop_closes_every_stream():
     model_dir, _ = engine_checkpoint("LlamaForCausalLM")
     engine = make_engine(model_dir, max_queue_size=3)
     loop = EngineLoop(engine)  # not started: nothing drains the queue
-    streams = [loop.submit(f"r{i}", "ka", greedy(4)) for i in range(3)]
+    streams = [loop.submit(EngineRequest(f"r{i}", "ka", greedy(4))) for i in range(3)]
     with pytest.raises(QueueFullError):
-        loop.submit("r3", "ka", greedy(4))
+        loop.submit(EngineRequest("r3", "ka", greedy(4)))
     with pytest.raises(queue.Empty):
         streams[0].get(timeout=0.05)
     loop.stop()
@@ -149,7 +154,8 @@ def test_fault_in_one_request_fails_only_its_stream():
     loop.start()
     prompts = {"good": random_prompt(9, 4), "bad": random_prompt(9, 5)}
     streams = {
-        rid: loop.submit(rid, None, greedy(5), prompt_token_ids=p) for rid, p in prompts.items()
+        rid: loop.submit(EngineRequest(rid, None, greedy(5), prompt_token_ids=p))
+        for rid, p in prompts.items()
     }
     bad, good = collect(streams["bad"])[-1], collect(streams["good"])[-1]
     assert bad.error == "ValueError: broken detokenizer"
@@ -166,7 +172,9 @@ def test_stop_aborts_running_requests():
     engine.fault_injector = _hold_after_first_step(stopping)
     loop = EngineLoop(engine)
     loop.start()
-    stream = loop.submit("long", None, greedy(100), prompt_token_ids=random_prompt(6, 6))
+    stream = loop.submit(
+        EngineRequest("long", None, greedy(100), prompt_token_ids=random_prompt(6, 6))
+    )
     stream.get(timeout=TIMEOUT)
     threading.Timer(0.05, stopping.set).start()  # lets the step in flight end after stop()
     loop.stop(timeout=TIMEOUT)
@@ -187,11 +195,13 @@ def test_unexpected_engine_error_fails_open_streams_and_loop_keeps_serving():
     engine.step = buggy_step
     loop = EngineLoop(engine)
     loop.start()
-    final = collect(loop.submit("a", None, greedy(5), prompt_token_ids=random_prompt(7, 7)))[-1]
+    final = collect(
+        loop.submit(EngineRequest("a", None, greedy(5), prompt_token_ids=random_prompt(7, 7)))
+    )[-1]
     assert final.error == "engine failure: RuntimeError: engine bug"
     assert final.outputs[0].finish_reason == "error"
     prompt = random_prompt(8, 8)
-    final = collect(loop.submit("b", None, greedy(4), prompt_token_ids=prompt))[-1]
+    final = collect(loop.submit(EngineRequest("b", None, greedy(4), prompt_token_ids=prompt)))[-1]
     assert final.error is None and final.outputs[0].token_ids == hf_greedy(hf, prompt, 4)
     loop.stop()
     assert_pool_released(engine)

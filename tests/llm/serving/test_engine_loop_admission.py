@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from backend_lib.llm.core.request import EngineRequest
 from backend_lib.llm.serving.engine_loop import EngineLoop
 from tests.llm.engine_helpers import (
     assert_pool_released,
@@ -29,7 +30,7 @@ def loop_with_engine_queue_refilled_after_submit(prompt: list[int]):
     model_dir, _ = engine_checkpoint("LlamaForCausalLM")
     engine = make_engine(model_dir, max_queue_size=QUEUE)
     loop = EngineLoop(engine)
-    stream = loop.submit("late", None, greedy(6), prompt_token_ids=prompt)
+    stream = loop.submit(EngineRequest("late", None, greedy(6), prompt_token_ids=prompt))
     for i in range(QUEUE):
         engine.add_request(f"filler-{i}", None, greedy(6), prompt_token_ids=random_prompt(5, i))
     return loop, engine, stream

@@ -24,6 +24,7 @@ import xgrammar as xgr
 
 from backend_lib.contract import ErrorCode
 from backend_lib.errors import InputError, QueueFullError
+from backend_lib.llm.core.request import EngineRequest
 from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.serving import engine_loop as engine_loop_module
 from backend_lib.llm.serving.engine_loop import EngineLoop
@@ -62,7 +63,7 @@ def shakespeare_engine(**overrides):
 def warm_workers(engine) -> None:
     """Start the engine's compile workers (a cheap constraint compiled through them) and wait
     until all of them are ready."""
-    engine.prepare_request("warm", "KING:", constrained({"type": "integer"}))
+    engine.prepare_request(EngineRequest("warm", "KING:", constrained({"type": "integer"})))
     workers = engine.grammar_compiler.workers
     deadline = time.monotonic() + 120
     while workers.num_ready < workers.max_workers and time.monotonic() < deadline:
@@ -71,7 +72,9 @@ def warm_workers(engine) -> None:
 
 def held_request(engine, request_id: str, schema: dict):
     """Prepare (not waiting for the grammar) and add: the request is held while it compiles."""
-    prepared = engine.prepare_request(request_id, PROMPT, constrained(schema), grammar_wait=0)
+    prepared = engine.prepare_request(
+        EngineRequest(request_id, PROMPT, constrained(schema)), grammar_wait=0
+    )
     assert prepared.grammar_job is not None and not prepared.grammar_job.done()
     engine.add_prepared(prepared)
     return prepared.grammar_job
@@ -120,7 +123,7 @@ def test_steps_go_on_while_a_grammar_compiles_and_the_request_joins_when_it_is_r
 def _free_latency(loop: EngineLoop, tag: str, count: int = 4) -> float:
     """Seconds until `count` free requests submitted together all finished."""
     started = time.perf_counter()
-    streams = [loop.submit(f"{tag}-{i}", PROMPT, free()) for i in range(count)]
+    streams = [loop.submit(EngineRequest(f"{tag}-{i}", PROMPT, free())) for i in range(count)]
     for stream in streams:
         final = collect(stream)[-1]
         assert final.error is None and len(final.outputs[0].token_ids) == FREE_TOKENS
@@ -138,7 +141,10 @@ def test_free_requests_beside_three_costly_compiles_keep_their_latency():
         alone = [_free_latency(loop, f"alone-{i}") for i in range(3)]
         schemas = [costly_schema() for _ in range(3)]
         started = time.perf_counter()
-        costly = [loop.submit(f"costly-{i}", PROMPT, constrained(s)) for i, s in enumerate(schemas)]
+        costly = [
+            loop.submit(EngineRequest(f"costly-{i}", PROMPT, constrained(s)))
+            for i, s in enumerate(schemas)
+        ]
         submit_seconds = time.perf_counter() - started
         # Several samples: a neighbour's load (another test worker) only ever adds time, so the
         # quickest batch beside the compiles is the fair one to compare.
@@ -167,18 +173,20 @@ def test_a_compile_past_the_timeout_fails_alone_and_its_worker_is_killed():
         warm_workers(engine)
         workers = engine.grammar_compiler.workers
         stuck_schema = costly_schema(STUCK_N)
-        stuck = loop.submit("stuck", PROMPT, constrained(stuck_schema))
+        stuck = loop.submit(EngineRequest("stuck", PROMPT, constrained(stuck_schema)))
         good = loop.submit(
-            "good",
-            "KING:",
-            SamplingParams(temperature=0, max_tokens=30, structured_outputs={"regex": REGEX}),
+            EngineRequest(
+                "good",
+                "KING:",
+                SamplingParams(temperature=0, max_tokens=30, structured_outputs={"regex": REGEX}),
+            )
         )
-        plain = loop.submit("plain", PROMPT, free())
+        plain = loop.submit(EngineRequest("plain", PROMPT, free()))
         time.sleep(0.3)
         pids_while_stuck = workers.worker_pids
         started_before = workers.num_started
         outputs = {s.request_id: collect(s)[-1] for s in (stuck, good, plain)}
-        after = loop.submit("after", PROMPT, constrained({"type": "boolean"}))
+        after = loop.submit(EngineRequest("after", PROMPT, constrained({"type": "boolean"})))
         outputs["after"] = collect(after)[-1]
     finally:
         loop.stop(timeout=60)
@@ -209,7 +217,9 @@ def test_identical_constraints_arriving_together_compile_once():
     loop.start()
     try:
         schema = costly_schema(1500)
-        streams = [loop.submit(f"same-{i}", PROMPT, constrained(schema)) for i in range(3)]
+        streams = [
+            loop.submit(EngineRequest(f"same-{i}", PROMPT, constrained(schema))) for i in range(3)
+        ]
         finals = [collect(stream)[-1] for stream in streams]
     finally:
         loop.stop(timeout=60)
@@ -217,7 +227,9 @@ def test_identical_constraints_arriving_together_compile_once():
     assert len({final.outputs[0].text for final in finals}) == 1  # greedy, same grammar
     compiled += engine.stats().grammar_compile_seconds
     assert len(compiled) == 1
-    assert engine.prepare_request("again", PROMPT, constrained(schema), grammar_wait=0).grammar
+    assert engine.prepare_request(
+        EngineRequest("again", PROMPT, constrained(schema)), grammar_wait=0
+    ).grammar
     assert_pool_released(engine)
 
 
@@ -247,7 +259,8 @@ def test_a_compile_error_found_after_submission_is_an_input_error():
     for request_id in costly:
         held_request(engine, request_id, costly_schema())
     prepared = engine.prepare_request(
-        "bad", PROMPT, SamplingParams(structured_outputs={"regex": "a(b"}), grammar_wait=0
+        EngineRequest("bad", PROMPT, SamplingParams(structured_outputs={"regex": "a(b"})),
+        grammar_wait=0,
     )
     assert prepared.grammar_job is not None and not prepared.grammar_job.done()
     engine.add_prepared(prepared)
@@ -275,7 +288,9 @@ def test_a_quick_compile_error_is_refused_at_submission_through_the_loop():
     try:
         try:
             stream = loop.submit(
-                "bad", PROMPT, SamplingParams(structured_outputs={"grammar": 'root ::= "a" |'})
+                EngineRequest(
+                    "bad", PROMPT, SamplingParams(structured_outputs={"grammar": 'root ::= "a" |'})
+                )
             )
         except InputError as exc:  # the usual case: the worker answered within the wait
             message = str(exc)
@@ -301,7 +316,7 @@ def test_closing_the_engine_kills_its_workers():
     assert all(process_gone(pid) for pid in pids)
     assert workers.worker_pids == []
     with pytest.raises(InputError, match="shut down"):
-        engine.prepare_request("late", PROMPT, constrained({"type": "null"}))
+        engine.prepare_request(EngineRequest("late", PROMPT, constrained({"type": "null"})))
 
 
 _ORPHAN_SCRIPT = textwrap.dedent(

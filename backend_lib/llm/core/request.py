@@ -1,0 +1,27 @@
+"""EngineRequest: one generation request as it enters the engine, carried from the input
+processor (validated, tokenized) through the scheduler's sequences to the outputs. A new
+per-request field (priority, deadline, tenant, images, ...) is added here once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+from backend_lib.llm.core.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """What a caller asks the engine for; checked by `InputProcessor.prepare`."""
+
+    request_id: str
+    """Unique among the engine's unfinished requests."""
+    prompt: str | None
+    """The prompt text (None when `prompt_token_ids` is given)."""
+    params: SamplingParams
+    prompt_token_ids: Seq[int] | None = None
+    """The prompt as token ids, used as given (no tokenization); None: tokenize `prompt`."""
+    arrival_time: float | None = None
+    """Seconds on `time.monotonic()`; None: the time it is prepared."""
+    lora_name: str | None = None
+    """The LoRA adapter it runs under (None: the base model)."""
