@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.llm.engine_helpers import engine_checkpoint
+from tests.llm.quantized_checkpoint_helpers import DENSE_ARCHITECTURES
 from tests.llm.shakespeare_helpers import SHAKESPEARE
 from tooling import gptq_awq_checkpoints
 from tooling.gptq_awq_checkpoints import AWQSpec, GPTQSpec
@@ -18,14 +19,6 @@ from tooling.repository import REPO_ROOT
 CACHE = REPO_ROOT / ".cache" / "gptq-awq-checkpoints"
 PRESETS = tuple(gptq_awq_checkpoints.PRESETS)
 
-DENSE_ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-    "Gemma2ForCausalLM",
-    "Phi3ForCausalLM",
-)
 DENSE_SPECS = {
     "GPTQ": GPTQSpec(4, 32, desc_act=True, sym=False, zero_point_zero=True),
     "AWQ": AWQSpec(32),

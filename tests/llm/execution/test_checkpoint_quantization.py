@@ -23,15 +23,16 @@ from backend_lib.quantization import QuantizedLinear
 from kernels import kernel_ops
 from tests.llm.engine_helpers import engine_checkpoint, greedy, make_engine, random_prompt
 from tests.llm.quantized_checkpoint_helpers import (
+    DENSE_ARCHITECTURES,
     PACKED_PRESETS,
     PRESETS,
-    copy_checkpoint,
-    edit_quantization_config,
-    edit_tensors,
+    assert_bad_checkpoint_fails_the_load,
+    assert_greedy_equals_hf_on_random_prompts,
+    assert_greedy_equals_hf_with_chunks_and_a_prefix_hit,
     quantized_shakespeare,
+    sonnet_prompts,
     staged_model,
 )
-from tests.llm.shakespeare_helpers import HELD_OUT
 from tooling import quantized_checkpoints
 from tooling.hf_reference import hf_greedy
 from tooling.quantized_checkpoints import reference_dequantized_weights
@@ -84,11 +85,7 @@ def test_layers_compute_with_the_stored_weights(preset):
 
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(quantized_shakespeare("W4A16_G128"))
-    shared = tokenizer(HELD_OUT["Sonnet 154"]).input_ids[:40]
-    return [shared + tokenizer(" Love").input_ids, shared + tokenizer(" fire").input_ids]
+    return sonnet_prompts(quantized_shakespeare("W4A16_G128"))
 
 
 @pytest.mark.parametrize("preset", PACKED_PRESETS)
@@ -99,23 +96,7 @@ def test_greedy_tokens_equal_transformers_on_the_same_checkpoint(preset, prompts
     # transformers 5.24 reads asymmetric zero points only when it decompresses at load.
     options = {} if "ASYM" not in preset else {"quantization_config": _dequantize_at_load()}
     hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32, **options).eval()
-    expected = [hf_greedy(hf, ids, 16) for ids in prompts]
-    # Chunked prefill (16-token steps) and, for the second prompt, a prefix-cache hit.
-    engine = make_engine(checkpoint, max_num_batched_tokens=16, max_num_seqs=4)
-    first = engine.generate([prompts[0]], greedy(16))[0]
-    second = engine.generate([prompts[1]], greedy(16))[0]
-    assert second.num_cached_tokens >= 32
-    assert [first.outputs[0].token_ids, second.outputs[0].token_ids] == expected
-
-
-DENSE_ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-    "Gemma2ForCausalLM",
-    "Phi3ForCausalLM",
-)
+    assert_greedy_equals_hf_with_chunks_and_a_prefix_hit(checkpoint, hf, prompts)
 
 
 @pytest.mark.parametrize("arch", DENSE_ARCHITECTURES)
@@ -130,11 +111,7 @@ def test_each_dense_architecture_quantized_gives_transformers_greedy_tokens(arch
         source, tmp_path / arch, scheme
     )
     hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    engine = make_engine(checkpoint)
-    for seed, length in ((1, 5), (2, 19)):
-        prompt = random_prompt(length, seed)
-        (out,) = engine.generate([prompt], greedy(8))
-        assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 8), (arch, seed)
+    assert_greedy_equals_hf_on_random_prompts(checkpoint, hf, arch)
 
 
 @pytest.mark.parametrize("arch", ["MixtralForCausalLM", "Qwen3MoeForCausalLM"])
@@ -265,10 +242,6 @@ Q_PROJ = "model.layers.0.self_attn.q_proj"
 def test_a_bad_checkpoint_fails_the_load_naming_the_problem(
     tmp_path, config_edit, tensors_edit, message
 ):
-    checkpoint = copy_checkpoint(quantized_shakespeare("W4A16_G128"), tmp_path / "ckpt")
-    if config_edit is not None:
-        edit_quantization_config(checkpoint, config_edit)
-    if tensors_edit is not None:
-        edit_tensors(checkpoint, tensors_edit)
-    with pytest.raises((ConfigError, ValueError), match=message):
-        load_model(checkpoint, CPU, torch.float32, kernel_ops("torch"))
+    assert_bad_checkpoint_fails_the_load(
+        quantized_shakespeare("W4A16_G128"), tmp_path, config_edit, tensors_edit, message
+    )

@@ -14,35 +14,30 @@ channel, act-order on and off, symmetric and with zero points, v1 and v2 zero po
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from backend_lib.config import ConfigError
-from backend_lib.llm.execution.checkpoint_quantization.layers import StagingLinear, WNA16Linear
+from backend_lib.llm.execution.checkpoint_quantization.layers import WNA16Linear
 from backend_lib.llm.execution.loader import (
     load_model,
     read_checkpoint_info,
 )
 from kernels import kernel_ops
-from tests.llm.engine_helpers import greedy, make_engine, random_prompt
-from tests.llm.gptq_awq_checkpoint_helpers import (
-    DENSE_ARCHITECTURES,
-    PRESETS,
-    gptq_awq_shakespeare,
-    gptq_awq_tiny,
-)
+from tests.llm.gptq_awq_checkpoint_helpers import PRESETS, gptq_awq_shakespeare, gptq_awq_tiny
 from tests.llm.quantized_checkpoint_helpers import (
-    edit_quantization_config,
-    edit_tensors,
+    DENSE_ARCHITECTURES,
+    assert_bad_checkpoint_fails_the_load,
+    assert_greedy_equals_hf_on_random_prompts,
+    assert_greedy_equals_hf_with_chunks_and_a_prefix_hit,
+    sonnet_prompts,
     staged_model,
+    staged_weights,
 )
-from tests.llm.shakespeare_helpers import HELD_OUT, SHAKESPEARE
+from tests.llm.shakespeare_helpers import SHAKESPEARE
 from tooling.gptq_awq_checkpoints import reference_dequantized_weights
-from tooling.hf_reference import hf_greedy
 
 CPU = torch.device("cpu")
 
@@ -54,20 +49,6 @@ QUANTIZED_LAYERS = {
     "GPTQ_W4_G64_DYNAMIC": 42 - 4,
     "AWQ_G32_NOT_DOWN_PROJ": 42 - 6,
 }
-
-
-def staged_weights(model, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Checkpoint layer name -> its dequantized staged weight, fused projections shard by shard."""
-    weights = {}
-    for name, module in model.named_modules():
-        if not isinstance(module, StagingLinear):
-            continue
-        param = f"{name}.weight"
-        full = module.dequantized(dtype)
-        for shard in model.shards_of(param):
-            rows = model.shard_view(torch.arange(module.out_features)[:, None], param, shard)
-            weights[model.checkpoint_name(param, shard)] = full[rows[:, 0]]
-    return weights
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["float16", "float32"])
@@ -129,11 +110,7 @@ def hf_with_the_librarys_weights(source: Path, checkpoint: Path):
 
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(SHAKESPEARE)
-    shared = tokenizer(HELD_OUT["Sonnet 154"]).input_ids[:40]
-    return [shared + tokenizer(" Love").input_ids, shared + tokenizer(" fire").input_ids]
+    return sonnet_prompts(SHAKESPEARE)
 
 
 @pytest.mark.parametrize(
@@ -143,13 +120,7 @@ def prompts() -> list[list[int]]:
 def test_greedy_tokens_equal_transformers_with_the_librarys_weights(preset, prompts):
     checkpoint = gptq_awq_shakespeare(preset)
     hf = hf_with_the_librarys_weights(SHAKESPEARE, checkpoint)
-    expected = [hf_greedy(hf, ids, 16) for ids in prompts]
-    # Chunked prefill (16-token steps) and, for the second prompt, a prefix-cache hit.
-    engine = make_engine(checkpoint, max_num_batched_tokens=16, max_num_seqs=4)
-    first = engine.generate([prompts[0]], greedy(16))[0]
-    second = engine.generate([prompts[1]], greedy(16))[0]
-    assert second.num_cached_tokens >= 32
-    assert [first.outputs[0].token_ids, second.outputs[0].token_ids] == expected
+    assert_greedy_equals_hf_with_chunks_and_a_prefix_hit(checkpoint, hf, prompts)
 
 
 @pytest.mark.parametrize("method", ["GPTQ", "AWQ"])
@@ -164,11 +135,7 @@ def test_each_dense_architecture_gives_transformers_greedy_tokens(arch, method):
     for name, weight in staged_weights(staged_model(checkpoint), torch.float32).items():
         assert torch.equal(weight, reference[name]), name
     hf = hf_with_the_librarys_weights(source, checkpoint)
-    engine = make_engine(checkpoint)
-    for seed, length in ((1, 5), (2, 19)):
-        prompt = random_prompt(length, seed)
-        (out,) = engine.generate([prompt], greedy(8))
-        assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 8), (arch, seed)
+    assert_greedy_equals_hf_on_random_prompts(checkpoint, hf, arch)
 
 
 def test_the_engine_reports_the_checkpoint_quantization():
@@ -298,26 +265,17 @@ AWQ_CASES = {
 }
 
 
-def _bad_load(checkpoint: Path, tmp_path: Path, config_edit, tensors_edit, message: str) -> None:
-    copy = tmp_path / "ckpt"
-    shutil.copytree(checkpoint, copy)
-    if config_edit is not None:
-        edit_quantization_config(copy, config_edit)
-    if tensors_edit is not None:
-        edit_tensors(copy, tensors_edit)
-    with pytest.raises((ConfigError, ValueError), match=message):
-        load_model(copy, CPU, torch.float32, kernel_ops("torch"))
-
-
 @pytest.mark.parametrize("case", GPTQ_CASES)
 def test_a_bad_gptq_checkpoint_fails_the_load_naming_the_problem(tmp_path, case):
     checkpoint = gptq_awq_shakespeare("GPTQ_W4_G32_ASYM_DESC_ACT")
-    _bad_load(checkpoint, tmp_path, *GPTQ_CASES[case])
+    assert_bad_checkpoint_fails_the_load(checkpoint, tmp_path, *GPTQ_CASES[case])
 
 
 @pytest.mark.parametrize("case", AWQ_CASES)
 def test_a_bad_awq_checkpoint_fails_the_load_naming_the_problem(tmp_path, case):
-    _bad_load(gptq_awq_shakespeare("AWQ_G64"), tmp_path, *AWQ_CASES[case])
+    assert_bad_checkpoint_fails_the_load(
+        gptq_awq_shakespeare("AWQ_G64"), tmp_path, *AWQ_CASES[case]
+    )
 
 
 def test_which_modules_a_gptq_config_quantizes():

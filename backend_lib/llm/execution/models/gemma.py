@@ -5,8 +5,8 @@ parameters, not branches of it.
   math, one rounding to the model dtype), so the shared norm kernels serve unchanged.
 - The embedding is scaled by sqrt(hidden_size), rounded to the model dtype (`ScaledEmbedding`).
 - Four norms per layer: input (Llama's), pre-feedforward (where Llama has post-attention), and two
-  on the block outputs before each residual add, the attention's (`LayerCalls.attn_out_norm`,
-  applied in `_attention`) and the MLP's (`GemmaMLPCalls`).
+  on the block outputs before each residual add, the attention's (`LayerCalls.attn_out_norm`)
+  and the MLP's (`DenseMLPCalls.out_norm`), all bound in `bind_layer` through `LayerCalls.of`.
 - The MLP's activation is GELU with the tanh approximation (`gelu_tanh_and_mul`).
 - Attention: scale query_pre_attn_scalar ** -0.5; Gemma 2's scores are soft-capped,
   tanh(s / c) * c (`LayerCalls.softcap`, in every kernel path); sliding windows on the layers
@@ -26,19 +26,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend_lib.llm.execution.attention import KVCache
 from backend_lib.llm.execution.models.llama import (
+    DenseMLPCalls,
     LayerCalls,
     LlamaArgs,
+    LlamaDecoderLayer,
     LlamaForCausalLM,
-    Projection,
     RMSNorm,
-    _projection,
 )
-from backend_lib.llm.execution.models.step_kernels import StepKernels
 from backend_lib.llm.execution.pipeline_parallel import NO_PIPELINE, PipelineStage
 from backend_lib.llm.execution.tensor_parallel import NO_TENSOR_PARALLEL, TensorParallel
-from backend_lib.llm.lora.batch import LoRABatch
 from kernels import KernelOps
 from kernels.rotary import rope_cos_sin_cache
 
@@ -109,32 +106,6 @@ class ScaledEmbedding(nn.Embedding):
         return F.embedding(input_ids, self.weight) * scale
 
 
-@dataclass(frozen=True, slots=True)
-class GemmaMLPCalls:
-    """Gemma's MLP: gate/up fused, GELU(tanh), down, then its output norm (before the residual
-    add)."""
-
-    index: int
-    gate_up: Projection
-    """[N, hidden_size] -> [N, 2 * intermediate_size]."""
-    down: Projection
-    """[N, intermediate_size] -> [N, hidden_size]."""
-    out_norm: torch.Tensor
-    """[hidden_size]: post_feedforward_layernorm (1 + w folded)."""
-
-    def __call__(
-        self, kernels: StepKernels, x: torch.Tensor, lora: LoRABatch | None
-    ) -> torch.Tensor:
-        gate_up = self.gate_up(x)
-        if lora is not None:
-            lora.apply(self.index, "gate_up", gate_up, x)
-        activated = kernels.gelu_tanh_and_mul(gate_up)
-        out = self.down(activated)
-        if lora is not None:
-            lora.apply(self.index, "down", out, activated)
-        return kernels.rms_norm(out, self.out_norm, None)[0]
-
-
 class Gemma2ForCausalLM(LlamaForCausalLM):
     """Gemma 2 (module docstring)."""
 
@@ -190,39 +161,27 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
                 if name.endswith("norm.weight"):
                     param.copy_(param.float() + 1.0)
 
-    def bind_forward(self) -> tuple[LayerCalls, ...]:
-        super().bind_forward()
+    def bind_layer(self, layer: LlamaDecoderLayer, index: int) -> LayerCalls:
+        """Llama's calls with Gemma's norms (pre-feedforward where Llama has post-attention, and
+        both block outputs normed), GELU(tanh), attention scale, soft-cap and local rope."""
         a = self.args
-        scale = (a.query_pre_attn_scalar or a.head_dim) ** -0.5
-        self.layer_calls = tuple(
-            replace(
-                calls,
-                post_norm=layer.pre_feedforward_layernorm.weight,
-                attn_out_norm=layer.post_attention_layernorm.weight,
-                mlp=GemmaMLPCalls(
-                    calls.index,
-                    _projection(layer.mlp.gate_up_proj),
-                    _projection(layer.mlp.down_proj),
-                    layer.post_feedforward_layernorm.weight,
-                ),
-                scale=scale,
-                softcap=a.attn_softcap,
-                rope=self.local_rope_cache if calls.sliding_window is not None else None,
-            )
-            for calls, layer in zip(self.layer_calls, self.model.layers, strict=True)
+        mlp = DenseMLPCalls.of(
+            layer.mlp,
+            index,
+            activation="gelu_tanh_and_mul",
+            out_norm=layer.post_feedforward_layernorm.weight,
         )
-        return self.layer_calls
-
-    def _attention(
-        self,
-        kernels: StepKernels,
-        layer: LayerCalls,
-        hidden: torch.Tensor,
-        kv_cache: KVCache,
-        lora: LoRABatch | None,
-    ) -> torch.Tensor:
-        out = super()._attention(kernels, layer, hidden, kv_cache, lora)
-        return kernels.rms_norm(out, layer.attn_out_norm, None)[0]
+        return LayerCalls.of(
+            layer,
+            index,
+            a,
+            mlp,
+            post_norm=layer.pre_feedforward_layernorm.weight,
+            attn_out_norm=layer.post_attention_layernorm.weight,
+            scale=(a.query_pre_attn_scalar or a.head_dim) ** -0.5,
+            softcap=a.attn_softcap,
+            rope=self.local_rope_cache if a.sliding_windows[index] is not None else None,
+        )
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().compute_logits(hidden)

@@ -206,7 +206,8 @@ MLPCall = Callable[[StepKernels, torch.Tensor, "LoRABatch | None"], torch.Tensor
 
 @dataclass(frozen=True, slots=True)
 class DenseMLPCalls:
-    """A gated dense MLP (gate/up fused, SiLU, down) bound to its final weights."""
+    """A gated dense MLP (gate/up fused, activation, down, optional output norm) bound to its
+    final weights."""
 
     index: int
     gate_up: Projection
@@ -216,10 +217,27 @@ class DenseMLPCalls:
     reduce: Projection | None = None
     """Row-parallel down_proj (tensor parallelism): the sum of the ranks' partial outputs, taken
     after their LoRA deltas (each rank's from its own input columns); None on one rank."""
+    activation: str = "silu_and_mul"
+    """The `StepKernels` gated activation: SiLU; Gemma's GELU(tanh) "gelu_tanh_and_mul"."""
+    out_norm: torch.Tensor | None = None
+    """[hidden_size]: a norm of the block's output before the residual add (Gemma's
+    post_feedforward_layernorm); None for the others."""
 
     @classmethod
-    def of(cls, mlp: LlamaMLP, index: int) -> DenseMLPCalls:
-        return cls(index, _projection(mlp.gate_up_proj), _projection(mlp.down_proj))
+    def of(
+        cls,
+        mlp: LlamaMLP,
+        index: int,
+        activation: str = "silu_and_mul",
+        out_norm: torch.Tensor | None = None,
+    ) -> DenseMLPCalls:
+        return cls(
+            index,
+            _projection(mlp.gate_up_proj),
+            _projection(mlp.down_proj),
+            activation=activation,
+            out_norm=out_norm,
+        )
 
     def __call__(
         self, kernels: StepKernels, x: torch.Tensor, lora: LoRABatch | None
@@ -227,11 +245,13 @@ class DenseMLPCalls:
         gate_up = self.gate_up(x)
         if lora is not None:
             lora.apply(self.index, "gate_up", gate_up, x)
-        activated = kernels.silu_and_mul(gate_up)
+        activated = getattr(kernels, self.activation)(gate_up)
         out = self.down(activated)
         if lora is not None:
             lora.apply(self.index, "down", out, activated)
-        return out if self.reduce is None else self.reduce(out)
+        if self.reduce is not None:
+            out = self.reduce(out)
+        return out if self.out_norm is None else kernels.rms_norm(out, self.out_norm, None)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,27 +279,30 @@ class LayerCalls:
     softcap: float | None = None
     """Attention logit soft-capping, scores -> tanh(scores / c) * c (Gemma 2); None: none."""
     attn_out_norm: torch.Tensor | None = None
-    """[hidden_size]: Gemma's norm of the attention output before the residual add (the models
-    that have one apply it, models/gemma.py); None for the others."""
+    """[hidden_size]: Gemma's norm of the attention output before the residual add; None for
+    the others."""
     reduce_o: Projection | None = None
     """Row-parallel o_proj (tensor parallelism): the sum of the ranks' partial outputs, after
     their LoRA deltas; None on one rank."""
 
     @classmethod
-    def of(cls, layer: LlamaDecoderLayer, index: int, args: LlamaArgs, mlp: MLPCall) -> LayerCalls:
+    def of(
+        cls, layer: LlamaDecoderLayer, index: int, args: LlamaArgs, mlp: MLPCall, **variant: Any
+    ) -> LayerCalls:
+        """Layer `index`'s calls; `variant`: a family's own field values over Llama's (Gemma's
+        norms, attention scale, soft-cap and rope table)."""
         attn = layer.self_attn
-        return cls(
-            index=index,
-            input_norm=layer.input_layernorm.weight,
-            post_norm=layer.post_attention_layernorm.weight,
-            q_norm=None if attn.q_norm is None else attn.q_norm.weight,
-            k_norm=None if attn.k_norm is None else attn.k_norm.weight,
-            qkv=_projection(attn.qkv_proj),
-            o=_projection(attn.o_proj),
-            mlp=mlp,
-            scale=args.head_dim**-0.5,
-            sliding_window=args.sliding_windows[index],
-        )
+        fields = {
+            "input_norm": layer.input_layernorm.weight,
+            "post_norm": layer.post_attention_layernorm.weight,
+            "q_norm": None if attn.q_norm is None else attn.q_norm.weight,
+            "k_norm": None if attn.k_norm is None else attn.k_norm.weight,
+            "qkv": _projection(attn.qkv_proj),
+            "o": _projection(attn.o_proj),
+            "scale": args.head_dim**-0.5,
+            "sliding_window": args.sliding_windows[index],
+        }
+        return cls(index=index, mlp=mlp, **(fields | variant))
 
 
 def _projection(module: nn.Module) -> Projection:
@@ -374,16 +397,18 @@ class LlamaForCausalLM(nn.Module):
         if self.args.tie_word_embeddings and self.lm_head is not None:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    def bind_layer(self, layer: LlamaDecoderLayer, index: int) -> LayerCalls:
+        """Layer `index`'s calls bound to its final weights (subclasses whose layers differ
+        override this, passing their differences to `LayerCalls.of`)."""
+        return LayerCalls.of(layer, index, self.args, self.bind_mlp(layer.mlp, index))
+
     def bind_forward(self) -> tuple[LayerCalls, ...]:
         """Bind the forward's calls to the final weights: after `load_weights` and any packing or
         quantization of the projections (the loader calls it; a first forward without it does).
         Returns `layer_calls`."""
         layers = self.model.layers
         self.layer_calls = tuple(
-            self._row_parallel(
-                LayerCalls.of(layers[i], i, self.args, self.bind_mlp(layers[i].mlp, i))
-            )
-            for i in self.held_layers
+            self._row_parallel(self.bind_layer(layers[i], i)) for i in self.held_layers
         )
         first_norm = self.layer_calls[0].input_norm
         native = self.ops == kernel_ops("torch") and cpu_extension.takes(first_norm)
@@ -479,7 +504,8 @@ class LlamaForCausalLM(nn.Module):
         lora: LoRABatch | None,
     ) -> torch.Tensor:
         """`layer`'s attention block on normed hidden [T, hidden_size] -> o_proj's output
-        [T, hidden_size]; writes every row's K/V into `kv_cache`."""
+        [T, hidden_size] (normed by `attn_out_norm` where set); writes every row's K/V into
+        `kv_cache`."""
         a = self.args
         qkv = layer.qkv(hidden)
         if lora is not None:
@@ -501,7 +527,11 @@ class LlamaForCausalLM(nn.Module):
         out = layer.o(attended)
         if lora is not None:
             lora.apply(layer.index, "o", out, attended)
-        return out if layer.reduce_o is None else layer.reduce_o(out)
+        if layer.reduce_o is not None:
+            out = layer.reduce_o(out)
+        if layer.attn_out_norm is not None:
+            out = kernels.rms_norm(out, layer.attn_out_norm, None)[0]
+        return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, hidden_size] -> float32 logits [R, vocab_size] (each rank's vocabulary rows
