@@ -11,7 +11,7 @@ METRICS_PORT ?= 8002
 OPENAI_PORT ?= 9000
 PYTEST_ARGS ?=
 
-.PHONY: setup prometheus serve test test-fast lint format bench clean
+.PHONY: setup prometheus serve test test-all test-fast lint format bench clean
 
 CPU_KERNELS := .cache/kernels/llm_cpu.so
 setup: $(STAMP) prometheus $(CPU_KERNELS)
@@ -43,12 +43,18 @@ prometheus:
 serve: setup
 	@$(PY) scripts/serve.py --model-repository=$(REPO) --http-port=$(HTTP_PORT) --grpc-port=$(GRPC_PORT) --metrics-port=$(METRICS_PORT) --openai-port=$(OPENAI_PORT)
 
-# Everything: lint, unit and kernel tests, end-to-end tests against a real tritonserver, the
-# benchmark suite in --quick mode. Two pytest workers (one per core): tests sharing a server or
-# the benchmark run stay on one worker (tests/conftest.py: worker_group); TEST_WORKERS=0 runs serially.
+# Lint, unit and kernel tests, end-to-end tests against a real tritonserver, the benchmark suite
+# in --quick mode: every test but those marked slow, i.e. the parametrizations an expensive test's
+# @pytest.mark.sample(n) leaves out (tests/sampling.py). Two pytest workers (one per core): tests
+# sharing a server or the benchmark run stay on one worker (tests/conftest.py: worker_group);
+# TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 test: setup lint
+	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
+
+# As make test, with every parametrization: the slow tests too.
+test-all: setup lint
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The inner loop: unit and kernel tests only, no tritonserver, no benchmarks.
@@ -63,7 +69,9 @@ format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-# The benchmark suite (about 35 min on 2 cores; the peers' .venv-peers is built on first use): bench/results/{*.json,summary.json,report.md,*.png}.
+# The benchmark suite: bench/results/{*.json,summary.json,report.md,*.png}, and README.md's headline table
+# (bench.headline). It prints each benchmark's seconds and its own total; the last full run's are in
+# bench/results/summary.json ("seconds") and report.md. Budget: 60 min on 2 cores; the peers' .venv-peers is built on first use.
 # BENCH_ARGS=--gpu for the GPU mode, BENCH_ARGS="--only engine,prefix_cache" for a subset.
 BENCH_ARGS ?=
 bench: setup

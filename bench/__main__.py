@@ -6,9 +6,15 @@ another, so none competes with another for the CPU. Then each module's `Benchmar
 bench/results/):
 
     <name>.json     one per benchmark (raw repeats, settings, machine)
-    summary.json    the headline figures (the keys below), machine and versions
-    report.md       summary table against the targets, then one section per benchmark
+    summary.json    the headline figures (the keys below), machine, versions, date and the
+                    seconds each benchmark took ("total": the whole run)
+    report.md       the run's duration, summary table against the targets, then one section per
+                    benchmark
     <name>_*.png    plots
+
+Into the default bench/results/ and not --quick, the run also rewrites README.md's headline table
+from the summary.json it wrote (bench.headline; `python -m bench.headline` does that alone).
+The suite prints each benchmark's seconds as it finishes and its own wall time at the end.
 
     python -m bench [--quick] [--gpu] [--only engine,prefix_cache] [--out-dir DIR] [--report-only]
 
@@ -28,7 +34,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.output import machine_info, progress, write_result
+from bench import headline
+from bench.output import duration_text, machine_info, progress, write_result
 from bench.skeleton import load
 from bench.summary import (
     TARGETS,
@@ -40,6 +47,7 @@ from bench.summary import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT_DIR = Path("bench/results")
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,8 @@ class SuiteEntry:
     title: str
     """Its progress line, and its report section's heading should its report fail."""
     full_args: tuple[str, ...] = ()
-    """Arguments of the full (CPU) run, chosen so that the whole suite fits in 20 minutes on 2 cores."""
+    """Arguments of the full (CPU) run, chosen so that the whole suite fits in 60 minutes on 2
+    cores (the last run's seconds: summary.json's "seconds")."""
 
 
 # Every benchmark runs with one torch thread (the servers too, through OMP_NUM_THREADS): on a
@@ -150,6 +159,7 @@ def run_all(selected: list[SuiteEntry], args: argparse.Namespace) -> Outcome:
         started = time.monotonic()
         error = run_benchmark(bench, out, benchmark_args(bench, args.quick, args.gpu), args.timeout)
         outcome.seconds[bench.name] = time.monotonic() - started
+        progress(f"{bench.name}: finished in {outcome.seconds[bench.name]:.0f} s")
         outcome.read(bench, out, error)
     return outcome
 
@@ -186,22 +196,44 @@ def section(bench: SuiteEntry, result: dict, plots: list[Path]) -> list[str]:
     return [*lines, "", *(f"![{p.stem}]({p.name})" for p in plots), ""]
 
 
+def duration_lines(seconds: dict[str, float]) -> list[str]:
+    """The report's record of how long the run took: in all, and each benchmark."""
+    total = seconds.get("total")
+    rows = [f"| `{name}` | {s:.0f} |" for name, s in seconds.items() if name != "total"]
+    return [
+        "## Duration",
+        "",
+        f"{headline.plural(len(rows), 'benchmark')} in "
+        f"{'(not recorded)' if total is None else duration_text(total)} "
+        "(summary.json: `seconds`; each benchmark includes its process start and model loads).",
+        "",
+        "| benchmark | seconds |",
+        "|---|---|",
+        *rows,
+        "",
+    ]
+
+
 def write_report(
     args: argparse.Namespace,
     outcome: Outcome,
     figures: dict[str, float],
     missing: dict[str, str],
     plots: dict[str, list[Path]],
-    machine: dict,
+    summary: dict,
 ) -> Path:
     mode = "quick (tiny sizes: the figures mean nothing)" if args.quick else "full"
+    machine, total = summary["machine"], summary["seconds"].get("total")
     lines = [
         "# Benchmark report",
         "",
         f"Produced by `python -m bench{' --quick' if args.quick else ''}"
-        f"{' --gpu' if args.gpu else ''}` ({mode}) on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        f"{' --gpu' if args.gpu else ''}` ({mode}) on {summary['date']}"
+        f"{', from the results already there (--report-only)' if args.report_only else ''}.",
         f"Machine: {machine.get('gpu') or machine.get('cpu')}, {machine.get('cpu_count')} CPUs, "
         f"torch {machine['versions'].get('torch')}, transformers {machine['versions'].get('transformers')}.",
+        f"Duration: {'not recorded' if total is None else duration_text(total)} "
+        "(each benchmark's: under Duration below).",
         "",
         "## Summary",
         "",
@@ -209,6 +241,7 @@ def write_report(
         "",
         *missed_targets(figures),
         *not_measured(missing),
+        *duration_lines(summary["seconds"]),
     ]
     if outcome.failures:
         lines += ["## Failed benchmarks", ""]
@@ -235,6 +268,7 @@ def run(args: argparse.Namespace) -> dict:
         **figures,
         "machine": machine,
         "versions": machine["versions"],
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "quick": args.quick,
         "gpu": args.gpu,
         "targets": {t.key: t.minimum for t in TARGETS},
@@ -246,10 +280,26 @@ def run(args: argparse.Namespace) -> dict:
         else {**outcome.seconds, "total": time.monotonic() - suite_started},
     }
     write_result(args.out_dir / "summary.json", summary)
-    report = write_report(args, outcome, figures, missing, plots, machine)
+    report = write_report(args, outcome, figures, missing, plots, summary)
     print(f"wrote {report}")
+    if readme_follows(args):
+        try:
+            changed = headline.update_readme(summary)
+            print(f"{'rewrote' if changed else 'unchanged:'} {headline.README}'s headline table")
+        except ValueError as exc:  # the results are written: say what is wrong, lose nothing
+            progress(f"README headline table not written: {exc}")
     print("\n".join(summary_table(figures)))
+    total = summary["seconds"].get("total")
+    took = "(not recorded)" if total is None else duration_text(total)
+    ran = "the run that wrote these results" if args.report_only else "this run"
+    print(f"duration: {ran} took {took} (summary.json: seconds)")
     return summary
+
+
+def readme_follows(args: argparse.Namespace) -> bool:
+    """Whether this run rewrites README.md's headline table: only a full (not --quick) run into
+    the default bench/results/ of this checkout, whose summary.json the README quotes."""
+    return not args.quick and args.out_dir.resolve() == (REPO_ROOT / DEFAULT_OUT_DIR).resolve()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -263,12 +313,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated benchmark names (default: all): "
         + ",".join(b.name for b in BENCHMARKS),
     )
-    parser.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=DEFAULT_OUT_DIR,
+        help="where results go (default bench/results/, whose summary.json README.md quotes)",
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per benchmark")
     parser.add_argument(
         "--report-only",
         action="store_true",
-        help="run nothing: rebuild summary, report and plots from the JSONs in --out-dir",
+        help="run nothing: rebuild summary, report, plots (and README's table, for the default "
+        "--out-dir) from the JSONs in --out-dir",
     )
     args = parser.parse_args(argv)
     unknown = (args.only or set()) - {b.name for b in BENCHMARKS}

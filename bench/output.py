@@ -16,6 +16,16 @@ def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def duration_text(seconds: float) -> str:
+    """Wall time as read by a person: "48 s", "32 min 10 s", "1 h 02 min"."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
+
+
 def machine_info() -> dict[str, object]:
     """CPU / GPU, threads, load and library versions, for reading the figures later."""
     import torch

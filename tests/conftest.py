@@ -16,6 +16,7 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from tests.sampling import unsampled  # noqa: E402
 from tests.server_helpers import (  # noqa: E402
     DEFAULT_REPOSITORY,
     live_servers,
@@ -41,7 +42,10 @@ SERVER_FIXTURES = {"server", "make_server", "reliability_server"}
 deselects e2e tests and must never start a server)."""
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the slow marks below must be seen
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in unsampled(items):
+        item.add_marker(pytest.mark.slow)
     unmarked = [
         item.nodeid
         for item in items
@@ -61,6 +65,9 @@ WORKER_GROUPS = {
     "tests/e2e/test_reliability.py": "reliability_server",
     "tests/e2e/test_soak.py": "reliability_server",
     "tests/e2e/test_llm.py": "server",
+    "tests/e2e/test_llm_structured_outputs.py": "server",
+    "tests/e2e/test_llm_compile_off_path.py": "server",
+    "tests/e2e/test_llm_lora.py": "server",
     "tests/e2e/test_encoders.py": "server",
     "tests/e2e/test_metrics_from_load.py": "server",
     "tests/openai/": "server",

@@ -28,6 +28,12 @@
 // (u - z) * s in float32 (the twin's bits), into a [K, block] tile of x's dtype (in parallel), and
 // each block is one at::addmm (oneDNN/MKL, all threads) into its columns of the output. Where that
 // pays depends on the ISA (kAutoGemmMinRows): with AVX-512 never, as measured.
+//
+// One ISA per build (kernels/cpu_extension.py): AVX-512, AVX2 or the baseline. The decode and
+// dequantize kernels are written once, as templates over a vector-width traits type (Vec512, Vec256:
+// the register types, lanes, register file, rows of x per register tile and the primitive operations,
+// one intrinsic each or nearly), and the build's ISA picks one (Simd). The bfloat16 and int8 dot paths
+// are AVX-512 only (they need its extensions); the baseline runs scalar loops of the same sums.
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
 #define CPU_CAPABILITY_AVX512
@@ -84,75 +90,6 @@ constexpr int64_t kMaxChunk = 256;
 constexpr int slot_k(int bits, int j) { return bits == 4 ? (j < 4 ? 2 * j : 2 * (j - 4) + 1) : j; }
 inline int k_slot(int bits, int offset) { return bits == 4 ? (offset % 2 ? 4 + offset / 2 : offset / 2) : offset; }
 
-#if defined(CPU_CAPABILITY_AVX512)
-struct Simd {
-  using F = __m512;
-  using I = __m512i;
-  static constexpr int kLanes = 16;
-  static constexpr int kMaxRows = 4;  // x rows per register tile
-  static F zero() { return _mm512_setzero_ps(); }
-  static F set1(float v) { return _mm512_set1_ps(v); }
-  static F load(const float* p) { return _mm512_loadu_ps(p); }
-  static I load_words(const int32_t* p) { return _mm512_loadu_si512(p); }
-  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
-  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
-  static F fmsub(F a, F b, F c) { return _mm512_fmsub_ps(a, b, c); }
-  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
-  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
-  template <int S>
-  static I shift(I w) {
-    if constexpr (S > 0) return _mm512_slli_epi32(w, S);
-    else if constexpr (S < 0) return _mm512_srli_epi32(w, -S);
-    else return w;
-  }
-  // (v & mask) | one in one vpternlogd (truth table of a & b | c).
-  static F mantissa(I v, I mask, I one) { return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(v, mask, one, 0xEA)); }
-  static I set1_words(int32_t v) { return _mm512_set1_epi32(v); }
-  static F to_float(I v) { return _mm512_cvtepi32_ps(v); }
-  static I and_words(I a, I b) { return _mm512_and_si512(a, b); }
-  // Rounded to nearest even (finite values), as c10::BFloat16(float).
-  static void store_bf16(c10::BFloat16* p, F v) {
-    const I b = _mm512_castps_si512(v);
-    const I odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-    const I r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
-  }
-};
-#elif defined(CPU_CAPABILITY_AVX2)
-struct Simd {
-  using F = __m256;
-  using I = __m256i;
-  static constexpr int kLanes = 8;
-  static constexpr int kMaxRows = 2;  // 16 vector registers
-  static F zero() { return _mm256_setzero_ps(); }
-  static F set1(float v) { return _mm256_set1_ps(v); }
-  static F load(const float* p) { return _mm256_loadu_ps(p); }
-  static I load_words(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
-  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
-  static F fmsub(F a, F b, F c) { return _mm256_fmsub_ps(a, b, c); }
-  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
-  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
-  template <int S>
-  static I shift(I w) {
-    if constexpr (S > 0) return _mm256_slli_epi32(w, S);
-    else if constexpr (S < 0) return _mm256_srli_epi32(w, -S);
-    else return w;
-  }
-  static F mantissa(I v, I mask, I one) { return _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(v, mask), one)); }
-  static I set1_words(int32_t v) { return _mm256_set1_epi32(v); }
-  static F to_float(I v) { return _mm256_cvtepi32_ps(v); }
-  static I and_words(I a, I b) { return _mm256_and_si256(a, b); }
-  static void store_bf16(c10::BFloat16* p, F v) {
-    const I b = _mm256_castps_si256(v);
-    const I odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-    const I r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
-    const I packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xD8);  // lanes 0-3 and 4-7 together
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
-  }
-};
-#endif
-
 // Arguments shared by every work item of one call.
 struct Problem {
   const float* x;      // [M, K] float32, row stride ldx (null on the bfloat16-dot path)
@@ -174,92 +111,260 @@ struct Problem {
 
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 
+// --- Vector-width traits -------------------------------------------------------------------------
+// What the kernels below take from an ISA, and nothing more: the float32 and int32 register types, a
+// vector's lanes, the register file (which sizes the register tiles), the rows of x per register tile,
+// and the primitive operations, each one intrinsic where the ISA has it. Everything built from them
+// (the shift by a signed count, the bfloat16 rounding, the micro tiles) is written once, below.
+// Simd is the build's; Vec256 compiles in AVX-512 builds too (AVX2 is a subset) but serves only AVX2's.
+
+struct Vec256 {  // AVX2 + FMA
+  using F = __m256;
+  using I = __m256i;
+  static constexpr int kLanes = 8;
+  static constexpr int kRegisters = 16;
+  static constexpr int kMaxRows = 2;  // x rows per register tile
+  static F set1(float v) { return _mm256_set1_ps(v); }
+  static F load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }  // a b + c, one rounding
+  static F fmsub(F a, F b, F c) { return _mm256_fmsub_ps(a, b, c); }  // a b - c, one rounding
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F to_float(I v) { return _mm256_cvtepi32_ps(v); }
+  static I as_words(F v) { return _mm256_castps_si256(v); }
+  static I set1_words(int32_t v) { return _mm256_set1_epi32(v); }
+  static I load_words(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static I and_words(I a, I b) { return _mm256_and_si256(a, b); }
+  static I add_words(I a, I b) { return _mm256_add_epi32(a, b); }
+  template <int S> static I shl(I w) { return _mm256_slli_epi32(w, S); }
+  template <int S> static I shr(I w) { return _mm256_srli_epi32(w, S); }  // logical
+  // (v & mask) | one, as floats.
+  static F mantissa(I v, I mask, I one) { return _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(v, mask), one)); }
+  // The low 16 bits of each lane (each < 2^16: packus saturates) to p.
+  static void store_low_halves(void* p, I v) {
+    const I packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0xD8);  // lanes 0-3 and 4-7 together
+    _mm_storeu_si128(static_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+  }
+};
+
+#if defined(CPU_CAPABILITY_AVX512)
+struct Vec512 {  // AVX-512 F, BW, DQ, VL
+  using F = __m512;
+  using I = __m512i;
+  static constexpr int kLanes = 16;
+  static constexpr int kRegisters = 32;
+  static constexpr int kMaxRows = 4;
+  static F set1(float v) { return _mm512_set1_ps(v); }
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F fmsub(F a, F b, F c) { return _mm512_fmsub_ps(a, b, c); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F to_float(I v) { return _mm512_cvtepi32_ps(v); }
+  static I as_words(F v) { return _mm512_castps_si512(v); }
+  static I set1_words(int32_t v) { return _mm512_set1_epi32(v); }
+  static I load_words(const int32_t* p) { return _mm512_loadu_si512(p); }
+  static I and_words(I a, I b) { return _mm512_and_si512(a, b); }
+  static I add_words(I a, I b) { return _mm512_add_epi32(a, b); }
+  template <int S> static I shl(I w) { return _mm512_slli_epi32(w, S); }
+  template <int S> static I shr(I w) { return _mm512_srli_epi32(w, S); }
+  // One vpternlogd (truth table of a & b | c).
+  static F mantissa(I v, I mask, I one) { return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(v, mask, one, 0xEA)); }
+  static void store_low_halves(void* p, I v) {
+    _mm256_storeu_si256(static_cast<__m256i*>(p), _mm512_cvtepi32_epi16(v));
+  }
+};
+using Simd = Vec512;
+#else
+using Simd = Vec256;
+#endif
+
+// w shifted left by S bits per 32-bit lane, or right (logically) by -S when S < 0.
+template <class V, int S>
+__attribute__((always_inline)) inline typename V::I shift(typename V::I w) {
+  if constexpr (S > 0) return V::template shl<S>(w);
+  else if constexpr (S < 0) return V::template shr<-S>(w);
+  else return w;
+}
+
+// v rounded to bfloat16, to nearest even (finite values) as c10::BFloat16(float) rounds: kLanes to p.
+template <class V>
+__attribute__((always_inline)) inline void store_bf16(c10::BFloat16* p, typename V::F v) {
+  using I = typename V::I;
+  const I b = V::as_words(v);
+  const I odd = V::and_words(shift<V, -16>(b), V::set1_words(1));
+  V::store_low_halves(p, shift<V, -16>(V::add_words(b, V::add_words(odd, V::set1_words(0x7FFF)))));
+}
+
+// Every element of a register tile (MR rows of x by NV vectors) set to `value`.
+template <typename R, int MR, int NV>
+__attribute__((always_inline)) inline void fill(R (&tile)[MR][NV], R value) {
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) tile[r][v] = value;
+}
+
+// A register tile of float32 sums to out (row r at out + r * ldo).
+template <class V, int MR, int NV>
+__attribute__((always_inline)) inline void store_tile(const typename V::F (&tile)[MR][NV], float* out, int64_t ldo) {
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) V::store(out + r * ldo + v * V::kLanes, tile[r][v]);
+}
+
+// --- The decode kernel, over V ---------------------------------------------------------------------
+
 // tot += s * (2^BITS (acc - xsum) - z xsum) for chunk h (in group g), i.e. s * (x . (u - z)) over
 // the chunk, where acc = x . (1 + u / 2^BITS) over it.
-template <int BITS, int MR, int NV>
+template <class V, int BITS, int MR, int NV>
 __attribute__((always_inline)) inline void fold_chunk(const Problem& p, int64_t m0, int64_t t0, int64_t h,
-                                                      const Simd::F (&acc)[MR][NV], Simd::F (&tot)[MR][NV]) {
+                                                      const typename V::F (&acc)[MR][NV],
+                                                      typename V::F (&tot)[MR][NV]) {
+  using F = typename V::F;
   const int64_t g = h * p.chunk / p.group_size;
-  using S = Simd;
-  constexpr int kPerTile = kTile / S::kLanes;
-  const S::F two_bits = S::set1(static_cast<float>(1 << BITS));
-  S::F sv[NV], zv[NV];
+  constexpr int kPerTile = kTile / V::kLanes;
+  const F two_bits = V::set1(static_cast<float>(1 << BITS));
+  F sv[NV], zv[NV];
   for (int v = 0; v < NV; ++v) {
-    const int64_t at = ((t0 + v / kPerTile) * p.G + g) * kTile + (v % kPerTile) * S::kLanes;
-    sv[v] = S::load(p.s + at);
-    zv[v] = S::load(p.z + at);
+    const int64_t at = ((t0 + v / kPerTile) * p.G + g) * kTile + (v % kPerTile) * V::kLanes;
+    sv[v] = V::load(p.s + at);
+    zv[v] = V::load(p.z + at);
   }
   for (int r = 0; r < MR; ++r) {
-    const S::F xs = S::set1(p.xsum[(m0 + r) * p.H + h]);
+    const F xs = V::set1(p.xsum[(m0 + r) * p.H + h]);
     for (int v = 0; v < NV; ++v) {
-      const S::F d = S::fmsub(S::sub(acc[r][v], xs), two_bits, S::mul(zv[v], xs));
-      tot[r][v] = S::fmadd(sv[v], d, tot[r][v]);
+      const F d = V::fmsub(V::sub(acc[r][v], xs), two_bits, V::mul(zv[v], xs));
+      tot[r][v] = V::fmadd(sv[v], d, tot[r][v]);
     }
   }
 }
 
 // out[r * ldo + c] = sum_k x[r, k] * w[n0 + c, k] for MR rows of x and NV vectors of output rows
 // (NV * kLanes / 16 whole tiles from tile t0), in float32.
-template <int BITS, int MR, int NV>
+template <class V, int BITS, int MR, int NV>
 inline void micro_tile(const Problem& p, int64_t m0, int64_t t0, float* out, int64_t ldo) {
-  using S = Simd;
+  using F = typename V::F;
+  using I = typename V::I;
   constexpr int E = 32 / BITS;
-  constexpr int kPerTile = kTile / S::kLanes;  // vectors per tile
+  constexpr int kPerTile = kTile / V::kLanes;  // vectors per tile
   static_assert(NV % kPerTile == 0);
   const int64_t words_per_chunk = p.chunk / E, tile_words = (p.K / E) * kTile;
-  const S::I mask = S::set1_words(((1 << BITS) - 1) << (23 - BITS));
-  const S::I one = S::set1_words(0x3F800000);
+  const I mask = V::set1_words(((1 << BITS) - 1) << (23 - BITS));
+  const I one = V::set1_words(0x3F800000);
   // Vector v covers lanes [v % kPerTile * kLanes, ...) of tile t0 + v / kPerTile.
   const int32_t* wv_base[NV];
-  for (int v = 0; v < NV; ++v) wv_base[v] = p.w + (t0 + v / kPerTile) * tile_words + (v % kPerTile) * S::kLanes;
+  for (int v = 0; v < NV; ++v) wv_base[v] = p.w + (t0 + v / kPerTile) * tile_words + (v % kPerTile) * V::kLanes;
   const float* xr[MR];
   for (int r = 0; r < MR; ++r) xr[r] = p.x + (m0 + r) * p.ldx;
-  S::F tot[MR][NV];
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) tot[r][v] = S::zero();
+  F tot[MR][NV];
+  fill(tot, V::set1(0.f));
   for (int64_t h = 0; h < p.H; ++h) {
-    S::F acc[MR][NV];
-    for (int r = 0; r < MR; ++r)
-      for (int v = 0; v < NV; ++v) acc[r][v] = S::zero();
+    F acc[MR][NV];
+    fill(acc, V::set1(0.f));
     const int64_t i0 = h * words_per_chunk;
     for (int64_t i = i0; i < i0 + words_per_chunk; ++i) {
-      S::I words[NV];
-      for (int v = 0; v < NV; ++v) words[v] = S::load_words(wv_base[v] + i * kTile);
+      I words[NV];
+      for (int v = 0; v < NV; ++v) words[v] = V::load_words(wv_base[v] + i * kTile);
       const int64_t k = i * E;
       // Value j of each word, shifted to mantissa bits [23 - BITS, 23): f = 1 + u / 2^BITS.
       [&]<int... J>(std::integer_sequence<int, J...>) {
         (
             [&] {
-              S::F f[NV];
-              for (int v = 0; v < NV; ++v)
-                f[v] = S::mantissa(S::template shift<(23 - BITS) - BITS * J>(words[v]), mask, one);
+              F f[NV];
+              for (int v = 0; v < NV; ++v) f[v] = V::mantissa(shift<V, (23 - BITS) - BITS * J>(words[v]), mask, one);
               for (int r = 0; r < MR; ++r) {
-                const S::F xb = S::set1(xr[r][k + slot_k(BITS, J)]);
-                for (int v = 0; v < NV; ++v) acc[r][v] = S::fmadd(f[v], xb, acc[r][v]);
+                const F xb = V::set1(xr[r][k + slot_k(BITS, J)]);
+                for (int v = 0; v < NV; ++v) acc[r][v] = V::fmadd(f[v], xb, acc[r][v]);
               }
             }(),
             ...);
       }(std::make_integer_sequence<int, E>{});
     }
-    fold_chunk<BITS, MR, NV>(p, m0, t0, h, acc, tot);
+    fold_chunk<V, BITS, MR, NV>(p, m0, t0, h, acc, tot);
   }
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) S::store(out + r * ldo + v * S::kLanes, tot[r][v]);
+  store_tile<V>(tot, out, ldo);
+}
+
+// Tiles per register tile for MR rows of x: its MR x NV accumulators and as many running totals take
+// at most half of V's register file, leaving the rest to the words, the unpacked values and x's
+// broadcasts; at most a work item's tiles. AVX-512: 4 tiles for 1-2 rows, 2 for 3-4; AVX2: 2 tiles
+// (4 vectors) for one row, 1 for two.
+template <class V>
+constexpr int wide_tiles(int rows) {
+  return std::clamp<int>(V::kRegisters / 4 / rows / (kTile / V::kLanes), 1, kItemTiles);
 }
 
 // MR rows x `tiles` tiles from t0: the widest register tile that fits, then single tiles.
-template <int BITS, int MR>
+template <class V, int BITS, int MR>
 void rows_tiles(const Problem& p, int64_t m0, int64_t t0, int64_t tiles, float* out, int64_t ldo) {
-  constexpr int kPerTile = kTile / Simd::kLanes;
-  // Tiles per register tile: MR * NV accumulators and as many totals, within the register file
-  // (32 vectors with AVX-512, 16 with AVX2) with room for the words and unpacked values.
-  constexpr int kWide = Simd::kLanes == 16 ? (MR <= 2 ? 4 : 2) : (MR == 1 ? 2 : 1);
+  constexpr int kPerTile = kTile / V::kLanes, kWide = wide_tiles<V>(MR);
   int64_t t = 0;
   if constexpr (kWide > 1) {
-    for (; t + kWide <= tiles; t += kWide) micro_tile<BITS, MR, kWide * kPerTile>(p, m0, t0 + t, out + t * kTile, ldo);
+    for (; t + kWide <= tiles; t += kWide)
+      micro_tile<V, BITS, MR, kWide * kPerTile>(p, m0, t0 + t, out + t * kTile, ldo);
   }
-  for (; t < tiles; ++t) micro_tile<BITS, MR, kPerTile>(p, m0, t0 + t, out + t * kTile, ldo);
+  for (; t < tiles; ++t) micro_tile<V, BITS, MR, kPerTile>(p, m0, t0 + t, out + t * kTile, ldo);
 }
+
+// The rows of x in register tiles of up to V::kMaxRows: rows_tiles.template operator()<MR>(m0, out, ldo).
+template <class V, typename RowsTiles>
+void for_row_tiles(const Problem& p, float* buf, RowsTiles&& rows_tiles) {
+  constexpr int64_t ldo = kItemTiles * kTile;
+  for (int64_t m0 = 0; m0 < p.M;) {
+    const int mr = static_cast<int>(std::min<int64_t>(V::kMaxRows, p.M - m0));
+    float* out = buf + m0 * ldo;
+    [&]<int... R>(std::integer_sequence<int, R...>) {  // the one MR = R + 1 equal to mr
+      ((mr == R + 1 ? rows_tiles.template operator()<R + 1>(m0, out, ldo) : void()), ...);
+    }(std::make_integer_sequence<int, V::kMaxRows>{});
+    m0 += mr;
+  }
+}
+
+// One work item: its tiles for every row of x, into buf ([M, kItemTiles * kTile]).
+template <class V, int BITS>
+void item_simd(const Problem& p, int64_t t0, int64_t tiles, float* buf) {
+  for_row_tiles<V>(p, buf, [&]<int MR>(int64_t m0, float* out, int64_t ldo) {
+    rows_tiles<V, BITS, MR>(p, m0, t0, tiles, out, ldo);
+  });
+}
+
+// --- Prefill's dequantizer, over V -------------------------------------------------------------------
+
+// Rows 16 t0 .. 16 (t0 + tiles) of the weight as a [K, 16 * tiles] tile (row stride ld) of T:
+// (u - z) * s in float32 (the twin's bits), then rounded to T. k-major, so each (k, tile) is
+// kTile / kLanes vectors of output rows.
+template <class V, int BITS, typename T>
+void dequantize_simd(const Problem& p, int64_t t0, int64_t tiles, T* out, int64_t ld) {
+  using F = typename V::F;
+  using I = typename V::I;
+  constexpr int E = 32 / BITS, kPerTile = kTile / V::kLanes;
+  const int64_t words_per_row = p.K / E, words_per_group = p.group_size / E;
+  const I mask = V::set1_words((1 << BITS) - 1);
+  for (int64_t tt = 0; tt < tiles; ++tt) {
+    const int64_t t = t0 + tt;
+    for (int64_t g = 0; g < p.G; ++g)
+      for (int c = 0; c < kPerTile; ++c) {
+        const int64_t at = (t * p.G + g) * kTile + c * V::kLanes;
+        const F sv = V::load(p.s + at), zv = V::load(p.z + at);
+        for (int64_t i = g * words_per_group; i < (g + 1) * words_per_group; ++i) {
+          const I words = V::load_words(p.w + (t * words_per_row + i) * kTile + c * V::kLanes);
+          T* dst = out + i * E * ld + tt * kTile + c * V::kLanes;
+          [&]<int... J>(std::integer_sequence<int, J...>) {
+            (
+                [&] {
+                  const F u = V::to_float(V::and_words(shift<V, -BITS * J>(words), mask));
+                  const F w = V::mul(V::sub(u, zv), sv);
+                  if constexpr (std::is_same_v<T, float>) V::store(dst + slot_k(BITS, J) * ld, w);
+                  else store_bf16<V>(dst + slot_k(BITS, J) * ld, w);
+                }(),
+                ...);
+          }(std::make_integer_sequence<int, E>{});
+        }
+      }
+  }
+}
+
+#endif
 
 #if defined(CPU_CAPABILITY_AVX512)
 // AVX512-BF16 (vdpbf16ps: per float32 lane, the two products of a pair of bfloat16 elements, exact in
@@ -281,7 +386,7 @@ __attribute__((target("avx512bf16"), always_inline)) inline void pair_step_bf16(
     __m512 (&acc)[MR][NV]) {
   __m512bh f[NV];
   for (int v = 0; v < NV; ++v)
-    f[v] = (__m512bh)_mm512_ternarylogic_epi32(Simd::template shift<3 - 4 * J>(words[v]), mask, ones, 0xEA);
+    f[v] = (__m512bh)_mm512_ternarylogic_epi32(shift<Vec512, 3 - 4 * J>(words[v]), mask, ones, 0xEA);
   for (int r = 0; r < MR; ++r) {
     uint32_t pair;
     std::memcpy(&pair, xr[r] + k + 2 * J, sizeof(pair));
@@ -293,7 +398,7 @@ __attribute__((target("avx512bf16"), always_inline)) inline void pair_step_bf16(
 template <int MR, int NV>
 __attribute__((target("avx512bf16"), always_inline)) inline void micro_tile_bf16(const Problem& p, int64_t m0,
                                                                                 int64_t t0, float* out, int64_t ldo) {
-  using S = Simd;
+  using V = Vec512;
   constexpr int E = 8;
   const int64_t words_per_chunk = p.chunk / E, tile_words = (p.K / E) * kTile;
   const __m512i mask = _mm512_set1_epi32(0x00780078), ones = _mm512_set1_epi32(0x3F803F80);
@@ -301,13 +406,11 @@ __attribute__((target("avx512bf16"), always_inline)) inline void micro_tile_bf16
   for (int v = 0; v < NV; ++v) wv_base[v] = p.w + (t0 + v) * tile_words;
   const c10::BFloat16* xr[MR];
   for (int r = 0; r < MR; ++r) xr[r] = p.xb + (m0 + r) * p.ldxb;
-  S::F tot[MR][NV];
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) tot[r][v] = S::zero();
+  V::F tot[MR][NV];
+  fill(tot, V::set1(0.f));
   for (int64_t h = 0; h < p.H; ++h) {
-    S::F acc[MR][NV];
-    for (int r = 0; r < MR; ++r)
-      for (int v = 0; v < NV; ++v) acc[r][v] = S::zero();
+    V::F acc[MR][NV];
+    fill(acc, V::set1(0.f));
     const int64_t i0 = h * words_per_chunk;
     for (int64_t i = i0; i < i0 + words_per_chunk; ++i) {
       __m512i words[NV];
@@ -319,40 +422,22 @@ __attribute__((target("avx512bf16"), always_inline)) inline void micro_tile_bf16
       pair_step_bf16<2, MR, NV>(words, xr, k, mask, ones, acc);
       pair_step_bf16<3, MR, NV>(words, xr, k, mask, ones, acc);
     }
-    fold_chunk<4, MR, NV>(p, m0, t0, h, acc, tot);
+    fold_chunk<V, 4, MR, NV>(p, m0, t0, h, acc, tot);
   }
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) S::store(out + r * ldo + v * S::kLanes, tot[r][v]);
+  store_tile<V>(tot, out, ldo);
 }
 
 template <int MR>
 __attribute__((target("avx512bf16"))) void rows_tiles_bf16(const Problem& p, int64_t m0, int64_t t0, int64_t tiles,
                                                            float* out, int64_t ldo) {
-  constexpr int kWide = MR <= 2 ? 4 : 2;  // as rows_tiles
+  constexpr int kWide = wide_tiles<Vec512>(MR);  // as rows_tiles
   int64_t t = 0;
   for (; t + kWide <= tiles; t += kWide) micro_tile_bf16<MR, kWide>(p, m0, t0 + t, out + t * kTile, ldo);
   for (; t < tiles; ++t) micro_tile_bf16<MR, 1>(p, m0, t0 + t, out + t * kTile, ldo);
 }
 
-// The rows of x in register tiles of up to kMaxRows: rows_tiles.template operator()<MR>(m0, out).
-template <typename RowsTiles>
-void for_row_tiles(const Problem& p, float* buf, RowsTiles&& rows_tiles) {
-  constexpr int64_t ldo = kItemTiles * kTile;
-  for (int64_t m0 = 0; m0 < p.M;) {
-    const int64_t mr = std::min<int64_t>(Simd::kMaxRows, p.M - m0);
-    float* out = buf + m0 * ldo;
-    switch (mr) {
-      case 1: rows_tiles.template operator()<1>(m0, out, ldo); break;
-      case 2: rows_tiles.template operator()<2>(m0, out, ldo); break;
-      case 3: rows_tiles.template operator()<3>(m0, out, ldo); break;
-      default: rows_tiles.template operator()<4>(m0, out, ldo); break;
-    }
-    m0 += mr;
-  }
-}
-
 void item_bf16(const Problem& p, int64_t t0, int64_t tiles, float* buf) {
-  for_row_tiles(p, buf, [&]<int MR>(int64_t m0, float* out, int64_t ldo) {
+  for_row_tiles<Vec512>(p, buf, [&]<int MR>(int64_t m0, float* out, int64_t ldo) {
     rows_tiles_bf16<MR>(p, m0, t0, tiles, out, ldo);
   });
 }
@@ -388,8 +473,7 @@ __attribute__((target("avx512vnni"), always_inline)) inline void micro_tile_int8
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(out + r * ldo + v * kTile, _mm512_setzero_ps());
   for (int64_t h = 0; h < p.H; ++h) {
     __m512i acc[MR][NV];
-    for (int r = 0; r < MR; ++r)
-      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_si512();
+    fill(acc, _mm512_setzero_si512());
     const int64_t i0 = h * words_per_chunk;
     for (int64_t i = i0; i < i0 + words_per_chunk; ++i) {
       __m512i lo[NV], hi[NV];
@@ -432,7 +516,7 @@ __attribute__((target("avx512vnni"))) void rows_tiles_int8(const Problem& p, int
 }
 
 void item_int8(const Problem& p, int64_t t0, int64_t tiles, float* buf) {
-  for_row_tiles(p, buf, [&]<int MR>(int64_t m0, float* out, int64_t ldo) {
+  for_row_tiles<Vec512>(p, buf, [&]<int MR>(int64_t m0, float* out, int64_t ldo) {
     rows_tiles_int8<MR>(p, m0, t0, tiles, out, ldo);
   });
 }
@@ -494,27 +578,6 @@ void quantize_x(const c10::BFloat16* x, int64_t ldx, int64_t M, int64_t K, int64
 }
 #endif
 
-template <int BITS>
-void item_simd(const Problem& p, int64_t t0, int64_t tiles, float* buf) {
-  constexpr int64_t ldo = kItemTiles * kTile;
-  for (int64_t m0 = 0; m0 < p.M;) {
-    const int64_t mr = std::min<int64_t>(Simd::kMaxRows, p.M - m0);
-    float* out = buf + m0 * ldo;
-    switch (mr) {
-      case 1: rows_tiles<BITS, 1>(p, m0, t0, tiles, out, ldo); break;
-      case 2: rows_tiles<BITS, 2>(p, m0, t0, tiles, out, ldo); break;
-#if defined(CPU_CAPABILITY_AVX512)
-      case 3: rows_tiles<BITS, 3>(p, m0, t0, tiles, out, ldo); break;
-      case 4: rows_tiles<BITS, 4>(p, m0, t0, tiles, out, ldo); break;
-#endif
-      default: TORCH_CHECK(false, "llm_cpu::wna16_linear: internal row tile ", mr);
-    }
-    m0 += mr;
-  }
-}
-
-#endif
-
 // The baseline ISA's version of item_simd: the same sums, one lane at a time.
 [[maybe_unused]] void item_scalar(const Problem& p, int bits, int64_t t0, int64_t tiles, float* buf) {
   const int E = 32 / bits;
@@ -546,42 +609,13 @@ void store_row(const float* src, const float* bias, int64_t n, T* dst) {
   for (int64_t c = 0; c < n; ++c) dst[c] = static_cast<T>(bias ? src[c] + bias[c] : src[c]);
 }
 
-// Rows 16 t0 .. 16 (t0 + tiles) of the weight as a [K, 16 * tiles] tile (row stride ld) of T:
-// (u - z) * s in float32 (the twin's bits), then rounded to T. k-major, so each (k, tile) is one
-// vector of 16 output rows.
+// The build's prefill dequantizer (dequantize_simd's contract): over Simd, or on the baseline ISA
+// one element at a time.
+template <int BITS, typename T>
+void dequantize_tiles(const Problem& p, int64_t t0, int64_t tiles, T* out, int64_t ld) {
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-template <int BITS, typename T>
-void dequantize_tiles(const Problem& p, int64_t t0, int64_t tiles, T* out, int64_t ld) {
-  using S = Simd;
-  constexpr int E = 32 / BITS, kPerTile = kTile / S::kLanes;
-  const int64_t words_per_row = p.K / E, words_per_group = p.group_size / E;
-  const S::I mask = S::set1_words((1 << BITS) - 1);
-  for (int64_t tt = 0; tt < tiles; ++tt) {
-    const int64_t t = t0 + tt;
-    for (int64_t g = 0; g < p.G; ++g)
-      for (int c = 0; c < kPerTile; ++c) {
-        const int64_t at = (t * p.G + g) * kTile + c * S::kLanes;
-        const S::F sv = S::load(p.s + at), zv = S::load(p.z + at);
-        for (int64_t i = g * words_per_group; i < (g + 1) * words_per_group; ++i) {
-          const S::I words = S::load_words(p.w + (t * words_per_row + i) * kTile + c * S::kLanes);
-          T* dst = out + i * E * ld + tt * kTile + c * S::kLanes;
-          [&]<int... J>(std::integer_sequence<int, J...>) {
-            (
-                [&] {
-                  const S::F u = S::to_float(S::and_words(S::template shift<-BITS * J>(words), mask));
-                  const S::F w = S::mul(S::sub(u, zv), sv);
-                  if constexpr (std::is_same_v<T, float>) S::store(dst + slot_k(BITS, J) * ld, w);
-                  else S::store_bf16(dst + slot_k(BITS, J) * ld, w);
-                }(),
-                ...);
-          }(std::make_integer_sequence<int, E>{});
-        }
-      }
-  }
-}
+  dequantize_simd<Simd, BITS>(p, t0, tiles, out, ld);
 #else
-template <int BITS, typename T>
-void dequantize_tiles(const Problem& p, int64_t t0, int64_t tiles, T* out, int64_t ld) {
   constexpr int E = 32 / BITS;
   constexpr uint32_t mask = (1u << BITS) - 1;
   const int64_t words_per_row = p.K / E;
@@ -598,8 +632,23 @@ void dequantize_tiles(const Problem& p, int64_t t0, int64_t tiles, T* out, int64
       }
     }
   }
-}
 #endif
+}
+
+// The build's decode work item: an AVX-512 dot path where the call chose one, else item_simd over
+// Simd, or item_scalar on the baseline ISA.
+void decode_item(const Problem& p, int bits, [[maybe_unused]] bool int8_dot, [[maybe_unused]] bool bf16_dot,
+                 int64_t t0, int64_t tiles, float* buf) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if (int8_dot) return item_int8(p, t0, tiles, buf);
+  if (bf16_dot) return item_bf16(p, t0, tiles, buf);
+#endif
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  bits == 4 ? item_simd<Simd, 4>(p, t0, tiles, buf) : item_simd<Simd, 8>(p, t0, tiles, buf);
+#else
+  item_scalar(p, bits, t0, tiles, buf);
+#endif
+}
 
 at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
                         const at::Tensor& zeros, int64_t bits, int64_t group_size, int64_t n,
@@ -720,17 +769,7 @@ at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& packed, const at:
     std::vector<float> buf(M * kItemTiles * kTile);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t0 = item * kItemTiles, nt = std::min(kItemTiles, tiles - t0);
-#if defined(CPU_CAPABILITY_AVX512)
-      if (int8_dot) item_int8(p, t0, nt, buf.data());
-      else if (bf16_dot) item_bf16(p, t0, nt, buf.data());
-      else if (bits == 4) item_simd<4>(p, t0, nt, buf.data());
-      else item_simd<8>(p, t0, nt, buf.data());
-#elif defined(CPU_CAPABILITY_AVX2)
-      if (bits == 4) item_simd<4>(p, t0, nt, buf.data());
-      else item_simd<8>(p, t0, nt, buf.data());
-#else
-      item_scalar(p, static_cast<int>(bits), t0, nt, buf.data());
-#endif
+      decode_item(p, static_cast<int>(bits), int8_dot, bf16_dot, t0, nt, buf.data());
       const int64_t c0 = t0 * kTile, cols = std::min(nt * kTile, n - c0);
       for (int64_t m = 0; m < M; ++m) {
         const float* src = buf.data() + m * kItemTiles * kTile;

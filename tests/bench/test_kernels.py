@@ -12,7 +12,7 @@ import pytest
 
 from tests.bench.checks import REPO_ROOT
 
-pytestmark = [pytest.mark.bench, pytest.mark.slow]
+pytestmark = pytest.mark.bench
 KERNELS = {
     "paged_attention_decode",
     "paged_attention_long_decode",

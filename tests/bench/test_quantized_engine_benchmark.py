@@ -10,14 +10,16 @@ import statistics
 
 import pytest
 
-from bench.quantized_engine import BASELINE, GROUP_SIZE, KEY_BF16, KEY_PEER, OURS
+from bench.quantized_engine import BASELINE, GROUP_SIZE, KEY_BF16, KEY_BYTES, KEY_PEER, OURS
 from tests.bench.checks import check_report, quick_result
 
 pytestmark = pytest.mark.bench
 
 
 def test_quantized_engine(quick_suite):
-    result = quick_result(quick_suite, "quantized_engine", {KEY_BF16}, plots=1, against_target=True)
+    result = quick_result(
+        quick_suite, "quantized_engine", {KEY_BF16, KEY_BYTES}, plots=1, against_target=True
+    )
     check = result["fidelity"]["w4a16_vs_compressed_tensors"]
     assert check["passed"] and check["agreement"] == {"requests": 1.0, "tokens": 1.0}
     # Every projection (fused qkv, o, gate_up, down per layer) runs a 4-bit WNA16 layer.
@@ -42,7 +44,7 @@ def test_quantized_engine(quick_suite):
 
 
 def test_weight_bytes_add_up(quick_suite):
-    result = quick_result(quick_suite, "quantized_engine", {KEY_BF16}, plots=1)
+    result = quick_result(quick_suite, "quantized_engine", {KEY_BF16, KEY_BYTES}, plots=1)
     b, model = result["weight_bytes"], result["model"]
     assert b["parameters"] == model["parameters"] and b["bf16_model"] == 2 * b["parameters"]
     # 4-bit words (half a byte a weight) and a float32 scale and zero point per 128 weights, or
@@ -53,10 +55,11 @@ def test_weight_bytes_add_up(quick_suite):
     assert b["projections_ratio"] == pytest.approx(per_weight / 2)
     assert b["whole_model_ratio"] == pytest.approx(b["w4a16_model"] / b["bf16_model"])
     assert b["projections_ratio"] < b["whole_model_ratio"] < 1
+    assert result["summary"][KEY_BYTES] == b["projections_ratio"]
 
 
 def test_quick_mode_skips_the_peer_and_says_why(quick_suite):
-    result = quick_result(quick_suite, "quantized_engine", {KEY_BF16}, plots=1)
+    result = quick_result(quick_suite, "quantized_engine", {KEY_BF16, KEY_BYTES}, plots=1)
     peers = result["peers"]
     assert peers["run"] is False and "--quick" in peers["reason"] and not peers["models"]
     assert set(result["missing"]) == {KEY_PEER} and "--quick" in result["missing"][KEY_PEER]

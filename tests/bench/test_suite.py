@@ -12,7 +12,7 @@ from bench.__main__ import BENCHMARKS
 from bench.summary import TARGETS
 from tests.bench.checks import OTHER_PEER_KEYS, PEER_KEYS, PNG_MAGIC, load_result
 
-pytestmark = [pytest.mark.bench, pytest.mark.slow]
+pytestmark = pytest.mark.bench
 
 
 def test_summary_holds_every_headline_figure(quick_suite):

@@ -5,6 +5,7 @@ LoRA metrics count the adapters' requests."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,8 +19,10 @@ from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.engine.llm_engine import LLMEngine
 from backend_lib.metrics import parse_prometheus_text
 from tests.e2e.llm_client import grpc_stream
+from tests.server_helpers import start_server, stop_server
 from tooling.lora_adapters import build_lora_adapter
 from tooling.repository import DEFAULT_MODELS, REPO_ROOT, ModelSpec, write_model
+from tooling.tritonserver import TritonServer
 
 pytestmark = pytest.mark.e2e
 
@@ -33,7 +36,8 @@ LABELS = {"model": "llm", "version": "1", "model_name": "llm"}
 def lora_repository(tmp_path_factory) -> tuple[Path, dict[str, str], dict[str, str]]:
     """(repository, llm parameters, multi_lora.json listing): the default llm with max_lora_rank 8
     serving random adapters of the Shakespeare model (rank 4, rank 8, a rank-16 one over the
-    limit) and a listed directory that does not exist."""
+    limit) and a listed directory that does not exist; beside it `llm_no_lora`, the same model
+    with `enable_lora: false`."""
     root = tmp_path_factory.mktemp("lora-repo")
     base = transformers.LlamaForCausalLM.from_pretrained(
         CHECKPOINT, dtype=torch.float32, local_files_only=True
@@ -48,7 +52,17 @@ def lora_repository(tmp_path_factory) -> tuple[Path, dict[str, str], dict[str, s
     write_model(
         ModelSpec("llm", "llm", parameters, max_batch_size=0, lora_modules=listing), root / "repo"
     )
+    without = {**spec.parameters, "model": str(CHECKPOINT), "enable_lora": "false"}
+    write_model(ModelSpec("llm_no_lora", "llm", without, max_batch_size=0), root / "repo")
+    assert not (root / "repo" / "llm_no_lora" / "1" / "multi_lora.json").exists()
     return root / "repo", parameters, listing
+
+
+@pytest.fixture(scope="module")
+def lora_server(lora_repository) -> Iterator[TritonServer]:
+    server = start_server(lora_repository[0])
+    yield server
+    stop_server(server)
 
 
 @pytest.fixture(scope="module")
@@ -65,15 +79,13 @@ def _direct(engine: LLMEngine, name: str | None) -> str:
     return out.outputs[0].text
 
 
-def _stream(server, name: str | None, prompt: str | None = None, **extra):
+def _stream(server, name: str | None, prompt: str | None = None, model: str = "llm", **extra):
     params = {**GREEDY, **extra} | ({} if name is None else {"lora_name": name})
-    return grpc_stream(server.grpc_url, prompt or PROMPTS.get(name, "ROMEO:"), params)
+    return grpc_stream(server.grpc_url, prompt or PROMPTS.get(name, "ROMEO:"), params, model=model)
 
 
-def test_adapters_and_base_stream_concurrently_like_the_direct_engine(
-    lora_repository, direct_engine, make_server
-):
-    server = make_server(lora_repository[0])
+def test_adapters_and_base_stream_concurrently_like_the_direct_engine(lora_server, direct_engine):
+    server = lora_server
     names = [None, "r4", "r8"] * 2
     with ThreadPoolExecutor(len(names)) as pool:
         results = list(pool.map(lambda n: _stream(server, n), names))
@@ -109,15 +121,10 @@ def test_adapters_and_base_stream_concurrently_like_the_direct_engine(
     assert infos and all(dict(labels)["max_lora"] == "2" for labels in infos)
 
 
-def test_lora_name_on_a_model_without_lora_is_the_vllm_error(tmp_path, make_server):
-    spec = next(s for s in DEFAULT_MODELS if s.kind == "llm")
-    parameters = {**spec.parameters, "model": str(CHECKPOINT), "enable_lora": "false"}
-    write_model(ModelSpec("llm", "llm", parameters, max_batch_size=0), tmp_path)
-    assert not (tmp_path / "llm" / "1" / "multi_lora.json").exists()
-    server = make_server(tmp_path)
-    result = _stream(server, "sonnets")
+def test_lora_name_on_a_model_without_lora_is_the_vllm_error(lora_server):
+    result = _stream(lora_server, "sonnets", model="llm_no_lora")
     assert result.error is not None and "LoRA feature is not enabled." in result.error
-    assert _stream(server, None).error is None
+    assert _stream(lora_server, None, model="llm_no_lora").error is None
 
 
 def test_default_repository_serves_the_sonnets_adapter(server):

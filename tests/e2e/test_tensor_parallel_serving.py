@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,9 @@ import pytest
 from tests.e2e.llm_client import grpc_stream, http_generate
 from tests.llm.shakespeare_helpers import SHAKESPEARE
 from tests.llm.tensor_parallel_helpers import worker_pids
+from tests.server_helpers import start_server, stop_server
 from tooling.repository import ModelSpec, write_model
+from tooling.tritonserver import TritonServer
 
 pytestmark = pytest.mark.e2e
 
@@ -26,16 +29,42 @@ PARAMS = {"temperature": 0, "max_tokens": 12, "ignore_eos": True}
 PROMPTS = ("ROMEO:\nWhat light", "JULIET:\nO Romeo, Romeo,")
 
 
-@pytest.fixture
-def repository(tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> Iterator[TritonServer]:
+    """One tritonserver for the module, under explicit
+    model control as the Helm chart runs it, serving the Shakespeare model three ways: `llm` on
+    one device, `llm_tp2` and `llm_pp2` each with a worker process for rank 1. The tests run in
+    file order on it: a worker of each sharded model is killed in turn, and the last test stops
+    the server."""
+    repository = tmp_path_factory.mktemp("sharded-repo")
     common = {"model": str(SHAKESPEARE), "dtype": "float32", "cpu_kv_cache_gb": "0.05"}
     for name, extra in (
         ("llm", {}),
         ("llm_tp2", {"tensor_parallel_size": "2"}),
         ("llm_pp2", {"pipeline_parallel_size": "2"}),
     ):
-        write_model(ModelSpec(name, "llm", {**common, **extra}, max_batch_size=0), tmp_path)
-    return tmp_path
+        write_model(ModelSpec(name, "llm", {**common, **extra}, max_batch_size=0), repository)
+    server = start_server(repository, ["--model-control-mode=explicit", "--load-model=*"])
+    yield server
+    stop_server(server)
+
+
+def _workers_of(server: TritonServer) -> set[int]:
+    """The live worker processes in the server's process tree (other tests may run workers of
+    their own beside it)."""
+    return {pid for pid in worker_pids() if _descends_from(pid, server.process.pid)}
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        except OSError:
+            return False
+        pid = int(next(line.split()[1] for line in status if line.startswith("PPid:")))
+        if pid == ancestor:
+            return True
+    return False
 
 
 def body(prompt: str, max_tokens: int = 12) -> dict:
@@ -47,23 +76,22 @@ def body(prompt: str, max_tokens: int = 12) -> dict:
     }
 
 
-def test_a_sharded_llm_serves_beside_a_single_device_one(repository, make_server):
-    before = set(worker_pids())
-    server = make_server(repository)
-    workers = set(worker_pids()) - before
+def test_a_sharded_llm_serves_beside_a_single_device_one(sharded):
+    server = sharded
+    workers = _workers_of(server)
     assert len(workers) == 2  # rank 1 of llm_tp2, stage 1 of llm_pp2
     for prompt in PROMPTS:
         expected = http_generate(server.http_url, body(prompt), model="llm")["text_output"]
         for model in ("llm_tp2", "llm_pp2"):
-            sharded = http_generate(server.http_url, body(prompt), model=model)["text_output"]
-            assert sharded == expected, model
+            sharded_text = http_generate(server.http_url, body(prompt), model=model)
+            assert sharded_text["text_output"] == expected, model
             streamed = grpc_stream(server.grpc_url, prompt, PARAMS, model=model)
             assert streamed.error is None and "".join(streamed.pieces) == expected, model
 
     # A worker killed mid-stream: that request ends with an error naming the rank, at once.
     started = time.monotonic()
     long = {**PARAMS, "max_tokens": 200}
-    (worker,) = [pid for pid in workers if b'"pipeline_parallel_size": 1' in _cmdline(pid)]
+    (worker,) = [pid for pid in workers if _worker_of(pid, pipeline_parallel_size=1)]
     stream = grpc_stream(
         server.grpc_url, PROMPTS[0], long, model="llm_tp2", cancel_after=2, timeout=60
     )
@@ -82,23 +110,14 @@ def _failure(stream) -> str:
     return stream.error or "".join(str(r.get("error", "")) for r in stream.responses)
 
 
-def _cmdline(pid: int) -> bytes:
-    return Path(f"/proc/{pid}/cmdline").read_bytes()
+def _worker_of(pid: int, pipeline_parallel_size: int) -> bool:
+    """Whether worker `pid` serves the model of this pipeline_parallel_size (its command line
+    carries the model's parallel settings)."""
+    setting = f'"pipeline_parallel_size": {pipeline_parallel_size}'.encode()
+    return setting in Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
-def test_stopping_the_server_leaves_no_worker(repository, make_server):
-    from tests.server_helpers import stop_server
-
-    before = set(worker_pids())
-    server = make_server(repository)
-    assert set(worker_pids()) - before
-    stop_server(server)
-    deadline = time.monotonic() + 30
-    while set(worker_pids()) - before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not set(worker_pids()) - before
-
-
+@pytest.mark.sample(1)
 @pytest.mark.parametrize("across", ("tensor_parallel_size", "pipeline_parallel_size"))
 def test_a_multi_node_llm_serves_with_a_worker_node_started_apart(across, tmp_path, make_server):
     """nnodes 2 on one machine: tritonserver's llm is node 0 (rank 0); rank 1 (the other
@@ -108,7 +127,6 @@ def test_a_multi_node_llm_serves_with_a_worker_node_started_apart(across, tmp_pa
     import subprocess
     import sys
 
-    from tests.server_helpers import stop_server
     from tooling.tritonserver import free_port
 
     port = free_port()
@@ -133,22 +151,17 @@ def test_a_multi_node_llm_serves_with_a_worker_node_started_apart(across, tmp_pa
             node.wait()
 
 
-def test_a_model_whose_worker_died_is_unloaded_and_loads_again(tmp_path, make_server):
-    """Explicit model control, as the Helm chart runs it: the pipeline stage's worker is killed
-    mid-stream; the next request fails naming the rank; the one after is refused as unavailable
-    and makes the model ask to be unloaded (on its execute thread, as the vLLM backend calls
-    `pb_utils.unload_model`), so it stops being ready; loading it again starts a new worker and
-    it serves the single-device model's text again."""
+def test_a_model_whose_worker_died_is_unloaded_and_loads_again(sharded):
+    """The pipeline stage's worker is killed mid-stream; the next request fails naming the rank;
+    the one after is refused as unavailable and makes the model ask to be unloaded (on its
+    execute thread, as the vLLM backend calls `pb_utils.unload_model`), so it stops being ready;
+    loading it again starts a new worker and it serves the single-device model's text again."""
     import urllib.request
 
     from tooling.tritonserver import http_status
 
-    common = {"model": str(SHAKESPEARE), "dtype": "float32", "cpu_kv_cache_gb": "0.05"}
-    for name, extra in (("llm", {}), ("llm_pp2", {"pipeline_parallel_size": "2"})):
-        write_model(ModelSpec(name, "llm", {**common, **extra}, max_batch_size=0), tmp_path)
-    before = set(worker_pids())
-    server = make_server(tmp_path, extra_args=("--model-control-mode=explicit", "--load-model=*"))
-    (worker,) = set(worker_pids()) - before
+    server = sharded
+    (worker,) = [pid for pid in _workers_of(server) if _worker_of(pid, pipeline_parallel_size=2)]
     expected = http_generate(server.http_url, body(PROMPTS[0]), model="llm")["text_output"]
     long = {**PARAMS, "max_tokens": 200}
     stream = grpc_stream(server.grpc_url, PROMPTS[0], long, model="llm_pp2", cancel_after=2)
@@ -174,4 +187,18 @@ def test_a_model_whose_worker_died_is_unloaded_and_loads_again(tmp_path, make_se
     assert http_generate(server.http_url, body(PROMPTS[0]), model="llm_pp2")["text_output"] == (
         expected
     )
-    assert len(set(worker_pids()) - before) == 1 and worker not in worker_pids()
+    assert worker not in worker_pids()
+    assert [pid for pid in _workers_of(server) if _worker_of(pid, pipeline_parallel_size=2)]
+
+
+def test_stopping_the_server_leaves_no_worker(sharded):
+    """Last on the module's server: after the kills and the reload above, stopping tritonserver
+    ends every worker it started."""
+    server = sharded
+    alive = _workers_of(server)
+    assert alive  # the reloaded llm_pp2's at least
+    stop_server(server)
+    deadline = time.monotonic() + 30
+    while set(worker_pids()) & alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not set(worker_pids()) & alive

@@ -1,11 +1,19 @@
-"""silu_and_mul: the torch reference against a float64 formula, the Triton kernel against the reference."""
+"""silu_and_mul: the torch reference against a float64 formula, the Triton kernel against the
+reference; every entry of the act_and_mul contract refuses an unknown activation (GELU(tanh):
+tests/kernels/test_gemma_kernels.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.activation import silu_and_mul_torch, silu_and_mul_triton
+from kernels.activation import (
+    act_and_mul_cpu,
+    act_and_mul_torch,
+    act_and_mul_triton,
+    silu_and_mul_torch,
+    silu_and_mul_triton,
+)
 
 
 def _silu_and_mul_float64(x: torch.Tensor) -> torch.Tensor:
@@ -34,3 +42,9 @@ def test_triton_accepts_strided_rows(device, run_poisoned, assert_close):
     wide = torch.randn(4, 2 * 48 + 16, device=device)
     x = wide[:, : 2 * 48]
     assert_close(run_poisoned(silu_and_mul_triton, x), silu_and_mul_torch(x), torch.float32)
+
+
+@pytest.mark.parametrize("entry", [act_and_mul_torch, act_and_mul_triton, act_and_mul_cpu])
+def test_unknown_activation_is_refused(entry, device):
+    with pytest.raises(ValueError, match="unknown activation 'relu'"):
+        entry(torch.randn(2, 8, device=device), "relu")

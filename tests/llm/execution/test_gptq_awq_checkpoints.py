@@ -51,6 +51,7 @@ QUANTIZED_LAYERS = {
 }
 
 
+@pytest.mark.sample(8)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["float16", "float32"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_dequantized_weights_are_the_librarys_own(preset, dtype):

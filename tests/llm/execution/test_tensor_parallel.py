@@ -82,6 +82,7 @@ def rank_session(dirs: list[str], odd: str, gemma: str):
     return engine_workloads(dirs, 2), refusals
 
 
+@pytest.mark.sample(3)
 @pytest.mark.parametrize("arch", CASES)
 def test_two_ranks_give_the_tokens_of_one(arch, checkpoints, two_ranks):
     model_dir, hf = checkpoints[arch]
@@ -246,6 +247,7 @@ def group32_asymmetric(tmp_path_factory):
     return qc.write_compressed_tensors_checkpoint(SHAKESPEARE, out, scheme)
 
 
+@pytest.mark.sample(2)
 @pytest.mark.parametrize(
     "preset",
     (

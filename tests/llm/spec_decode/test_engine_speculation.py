@@ -95,6 +95,7 @@ def test_equals_transformers_speculative_generate(method, speculating):
     assert out.outputs[0].token_ids == reference
 
 
+@pytest.mark.sample(4)
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -147,6 +148,7 @@ def test_stops_inside_an_accepted_run_end_where_plain_decoding_ends(plain, specu
     assert_pool_released(speculating)
 
 
+@pytest.mark.sample(1)
 def test_logprobs_penalties_n_and_lora_rows(method):
     """Logprobs of emitted tokens, repetition penalties (the history includes earlier drafts),
     n > 1 (sampled) and LoRA rows beside base rows all match plain decoding."""
@@ -267,6 +269,7 @@ def test_a_bad_speculative_config_fails_validation_naming_the_field(value, field
     assert field in str(error.value)
 
 
+@pytest.mark.sample(2)
 @pytest.mark.parametrize("parallel", ["tensor_parallel_size", "pipeline_parallel_size"])
 @pytest.mark.parametrize("kind", list(METHODS))
 def test_greedy_equals_plain_with_two_ranks(parallel, kind):
