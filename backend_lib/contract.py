@@ -175,6 +175,12 @@ class ErrorCode(str, enum.Enum):
     """The model cannot serve now (e.g. shutting down)."""
     CANCELLED = "cancelled"
     """The request was cancelled before it finished."""
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    """The request passed its deadline (Triton's request timeout, `deadline_ms`, the frontend's
+    `x-request-timeout`) before it finished."""
+    QUEUE_TIMEOUT = "queue_timeout"
+    """The request waited longer than the model's `max_queue_wait_ms` for a batch slot; retry
+    later."""
     INTERNAL = "internal"
     """A failure of the server, not of the request."""
 
@@ -184,6 +190,8 @@ TRITON_ERROR_CODES: dict[ErrorCode, str] = {
     ErrorCode.QUEUE_FULL: "UNAVAILABLE",
     ErrorCode.UNAVAILABLE: "UNAVAILABLE",
     ErrorCode.CANCELLED: "CANCELLED",
+    ErrorCode.DEADLINE_EXCEEDED: "UNAVAILABLE",
+    ErrorCode.QUEUE_TIMEOUT: "UNAVAILABLE",
     ErrorCode.INTERNAL: "INTERNAL",
 }
 """The `pb_utils.TritonError` code (attribute name) a response error of each code is sent with."""

@@ -23,8 +23,31 @@ class RequestCancelled(Exception):
     """The client cancelled or disconnected; the engine request was aborted and its blocks freed."""
 
 
+class DeadlineExceeded(RuntimeError):
+    """The request passed its deadline; the engine ended it and freed its blocks."""
+
+
+class QueueTimeout(RuntimeError):
+    """The request waited past the model's queue-wait limit; it may be retried later."""
+
+
+_RAISED_AS = {
+    ErrorCode.INVALID_INPUT: InputError,
+    ErrorCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    ErrorCode.QUEUE_TIMEOUT: QueueTimeout,
+}
+
+
+def request_error(code: ErrorCode | None, message: str) -> Exception:
+    """The exception a request ended by the engine with `code` is answered with (its code is
+    `error_code`'s of it): the request's own failure, else a RuntimeError (internal)."""
+    raised_as = _RAISED_AS.get(code)
+    return raised_as(message) if raised_as else RuntimeError(f"generation failed: {message}")
+
+
 def error_code(exc: BaseException) -> ErrorCode:
-    """The code of a failure: the request's (invalid input, queue full, cancelled), else internal."""
+    """The code of a failure: the request's (invalid input, queue full, cancelled, past its
+    deadline or its queue wait), else internal."""
     if isinstance(exc, InputError):
         return ErrorCode.INVALID_INPUT
     if isinstance(exc, QueueFullError):
@@ -33,6 +56,10 @@ def error_code(exc: BaseException) -> ErrorCode:
         return ErrorCode.CANCELLED
     if isinstance(exc, ModelUnavailable):
         return ErrorCode.UNAVAILABLE
+    if isinstance(exc, DeadlineExceeded):
+        return ErrorCode.DEADLINE_EXCEEDED
+    if isinstance(exc, QueueTimeout):
+        return ErrorCode.QUEUE_TIMEOUT
     return ErrorCode.INTERNAL
 
 

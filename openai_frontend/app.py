@@ -1,5 +1,6 @@
 """The FastAPI app: routes, error handlers (OpenAI's shape; Anthropic's on /v1/messages*), and one
-ASGI middleware for the API key, the body size limit and the request metrics."""
+ASGI middleware for the API key, the request timeout header, the body size limit and the request
+metrics."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from openai_frontend import traffic
+from openai_frontend import deadline, traffic
 from openai_frontend.anthropic import errors as anthropic_errors
 from openai_frontend.config import FrontendConfig
 from openai_frontend.discovery import ModelRegistry
@@ -92,6 +93,7 @@ class FrontendMiddleware:
         started, status = time.perf_counter(), 500
         routed = traffic.Routed(ab_key=_header(scope, traffic.AB_KEY_HEADER))
         token = traffic.CURRENT.set(routed)
+        timeout_token = deadline.CURRENT.set(None)
 
         async def send_and_record(message: Message) -> None:
             nonlocal status
@@ -105,6 +107,8 @@ class FrontendMiddleware:
         try:
             error = self._check_auth(scope)
             if error is None:
+                error = _read_timeout(scope)
+            if error is None:
                 body, error = await self._read_body(scope, receive)
             if error is not None:
                 await _json_error(error, scope["path"])(scope, receive, send_and_record)
@@ -112,6 +116,7 @@ class FrontendMiddleware:
                 await self.app(scope, _replay(body, receive), send_and_record)
         finally:
             traffic.CURRENT.reset(token)
+            deadline.CURRENT.reset(timeout_token)
             route = scope.get("route")
             endpoint = getattr(route, "path", None) or "unmatched"
             seconds = time.perf_counter() - started
@@ -157,6 +162,15 @@ class FrontendMiddleware:
             if not message.get("more_body", False):
                 break
         return b"".join(chunks), None
+
+
+def _read_timeout(scope: Scope) -> APIError | None:
+    """Put the request's `x-request-timeout` in deadline.CURRENT; the error when malformed."""
+    try:
+        deadline.CURRENT.set(deadline.parse(_header(scope, deadline.HEADER)))
+    except APIError as error:
+        return error
+    return None
 
 
 def _header(scope: Scope, name: str) -> str | None:

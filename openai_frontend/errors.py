@@ -64,6 +64,12 @@ def from_code(code: ErrorCode, message: str) -> APIError:
         return APIError(
             429, message, "rate_limit_error", headers={"Retry-After": str(RETRY_AFTER_S)}
         )
+    if code is ErrorCode.DEADLINE_EXCEEDED:
+        return APIError(504, message, "timeout_error")
+    if code is ErrorCode.QUEUE_TIMEOUT:  # SGLang's queue timeout: overloaded, come back later
+        return APIError(
+            503, message, "service_unavailable_error", headers={"Retry-After": str(RETRY_AFTER_S)}
+        )
     if code in (ErrorCode.UNAVAILABLE, ErrorCode.CANCELLED):
         # The frontend reads no error of a request it cancelled itself: a cancelled one was
         # stopped by the server (an unload, a shutdown), so it may be retried.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from openai_frontend.errors import invalid_request
 
@@ -99,6 +99,9 @@ class SamplingFields(_Body):
     ignore_eos: bool = False
     min_tokens: NonNegInt = 0
     n: Annotated[int, Field(ge=1, le=128)] = 1
+    priority: StrictInt = 0
+    """vLLM's scheduling priority, lower first; other than 0 only where the model runs
+    `scheduling_policy: priority` (the engine says so otherwise)."""
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None

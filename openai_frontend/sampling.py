@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from openai_frontend import deadline
 from openai_frontend.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from openai_frontend.structured import Constraint
 
@@ -51,6 +52,11 @@ def sampling_parameters(
         params["min_tokens"] = body.min_tokens
     if body.n != 1:
         params["n"] = body.n
+    if body.priority:
+        params["priority"] = body.priority
+    timeout_ms = deadline.deadline_ms()
+    if timeout_ms is not None:
+        params["deadline_ms"] = timeout_ms
     logprobs = requested_logprobs(body)
     if logprobs is not None:
         params["logprobs"] = logprobs

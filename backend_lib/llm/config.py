@@ -88,6 +88,18 @@ class LLMConfig:
     """Token budget of one step (prefill chunks plus decodes)."""
     max_queue_size: int = 1024
     """Most requests waiting for admission; more are refused with a queue-full error."""
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    """The order requests are served in (vLLM's name and semantics, core/request_queue.py):
+    first come first served, or by each request's `priority` (lower first, then arrival), the
+    lowest priority preempted first."""
+    max_queue_wait_ms: int = 0
+    """Longest a request may wait for admission, in milliseconds; past it, it is answered with
+    queue_timeout (HTTP 503 with Retry-After at the frontend, as SGLang's queue timeout). 0: no
+    limit."""
+    priority_aging_rate: float = 0.0
+    """Starvation guard under `scheduling_policy: priority`, in priority levels per second of
+    waiting: the effective priority is priority - rate * seconds since arrival. 0: strict order,
+    as vLLM."""
     seed: int = 0
     """Seed of the engine's default generator (requests without their own seed)."""
     max_prompt_bytes: int = 1 << 20
@@ -223,6 +235,15 @@ class LLMConfig:
         )
         SpeculativeConfig.from_json(self.speculative_config)  # a bad value fails the load
         require(self.max_queue_size >= 1, "max_queue_size", self.max_queue_size, "must be >= 1")
+        require(
+            self.max_queue_wait_ms >= 0, "max_queue_wait_ms", self.max_queue_wait_ms, "must be >= 0"
+        )
+        require(
+            self.priority_aging_rate >= 0,
+            "priority_aging_rate",
+            self.priority_aging_rate,
+            "must be >= 0",
+        )
         require(
             self.max_prompt_bytes >= 1, "max_prompt_bytes", self.max_prompt_bytes, "must be >= 1"
         )

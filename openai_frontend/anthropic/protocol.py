@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from openai_frontend.errors import invalid_request
 
@@ -122,6 +122,8 @@ class MessagesRequest(CountTokensRequest):
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Field(ge=0)] | None = None
     stream: bool = False
+    priority: StrictInt | None = None
+    """Not Anthropic's: vLLM's scheduling priority (lower first), passed to chat."""
     output_config: OutputConfig | None = None
     metadata: dict[str, Any] | None = None
     """Accepted and ignored (`user_id`)."""

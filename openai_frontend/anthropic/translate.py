@@ -74,7 +74,7 @@ def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
             fields["parallel_tool_calls"] = False
     if isinstance(body, MessagesRequest):
         fields["max_tokens"] = body.max_tokens
-        for name in ("temperature", "top_p", "top_k"):
+        for name in ("temperature", "top_p", "top_k", "priority"):
             if getattr(body, name) is not None:
                 fields[name] = getattr(body, name)
         if body.stop_sequences:

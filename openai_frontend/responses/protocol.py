@@ -25,6 +25,7 @@ SAMPLING_EXTRAS = (
     "stop_token_ids",
     "ignore_eos",
     "min_tokens",
+    "priority",
 )
 """vLLM's sampling fields (not OpenAI's Responses API) passed to chat as they are."""
 

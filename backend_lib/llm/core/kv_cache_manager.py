@@ -84,17 +84,23 @@ class KVCacheManager:
     def _reads_cache(self, seq: Sequence) -> bool:
         return self.enable_prefix_caching and seq.sampling_params.prompt_logprobs is None
 
+    def fits(self, prefix: CachedPrefix, num_new_tokens: int) -> bool:
+        """Whether `admit` of a sequence with this cached prefix and `num_new_tokens` after it
+        would find enough free blocks."""
+        num_needed = self.num_blocks_for(prefix.num_tokens + num_new_tokens) - len(prefix.block_ids)
+        # Hit blocks that sit in the free queue leave it when referenced: they are not available.
+        num_revived = sum(1 for b in prefix.block_ids if self.pool.blocks[b].ref_count == 0)
+        return num_needed + num_revived <= self.pool.num_free_blocks
+
     def admit(self, seq: Sequence, prefix: CachedPrefix, num_new_tokens: int) -> bool:
         """Give a waiting sequence its cached prefix plus blocks for `num_new_tokens` after it.
 
         Sets `seq.num_computed_tokens` to the cached length. Returns False, changing nothing, when
         the pool is short of blocks.
         """
-        num_needed = self.num_blocks_for(prefix.num_tokens + num_new_tokens) - len(prefix.block_ids)
-        # Hit blocks that sit in the free queue leave it when referenced: they are not available.
-        num_revived = sum(1 for b in prefix.block_ids if self.pool.blocks[b].ref_count == 0)
-        if num_needed + num_revived > self.pool.num_free_blocks:
+        if not self.fits(prefix, num_new_tokens):
             return False
+        num_needed = self.num_blocks_for(prefix.num_tokens + num_new_tokens) - len(prefix.block_ids)
         self.pool.touch(prefix.block_ids)
         seq.block_table = prefix.block_ids + self.pool.allocate(num_needed)
         seq.num_computed_tokens = prefix.num_tokens

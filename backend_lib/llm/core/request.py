@@ -25,3 +25,9 @@ class EngineRequest:
     """Seconds on `time.monotonic()`; None: the time it is prepared."""
     lora_name: str | None = None
     """The LoRA adapter it runs under (None: the base model)."""
+    deadline: float | None = None
+    """When it must have finished, in seconds on `time.monotonic()` (None: no deadline); past it,
+    the engine ends it with deadline_exceeded (engine/deadlines.py)."""
+    priority: int = 0
+    """Scheduling priority, lower first (vLLM's `priority`); only `scheduling_policy: priority`
+    takes a value other than 0."""

@@ -220,11 +220,11 @@ def _parse_field(key: str, raw: Any, annotation: Any) -> Any:
             return [raw]
         return _parse_list(key, raw, _parse_str)
     if key == "stop_token_ids":
-        return _parse_list(key, raw, _parse_int)
+        return _parse_list(key, raw, parse_int)
     if key == "structured_outputs":
         return StructuredOutputsParams.from_value(raw)
     base = next((a for a in args if a is not type(None)), annotation)
-    parser = {bool: _parse_bool, int: _parse_int, float: _parse_float}[base]
+    parser = {bool: _parse_bool, int: parse_int, float: parse_float}[base]
     return parser(key, raw)
 
 
@@ -249,7 +249,9 @@ def _parse_bool(key: str, raw: Any) -> bool:
         raise InputError(f"{key} must be a boolean (true/false), got {raw!r}") from None
 
 
-def _parse_int(key: str, raw: Any) -> int:
+def parse_int(key: str, raw: Any) -> int:
+    """An integer field of a vLLM-backend client's JSON (100, 100.0 or "100"); InputError naming
+    `key` otherwise."""
     if isinstance(raw, bool):
         raise InputError(f"{key} must be an integer, got {raw!r}")
     if isinstance(raw, int):
@@ -264,7 +266,9 @@ def _parse_int(key: str, raw: Any) -> int:
     raise InputError(f"{key} must be an integer, got {raw!r}")
 
 
-def _parse_float(key: str, raw: Any) -> float:
+def parse_float(key: str, raw: Any) -> float:
+    """A number field of a vLLM-backend client's JSON (0.7 or "0.7"); InputError naming `key`
+    otherwise."""
     if isinstance(raw, bool):
         raise InputError(f"{key} must be a number, got {raw!r}")
     if isinstance(raw, (int, float)):

@@ -1,20 +1,26 @@
 """Iteration-level continuous-batching scheduler over a paged KV cache.
 
-Every `schedule()` call builds one step within `max_num_batched_tokens` and `max_num_seqs`:
+Every `schedule()` call builds one step within `max_num_batched_tokens` and `max_num_seqs`. The
+order is the `scheduling_policy`'s (core/request_queue.py): under fcfs, queues are first come
+first served and running sequences in admission order; under priority, every queue and the running
+list are sorted by (effective priority, arrival). "First" and "last" below are in that order.
 
-1. running sequences (decodes and ongoing prefill chunks), oldest first; when blocks run out,
-   the most recently admitted sequence is preempted: recompute (blocks freed, full ones stay in
-   the prefix cache; back to the front of the waiting queue) or swap (blocks copied to the host
+0. priority only: while the first waiting sequence has a strictly better effective priority than
+   the last running one and lacks a slot (`max_num_seqs`) or the free blocks for its first chunk,
+   the last running one is preempted (as in 1), so the waiting one is admitted in 2;
+1. running sequences (decodes and ongoing prefill chunks), first to last; when blocks run out,
+   the last running sequence is preempted: recompute (blocks freed, full ones stay in the prefix
+   cache; back to the waiting queue, at its front under fcfs) or swap (blocks copied to the host
    pool; recompute when that is full);
-2. then, only if nothing was preempted this step, swapped sequences are resumed, and only once
-   none is left swapped, waiting sequences are admitted first-come first-served, reusing their
-   longest cached prefix (computed under the same LoRA adapter: the adapter salts the hashes;
+2. then, only if 1 preempted nothing, swapped sequences are resumed, and only once none is left
+   swapped (under priority: once none left goes before the first waiting one), waiting sequences
+   are admitted in queue order, reusing their longest cached prefix (computed under the same LoRA adapter: the adapter salts the hashes;
    a request asking for prompt logprobs reads no cached prefix, so every position is computed);
 3. LoRA: running sequences use at most `max_loras` distinct adapters (the base model is free), so
-   every step fits the device's adapter slots. A swapped or waiting sequence whose adapter would
-   be one too many stops resumption / admission (as a sequence that does not fit the pool does):
-   it waits for running sequences of other adapters to finish, and no younger request overtakes
-   it, so none starves. Which adapter occupies which slot (free slot first, else the least
+   every step fits the device's adapter slots (core/adapter_budget.py). A swapped or waiting
+   sequence whose adapter would be one too many stops resumption / admission (as a sequence that
+   does not fit the pool does): it waits for running sequences of other adapters to finish, and
+   no request after it in the queue overtakes it, so none starves. Which adapter occupies which slot (free slot first, else the least
    recently used one not needed by the step) is the runner's business (lora/slots.py).
 
 4. speculative decoding: a running decode carrying draft tokens (`seq.spec_token_ids`, proposed
@@ -37,7 +43,6 @@ they share the prompt's blocks, copied on first write.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -45,7 +50,9 @@ from dataclasses import dataclass, field
 from backend_lib.config import require
 from backend_lib.errors import InputError, QueueFullError
 from backend_lib.llm.config import LLMConfig
+from backend_lib.llm.core.adapter_budget import AdapterBudget
 from backend_lib.llm.core.kv_cache_manager import KVCacheManager
+from backend_lib.llm.core.request_queue import Order
 from backend_lib.llm.core.sequence import Sequence, SequenceStatus
 from backend_lib.llm.core.stop_checker import StopChecker
 
@@ -127,6 +134,21 @@ class SchedulerStats:
     waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
     """Adapter name -> waiting or swapped sequences under it."""
 
+    @classmethod
+    def of(cls, scheduler: Scheduler) -> SchedulerStats:
+        kv = scheduler.kv_cache_manager
+        return cls(
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting),
+            num_swapped=len(scheduler.swapped),
+            kv_usage=kv.usage,
+            prefix_cache_queries=kv.prefix_cache_queries,
+            prefix_cache_hits=kv.prefix_cache_hits,
+            num_preemptions=scheduler.num_preemptions,
+            running_lora_adapters=_count_adapters(scheduler.running),
+            waiting_lora_adapters=_count_adapters([*scheduler.waiting, *scheduler.swapped]),
+        )
+
 
 class Scheduler:
     """Admits, batches, preempts and retires sequences; see the module docstring for the policy."""
@@ -159,12 +181,12 @@ class Scheduler:
         self.kv_cache_manager = KVCacheManager(
             num_blocks, config.block_size, num_host_blocks, config.enable_prefix_caching
         )
-        self.waiting: deque[Sequence] = deque()
+        self.order = Order(config.scheduling_policy, config.priority_aging_rate)
+        self.waiting = self.order.queue()
         self.running: list[Sequence] = []
-        """Admission order: the last one is the first preemption victim."""
-        self.swapped: deque[Sequence] = deque()
-        self.max_loras = config.max_loras if config.enable_lora else 0
-        """Distinct adapters allowed among running sequences (0: LoRA disabled)."""
+        """In the policy's order: the last one is the first preemption victim."""
+        self.swapped = self.order.queue()
+        self.adapters = AdapterBudget(config.max_loras if config.enable_lora else 0)
         self.num_preemptions = 0
         self._seqs: dict[int, Sequence] = {}
         self._requests: dict[str, list[Sequence]] = {}
@@ -211,7 +233,7 @@ class Scheduler:
         self.kv_cache_manager.fork(parent, child)
         child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
         child.status = SequenceStatus.RUNNING
-        self.running.append(child)
+        self.order.add_running(self.running, child)
         self._register(child)
         self._check_stop(child)
 
@@ -252,28 +274,18 @@ class Scheduler:
 
     @property
     def stats(self) -> SchedulerStats:
-        kv = self.kv_cache_manager
-        return SchedulerStats(
-            num_running=len(self.running),
-            num_waiting=len(self.waiting),
-            num_swapped=len(self.swapped),
-            kv_usage=kv.usage,
-            prefix_cache_queries=kv.prefix_cache_queries,
-            prefix_cache_hits=kv.prefix_cache_hits,
-            num_preemptions=self.num_preemptions,
-            running_lora_adapters=_count_adapters(self.running),
-            waiting_lora_adapters=_count_adapters([*self.waiting, *self.swapped]),
-        )
+        return SchedulerStats.of(self)
 
     # --- one step --------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        displaced = self._displace_for_waiting(out)
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
-        if not out.preempted:
-            loras = {seq.lora_int_id for seq in self.running} - {0}
+        if len(out.preempted) == displaced:
+            loras = self.adapters.in_use(self.running)
             budget = self._resume_swapped(out, budget, loras)
-            if not self.swapped:
+            if not self.swapped or self.order.goes_first(self.waiting, self.swapped):
                 budget = self._admit_waiting(out, budget, loras)
         out.blocks_to_copy = self.kv_cache_manager.take_copies()
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
@@ -355,9 +367,10 @@ class Scheduler:
         )
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        # Oldest first. A running prefill is never older than a running decode: a later sequence
-        # is only admitted with budget the earlier prefill left over, i.e. its last chunk. So
-        # decodes are never stalled behind a long prompt.
+        # First to last. Under fcfs a running prefill is never older than a running decode: a later
+        # sequence is only admitted with budget the earlier prefill left over, i.e. its last
+        # chunk, so decodes are never stalled behind a long prompt. Under priority a prefill of
+        # higher priority may take the budget first: that is the policy.
         kv = self.kv_cache_manager
         for seq in list(self.running):
             if budget == 0 or len(out.scheduled) >= self.config.max_num_seqs:
@@ -373,7 +386,7 @@ class Scheduler:
                 if drafts:  # drafts never cost another sequence its place
                     num_new, drafts = num_new - len(drafts), []
                     continue
-                # Victim: the most recently admitted; those before `seq` keep their place.
+                # Victim: the last; those before `seq` keep their place.
                 victim = self.running[-1]
                 self._preempt(victim, out)
                 if victim is seq:
@@ -410,20 +423,35 @@ class Scheduler:
             seq.status = SequenceStatus.WAITING
             self.waiting.appendleft(seq)
 
-    def _lora_fits(self, seq: Sequence, loras: set[int]) -> bool:
-        """Whether `seq` may run beside the running adapters `loras` (added to it when so)."""
-        lora_id = seq.lora_int_id
-        if lora_id == 0 or lora_id in loras:
-            return True
-        if len(loras) >= self.max_loras:
-            return False
-        loras.add(lora_id)
-        return True
+    def _displace_for_waiting(self, out: SchedulerOutput) -> int:
+        """Priority's step 0: while the first waiting sequence outranks the last running one and
+        lacks a slot or the free blocks for its first chunk, preempt the last running one (its
+        adapter permitting). Returns how many were preempted."""
+        kv, count = self.kv_cache_manager, 0
+        while (
+            self.waiting and self.running and self.order.outranks(self.waiting[0], self.running[-1])
+        ):
+            seq = self.waiting[0]
+            if self.swapped and not self.order.goes_first(self.waiting, self.swapped):
+                break  # a swapped sequence goes first: it resumes when there is room
+            if not self.adapters.fits(seq, self.adapters.in_use(self.running)):
+                break
+            prefix = kv.find_cached_prefix(seq)
+            chunk = self._chunk_size(
+                seq.num_tokens - prefix.num_tokens, self.config.max_num_batched_tokens
+            )
+            if len(self.running) < self.config.max_num_seqs and kv.fits(prefix, chunk):
+                break
+            self._preempt(self.running[-1], out)
+            count += 1
+        return count
 
     def _resume_swapped(self, out: SchedulerOutput, budget: int, loras: set[int]) -> int:
         while self.swapped and self._room_for_another(out, budget):
+            if self.order.goes_first(self.waiting, self.swapped):
+                break
             seq = self.swapped[0]
-            if not self._lora_fits(seq, set(loras)):
+            if not self.adapters.fits(seq, set(loras)):
                 break
             num_new = self._chunk_size(seq.num_uncomputed_tokens, budget)
             if num_new == 0:
@@ -431,7 +459,7 @@ class Scheduler:
             pairs = self.kv_cache_manager.swap_in(seq, num_new)
             if pairs is None:
                 break
-            self._lora_fits(seq, loras)
+            self.adapters.fits(seq, loras)
             self.swapped.popleft()
             out.blocks_to_swap_in.extend(pairs)
             budget = self._start_running(seq, num_new, out, budget)
@@ -441,13 +469,13 @@ class Scheduler:
         kv = self.kv_cache_manager
         while self.waiting and self._room_for_another(out, budget):
             seq = self.waiting[0]
-            if not self._lora_fits(seq, set(loras)):
+            if not self.adapters.fits(seq, set(loras)):
                 break
             prefix = kv.find_cached_prefix(seq)
             num_new = self._chunk_size(seq.num_tokens - prefix.num_tokens, budget)
             if num_new == 0 or not kv.admit(seq, prefix, num_new):
                 break
-            self._lora_fits(seq, loras)
+            self.adapters.fits(seq, loras)
             self.waiting.popleft()
             if seq.num_preemptions == 0:
                 seq.num_cached_prompt_tokens = prefix.num_tokens
@@ -456,7 +484,7 @@ class Scheduler:
 
     def _start_running(self, seq: Sequence, num_new: int, out: SchedulerOutput, budget: int) -> int:
         seq.status = SequenceStatus.RUNNING
-        self.running.append(seq)
+        self.order.add_running(self.running, seq)
         out.scheduled.append(ScheduledSequence(seq, num_new))
         return budget - num_new
 

@@ -63,6 +63,11 @@ class Sequence:
     request's own fields; None for a sequence built outside the engine."""
 
     @property
+    def priority(self) -> int:
+        """Its request's priority (lower first; 0 without a request)."""
+        return 0 if self.request is None else self.request.priority
+
+    @property
     def lora_int_id(self) -> int:
         """Its adapter's id, 0 for the base model."""
         return 0 if self.lora_request is None else self.lora_request.lora_int_id

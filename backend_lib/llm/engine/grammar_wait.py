@@ -49,10 +49,17 @@ class GrammarWait:
         jobs = [p.grammar_job.future for p in self._held.values()]
         wait_futures(jobs, timeout=timeout_s, return_when=FIRST_COMPLETED)
 
-    def release(self, request_id: str, reason: str, error: str | None) -> RequestOutput | None:
-        """End a held request now (abort or fail); None when it is not held."""
+    def release(
+        self,
+        request_id: str,
+        reason: str,
+        error: str | None,
+        error_code: ErrorCode | None = None,
+    ) -> RequestOutput | None:
+        """End a held request now (abort, or fail with `error` and its code); None when it is not
+        held."""
         prepared = self._held.pop(request_id, None)
-        return None if prepared is None else self._final(prepared, reason, error)
+        return None if prepared is None else self._final(prepared, reason, error, error_code)
 
     def admit_ready(self, queue: Callable[[PreparedRequest], None]) -> list[RequestOutput]:
         """`queue` each held request whose grammar is ready, in arrival order; the final outputs

@@ -110,6 +110,7 @@ class InputProcessor:
         if not isinstance(params, SamplingParams):
             raise InputError(f"params must be SamplingParams, got {type(params).__name__}")
         params.validate(max_logprobs=self.config.max_logprobs, max_n=self.config.max_n)
+        self._check_priority(request.priority)
         self._check_token_ids("stop_token_ids", params.stop_token_ids or [])
         ids = self._prompt_ids(request.prompt, request.prompt_token_ids)
         check_prompt_fits(len(ids), self.max_model_len)
@@ -131,6 +132,16 @@ class InputProcessor:
         if self.lora_registry is None:
             raise InputError(LORA_DISABLED_ERROR)
         return self.lora_registry.request(lora_name)
+
+    def _check_priority(self, priority: object) -> None:
+        """An integer; other than 0 only under `scheduling_policy: priority` (vLLM's rule)."""
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise InputError(f"priority must be an integer, got {priority!r}")
+        if priority != 0 and self.config.scheduling_policy != "priority":
+            raise InputError(
+                f"got priority {priority}, but priority scheduling is not enabled "
+                "(scheduling_policy is fcfs)"
+            )
 
     def _prompt_ids(self, prompt: str | None, prompt_token_ids: Sequence[int] | None) -> list[int]:
         if prompt_token_ids is not None:

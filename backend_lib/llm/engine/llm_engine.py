@@ -40,6 +40,7 @@ from transformers import PreTrainedTokenizerBase
 
 from backend_lib.checkpoint import load_tokenizer, resolve_model_path
 from backend_lib.config import require
+from backend_lib.contract import ErrorCode
 from backend_lib.errors import InputError, QueueFullError
 from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.outputs import RequestOutput
@@ -49,6 +50,7 @@ from backend_lib.llm.core.scheduler import Scheduler
 from backend_lib.llm.core.sequence import Sequence
 from backend_lib.llm.core.stats import EngineStats, StatsCollector
 from backend_lib.llm.engine import offline
+from backend_lib.llm.engine.deadlines import Deadlines
 from backend_lib.llm.engine.drafter import Drafter
 from backend_lib.llm.engine.fault_injection import FaultHook
 from backend_lib.llm.engine.grammar_step import DEAD_END_ERROR, advance_grammars, dead_ends
@@ -134,6 +136,7 @@ class LLMEngine:
         self.sampling = ParallelSampling(self.device, self._seq_ids)
         self.grammar_wait = GrammarWait(self._stats)
         """Requests waiting for their grammar, outside the scheduler (grammar_wait.py)."""
+        self.deadlines = Deadlines(config.max_queue_wait_ms)
         speculative = config.speculative
         self.drafter = None
         if speculative is not None:
@@ -202,6 +205,7 @@ class LLMEngine:
             self._queue(prepared)
         else:
             self.grammar_wait.hold(prepared)
+        self.deadlines.watch(prepared.request)
 
     @property
     def on_grammar_ready(self) -> Callable[[], None] | None:
@@ -262,20 +266,33 @@ class LLMEngine:
                 self.scheduler.finish(state.seq, "abort")
         return self.outputs.finish(request)
 
-    def fail_request(self, request_id: str, error: str) -> RequestOutput | None:
-        """Like `abort_request`, but the request finishes with reason "error" and `error`."""
+    def fail_request(
+        self, request_id: str, error: str, code: ErrorCode = ErrorCode.INTERNAL
+    ) -> RequestOutput | None:
+        """Like `abort_request`, but the request finishes with reason "error", `error` and its
+        `code`."""
         if request_id in self.grammar_wait:
-            return self.grammar_wait.release(request_id, "error", error)
+            return self.grammar_wait.release(request_id, "error", error, code)
         request = self.outputs.requests.get(request_id)
-        return None if request is None else self.outputs.fail(request, error)
+        return None if request is None else self.outputs.fail(request, error, code)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.outputs.requests or len(self.grammar_wait))
 
     def needs_step(self) -> bool:
-        """Whether `step()` has work now: requests in the scheduler, or a held request whose
-        grammar is done. False while the only unfinished requests wait for their grammar."""
-        return self.scheduler.has_unfinished() or self.grammar_wait.any_ready()
+        """Whether `step()` has work now: requests in the scheduler, a held request whose grammar
+        is done, or a deadline due. False while the only unfinished requests wait for their
+        grammar (until `seconds_to_next_due`)."""
+        return (
+            self.scheduler.has_unfinished()
+            or self.grammar_wait.any_ready()
+            or self.seconds_to_next_due() == 0.0
+        )
+
+    def seconds_to_next_due(self) -> float | None:
+        """How long until a request's deadline or queue wait is due (0: now; None: none)."""
+        due = self.deadlines.next_due()
+        return None if due is None else max(0.0, due - time.monotonic())
 
     @property
     def num_held(self) -> int:
@@ -304,10 +321,24 @@ class LLMEngine:
         """One step: queue the held requests whose grammar is ready, then schedule -> execute ->
         update -> process outputs. Returns the outputs of every request that produced tokens or
         finished (held ones whose constraint failed to compile included)."""
+        ended = self._expire() if self.seconds_to_next_due() == 0.0 else []
         admitted = self.grammar_wait.admit_ready(self._queue) if len(self.grammar_wait) else []
         if not self.scheduler.has_unfinished():
-            return admitted
-        return admitted + self._step()
+            return ended + admitted
+        return ended + admitted + self._step()
+
+    def _expire(self) -> list[RequestOutput]:
+        """End the requests past their deadline or queue wait (engine/deadlines.py)."""
+        ended = self.deadlines.expire(time.monotonic(), self._was_admitted)
+        outputs = (self.fail_request(e.request_id, e.message, e.code) for e in ended)
+        return [output for output in outputs if output is not None]
+
+    def _was_admitted(self, request_id: str) -> bool | None:
+        """Whether the unfinished request was ever scheduled; None when it is not unfinished."""
+        if request_id in self.grammar_wait:
+            return False
+        request = self.outputs.requests.get(request_id)
+        return None if request is None else request.metrics.first_scheduled_time is not None
 
     def _step(self) -> list[RequestOutput]:
         if self.drafter is not None:

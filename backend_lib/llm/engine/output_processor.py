@@ -60,6 +60,8 @@ class RequestState:
     forked: bool = False
     """Its n > 1 children exist."""
     error: str | None = None
+    error_code: ErrorCode = ErrorCode.INTERNAL
+    """With `error`: why, as the client is told."""
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     """Per prompt token scored so far (None for the first); None: the request asked for none."""
     final_only: bool = False
@@ -160,9 +162,11 @@ class OutputProcessor:
             self.fail(self.requests[r], describe(exc)) for r in request_ids if r in self.requests
         ]
 
-    def fail(self, request: RequestState, error: str) -> RequestOutput:
-        """Finish every sequence of `request` with reason "error" and `error`."""
-        request.error = error
+    def fail(
+        self, request: RequestState, error: str, code: ErrorCode = ErrorCode.INTERNAL
+    ) -> RequestOutput:
+        """Finish every sequence of `request` with reason "error", `error` and its `code`."""
+        request.error, request.error_code = error, code
         for state in request.seqs:
             self.scheduler.finish(state.seq, "error")  # on a finished one: only the reason changes
         # Children forked in a step that failed before they were tracked here.
@@ -192,7 +196,7 @@ class OutputProcessor:
             num_cached_tokens=request.seqs[0].seq.num_cached_prompt_tokens,
             metrics=dataclasses.replace(request.metrics),
             error=request.error,
-            error_code=None if request.error is None else ErrorCode.INTERNAL,
+            error_code=None if request.error is None else request.error_code,
             prompt_logprobs=(
                 None if request.prompt_logprobs is None else list(request.prompt_logprobs)
             ),

@@ -4,7 +4,7 @@ The engine is not thread-safe, so only the loop thread touches it: callers hand 
 aborts over under a lock, and read each request's outputs from its own queue. The loop sleeps on
 a condition variable while there is nothing to do (no polling): no request in the engine's
 scheduler, or only requests waiting for their grammar, whose compile (in a worker process) wakes
-it when done. `submit` waits at most SUBMIT_GRAMMAR_WAIT_S for a constraint's grammar.
+it when done; a request's deadline bounds the sleep, so it ends when due. `submit` waits at most SUBMIT_GRAMMAR_WAIT_S for a constraint's grammar.
 
     loop = EngineLoop(engine, on_step=update_metrics)
     loop.start()
@@ -152,7 +152,8 @@ class EngineLoop:
         while True:
             with self._cond:
                 while not (self._new or self._aborts or self._stopping or self.engine.needs_step()):
-                    self._cond.wait()
+                    # Asleep only until the next deadline is due (None: until woken).
+                    self._cond.wait(self.engine.seconds_to_next_due())
                 if self._stopping:
                     break
                 new, self._new = self._new, []

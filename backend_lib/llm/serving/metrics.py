@@ -26,7 +26,8 @@ in the run, 0 .. num_speculative_tokens - 1), from load at 0. Acceptance rate: a
 tokens; mean accepted length: 1 + accepted / drafts.
 
 `llm_request_failures_total{reason}`: requests answered with an error (invalid_input: refused at
-parsing; queue_full; internal: the generation failed). It shows the model alive while it refuses bad
+parsing; queue_full; deadline_exceeded: past its deadline, waiting or running; queue_timeout: past
+max_queue_wait_ms before admission; internal: the generation failed). It shows the model alive while it refuses bad
 input, which Triton's own failure counter cannot tell from a dead Python-backend stub.
 """
 
@@ -151,7 +152,7 @@ def buckets_1_2_5(limit: int) -> list[int]:
 FINISHED_REASONS = ("stop", "length", "abort", "error")
 """Every `finished_reason` of `vllm:request_success_total`, each exported from load."""
 
-FAILURE_REASONS = ("invalid_input", "queue_full", "internal")
+FAILURE_REASONS = ("invalid_input", "queue_full", "deadline_exceeded", "queue_timeout", "internal")
 """Every `reason` of `llm_request_failures_total`, each exported from load."""
 
 EXTRA_LABELS = {
@@ -205,7 +206,8 @@ class LLMMetrics:
         # model refusing bad input (alive) from a dead stub (Triton counts failures, nothing else moves).
         self.request_failures = sink.counter(
             "llm_request_failures_total",
-            "Requests the model refused or failed, by reason (invalid_input, queue_full, internal).",
+            "Requests the model refused or failed, by reason (invalid_input, queue_full, "
+            "deadline_exceeded, queue_timeout, internal).",
         )
         self.prompt_tokens = sink.counter("vllm:prompt_tokens_total", "Prefill tokens processed.")
         self.generation_tokens = sink.counter(

@@ -25,7 +25,13 @@ import numpy as np
 
 from backend_lib import contract
 from backend_lib.config import ConfigError, from_parameters
-from backend_lib.errors import InputError, ModelUnavailable, RequestCancelled, error_code
+from backend_lib.errors import (
+    InputError,
+    ModelUnavailable,
+    RequestCancelled,
+    error_code,
+    request_error,
+)
 from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.outputs import CompletionOutput, Logprob, RequestOutput
 from backend_lib.llm.core.request import EngineRequest
@@ -171,9 +177,11 @@ class LLMService:
             )
         return cls(engine, metrics, faults=PromptMarkerFaults.from_environment(), unload=unload)
 
-    def submit(self, inputs: dict[str, np.ndarray]) -> Job:
+    def submit(self, inputs: dict[str, np.ndarray], timeout_us: int = 0) -> Job:
         """Parse and queue one request; InputError / QueueFullError at once for this caller
-        (ModelUnavailable once a worker process died)."""
+        (ModelUnavailable once a worker process died). `timeout_us`: Triton's request timeout in
+        microseconds (`request.timeout()`, 0: none), a deadline as `deadline_ms` is."""
+        arrival = time.monotonic()
         if self.unavailable is not None:
             raise self.unavailable
         request = parse_generate_request(
@@ -196,7 +204,14 @@ class LLMService:
         prompt = None if request.prompt_token_ids is not None else request.prompt
         stream = self.loop.submit(
             EngineRequest(
-                request_id, prompt, params, request.prompt_token_ids, lora_name=request.lora_name
+                request_id,
+                prompt,
+                params,
+                request.prompt_token_ids,
+                arrival_time=arrival,
+                lora_name=request.lora_name,
+                deadline=_deadline(arrival, timeout_us, request.deadline_ms),
+                priority=request.priority,
             )
         )
         return Job(request_id, request, stream)
@@ -216,14 +231,19 @@ class LLMService:
         return {contract.MODEL_FACTS: np.array([self.facts().to_json().encode()], dtype=object)}
 
     def start(
-        self, inputs: dict[str, np.ndarray], send: SendFn, is_cancelled: Callable[[], bool]
+        self,
+        inputs: dict[str, np.ndarray],
+        send: SendFn,
+        is_cancelled: Callable[[], bool],
+        timeout_us: int = 0,
     ) -> Job | None:
         """Submit one request whose responses the responder thread passes to `send(tensors or
-        error, final)`; `is_cancelled` is polled. InputError / QueueFullError at once here. A
-        `describe` request gets its one (final) response, the facts, before this returns None."""
+        error, final)`; `is_cancelled` is polled; `timeout_us` is Triton's request timeout (see
+        `submit`). InputError / QueueFullError at once here. A `describe` request gets its one
+        (final) response, the facts, before this returns None."""
         try:
             describe = read_scalar(inputs, contract.DESCRIBE, bool)
-            job = None if describe else self.submit(inputs)
+            job = None if describe else self.submit(inputs, timeout_us)
         except Exception as exc:
             self._record_failure(exc)
             raise
@@ -280,14 +300,8 @@ class LLMService:
         """(tensors or error, final) for `output`, or None (a non-streaming request's partial)."""
         if output.finished and job.cancelled:
             return RequestCancelled(f"request {job.request_id} was cancelled"), True
-        if (
-            output.error_code is contract.ErrorCode.INVALID_INPUT
-        ):  # e.g. a constraint that did not compile
-            error = InputError(str(output.error))
-            self._record_failure(error)
-            return error, True
-        if output.error is not None:
-            error = RuntimeError(f"generation failed: {output.error}")
+        if output.error is not None:  # e.g. a constraint that did not compile, a deadline passed
+            error = request_error(output.error_code, output.error)
             self._record_failure(error)
             return error, True
         if output.finished or job.request.stream:
@@ -502,3 +516,10 @@ class Responder:
                 cancelled = True
             if cancelled:
                 self._service.cancel(item.job)
+
+
+def _deadline(arrival: float, timeout_us: int, deadline_ms: float | None) -> float | None:
+    """The earlier of Triton's request timeout and `deadline_ms`, as a time.monotonic() time."""
+    limits = [timeout_us / 1e6] if timeout_us > 0 else []
+    limits += [deadline_ms / 1e3] if deadline_ms is not None else []
+    return arrival + min(limits) if limits else None

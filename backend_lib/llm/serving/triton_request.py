@@ -6,7 +6,10 @@ object or its text) or as TensorRT-LLM's `guided_decoding_guide_type` / `guided_
 inputs (GUIDE_TYPES maps them to the same thing); sending both is an error.
 
 `lora_name` inside `sampling_parameters` picks a LoRA adapter, as in the vLLM backend (the
-engine checks it; see backend_lib/llm/lora/registry.py)."""
+engine checks it; see backend_lib/llm/lora/registry.py), and `priority` (an integer, lower first,
+vLLM's request field) its place under `scheduling_policy: priority` (the engine checks it too).
+`deadline_ms` there, and Triton's own request timeout (microseconds, as tritonclient sends it),
+bound how long the request may take (the earlier of the two; serving/service.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from backend_lib.contract import (
     TEXT_INPUT,
 )
 from backend_lib.errors import InputError
-from backend_lib.llm.core.sampling_params import SamplingParams
+from backend_lib.llm.core.sampling_params import SamplingParams, parse_float, parse_int
 from backend_lib.triton_io import Inputs, read_scalar, read_strings
 
 # RETURN_FLAGS, the llm's `return_*` inputs, are backend_lib.contract's (shared with the frontend).
@@ -65,6 +68,11 @@ class GenerateRequest:
     """The adapter named in sampling_parameters (None: the base model)."""
     prompt_token_ids: list[int] | None = None
     """The prompt as token ids (the `prompt_token_ids` input; `prompt` is then empty)."""
+    priority: int = 0
+    """The `priority` in sampling_parameters (lower first; 0 when absent)."""
+    deadline_ms: float | None = None
+    """The `deadline_ms` in sampling_parameters: the request must finish within this many
+    milliseconds of its arrival (None: no deadline of its own)."""
 
 
 def parse_generate_request(
@@ -93,9 +101,17 @@ def parse_generate_request(
     lora_name = fields.pop("lora_name", None)
     if lora_name is not None and (not isinstance(lora_name, str) or not lora_name):
         raise InputError(f"lora_name must be a non-empty string, got {lora_name!r}")
+    priority = parse_int("priority", fields.pop("priority", 0))
+    deadline_ms = fields.pop("deadline_ms", None)
+    if deadline_ms is not None:
+        deadline_ms = parse_float("deadline_ms", deadline_ms)
+        if not 0 <= deadline_ms < float("inf"):
+            raise InputError(f"deadline_ms must be a finite number >= 0, got {deadline_ms!r}")
     params = SamplingParams.from_dict(fields, max_logprobs=max_logprobs, max_n=max_n)
     flags = {name: bool(read_scalar(inputs, name, bool)) for name in RETURN_FLAGS}
-    return GenerateRequest(prompt, params, stream, prepend_input, flags, lora_name, token_ids)
+    return GenerateRequest(
+        prompt, params, stream, prepend_input, flags, lora_name, token_ids, priority, deadline_ms
+    )
 
 
 def _prompt_token_ids(inputs: Inputs) -> list[int] | None:

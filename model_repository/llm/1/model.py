@@ -35,8 +35,14 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
             try:
-                # One responder thread of the service sends every request's responses.
-                self.service.start(inputs, functools.partial(_send, sender), request.is_cancelled)
+                # One responder thread of the service sends every request's responses; the
+                # request's timeout (microseconds, 0: none) is its deadline.
+                self.service.start(
+                    inputs,
+                    functools.partial(_send, sender),
+                    request.is_cancelled,
+                    request.timeout(),
+                )
             except Exception as exc:  # this request fails alone
                 sender.send(_error(exc), flags=FINAL)
         return None

@@ -87,6 +87,6 @@ def test_refused_and_failed_requests_are_counted_by_reason(monkeypatch):
         job = service.submit(inputs(f"ka {MARKER} ro"))
         assert isinstance(collect(service, job)[1], RuntimeError)
         assert collect(service, service.submit(inputs(PROMPTS[1])))[1] is None
-        assert failures() == {"invalid_input": 2, "queue_full": 0, "internal": 1}
+        assert failures() == dict.fromkeys(FAILURE_REASONS, 0) | {"invalid_input": 2, "internal": 1}
     finally:
         service.shutdown()

@@ -118,6 +118,14 @@ def test_scalar_inputs_override_json_fields():
         ),
         ({"text_input": text("a"), "temperature": np.array([np.inf], dtype=np.float32)}, "finite"),
         ({"text_input": np.array([b"a", b"b"], dtype=object)}, "exactly one prompt"),
+        (
+            {"text_input": text("a"), "sampling_parameters": text('{"priority": 1.5}')},
+            "priority must be an integer",
+        ),
+        (
+            {"text_input": text("a"), "sampling_parameters": text('{"priority": "high"}')},
+            "priority must be an integer",
+        ),
     ],
 )
 def test_bad_requests_name_the_problem(inputs, fragment):
@@ -150,6 +158,7 @@ FIELDS = st.sampled_from(
         "repetition_penalty",
         "presence_penalty",
         "frequency_penalty",
+        "priority",
         "unknown",
     ]
 )
@@ -231,3 +240,14 @@ def test_guided_decoding_inputs_map_to_structured_outputs(guide_type, guide, kin
 def test_bad_guided_decoding_inputs_name_the_input(extra, message):
     with pytest.raises(InputError, match=message):
         parse_generate_request({"text_input": text("Hi"), **extra}, **LIMITS)
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, 0), (-3, -3), ("2", 2), (4.0, 4)])
+def test_priority_in_sampling_parameters(value, expected):
+    """vLLM's request `priority` (lower first), numbers as strings accepted as for every field;
+    absent: 0. It is the request's, not a sampling parameter."""
+    params = {"max_tokens": 2} | ({} if value is None else {"priority": value})
+    request = parse_generate_request(
+        {"text_input": text("a"), "sampling_parameters": text(json.dumps(params))}, **LIMITS
+    )
+    assert request.priority == expected and request.params.max_tokens == 2

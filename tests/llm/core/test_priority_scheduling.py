@@ -1,0 +1,158 @@
+"""`scheduling_policy: priority` (core/request_queue.py) on the fake runner of scheduler_helpers.py:
+admission by (priority, arrival), a better-priority arrival displacing the worst running
+sequence, the worst priority preempted first when blocks run out, aging's bound, and outputs
+that stay exact whatever the order."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend_lib.config import ConfigError, from_parameters
+from backend_lib.llm.config import LLMConfig
+from tests.llm.core.scheduler_helpers import (
+    FakeRunner,
+    assert_reference_outputs,
+    make_scheduler,
+    make_seq,
+    run,
+    step,
+)
+
+
+def first_scheduled_order(sched, runner) -> list[int]:
+    """Run to the end; the seq ids in the order each was first scheduled."""
+    order: list[int] = []
+    while sched.has_unfinished():
+        out, _ = step(sched, runner)
+        order += [i.seq.seq_id for i in out.scheduled if i.seq.seq_id not in order]
+    return order
+
+
+def test_waiting_requests_are_admitted_by_priority_then_arrival():
+    sched = make_scheduler(scheduling_policy="priority", max_num_seqs=1)
+    runner = FakeRunner(sched)
+    seqs = [
+        make_seq(range(10 * k, 10 * k + 5), priority=p, max_tokens=3)
+        for k, p in enumerate((2, 0, 1, 0, -1))
+    ]
+    for seq in seqs:
+        sched.add(seq)
+    order = first_scheduled_order(sched, runner)
+    assert order == [seqs[i].seq_id for i in (4, 1, 3, 2, 0)]
+    assert_reference_outputs(seqs)
+
+
+def test_fcfs_ignores_priority_order():
+    """The contrast: the same requests under fcfs run in arrival order."""
+    sched = make_scheduler(max_num_seqs=1)
+    runner = FakeRunner(sched)
+    seqs = [make_seq(range(10 * k, 10 * k + 5), max_tokens=3) for k in range(3)]
+    for seq in seqs:
+        sched.add(seq)
+    assert first_scheduled_order(sched, runner) == [s.seq_id for s in seqs]
+
+
+@pytest.mark.parametrize("policy", ["priority", "fcfs"])
+def test_a_better_priority_behind_200_queued_ones_runs_at_the_next_step(policy):
+    """Every slot busy with long low-priority requests and 200 more queued: under priority the
+    new request displaces the worst running one and is scheduled at the very next step; under
+    fcfs it waits behind all of them."""
+    sched = make_scheduler(
+        num_blocks=256, max_model_len=64, scheduling_policy=policy, max_num_seqs=4
+    )
+    runner = FakeRunner(sched)
+    low = [
+        make_seq(range(k, k + 6), priority=5 if policy == "priority" else 0, max_tokens=40)
+        for k in range(204)
+    ]
+    for seq in low:
+        sched.add(seq)
+    for _ in range(3):
+        step(sched, runner)
+    assert len(sched.running) == 4 and len(sched.waiting) == 200
+    urgent = make_seq(range(500, 506), max_tokens=4)
+    sched.add(urgent)
+    out, _ = step(sched, runner)
+    scheduled = {i.seq.seq_id for i in out.scheduled}
+    if policy == "priority":
+        assert urgent.seq_id in scheduled
+        assert [s.seq_id for s in out.preempted] == [low[3].seq_id]  # the last admitted of equals
+        assert len(sched.running) == 4
+    else:
+        assert urgent.seq_id not in scheduled and not out.preempted
+    run(sched, runner, max_steps=5000)
+    assert_reference_outputs([*low, urgent])
+
+
+def test_equal_priorities_never_displace_each_other():
+    sched = make_scheduler(scheduling_policy="priority", max_num_seqs=2)
+    runner = FakeRunner(sched)
+    first = [make_seq(range(k, k + 4), priority=1, max_tokens=10) for k in range(2)]
+    for seq in first:
+        sched.add(seq)
+    step(sched, runner)
+    later = make_seq(range(50, 54), priority=1, max_tokens=2)
+    sched.add(later)
+    out, _ = step(sched, runner)
+    assert not out.preempted and later.seq_id not in {i.seq.seq_id for i in out.scheduled}
+    run(sched, runner)
+    assert_reference_outputs([*first, later])
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_when_blocks_run_out_the_worst_priority_is_preempted_first(mode):
+    """Four running sequences grow until the pool is short: the victim is the one of priority 9
+    although it was admitted first, then the one of priority 3; the best keeps running."""
+    sched = make_scheduler(
+        num_blocks=8,
+        num_host_blocks=16,
+        max_model_len=64,
+        scheduling_policy="priority",
+        preemption_mode=mode,
+        swap_space=1,
+    )
+    runner = FakeRunner(sched, num_host_blocks=16)
+    priorities = (9, 0, 3, 1)
+    seqs = [
+        make_seq(range(10 * k, 10 * k + 7), priority=p, max_tokens=20)
+        for k, p in enumerate(priorities)
+    ]
+    for seq in seqs:
+        sched.add(seq)
+    victims = []
+    while sched.has_unfinished():
+        out, _ = step(sched, runner)
+        victims += [s.seq_id for s in out.preempted]
+    assert victims[:2] == [seqs[0].seq_id, seqs[2].seq_id]
+    assert seqs[1].num_preemptions == 0
+    assert_reference_outputs(seqs)
+
+
+def aging_scenario(rate: float) -> tuple[list[int], int, list]:
+    """A priority-3 request arriving at t=0 and a stream of priority-0 ones arriving at t=0.5,
+    1.5, ..., one slot: (first-scheduled order, the old one's id, the stream)."""
+    sched = make_scheduler(scheduling_policy="priority", priority_aging_rate=rate, max_num_seqs=1)
+    old = make_seq(range(5), priority=3, arrival_time=0.0, max_tokens=2)
+    stream = [
+        make_seq(range(10 + t, 15 + t), priority=0, arrival_time=t + 0.5, max_tokens=2)
+        for t in range(8)
+    ]
+    for seq in (old, *stream):
+        sched.add(seq)
+    return first_scheduled_order(sched, FakeRunner(sched)), old.seq_id, stream
+
+
+def test_aging_admits_a_worse_priority_within_its_bound():
+    """Aging 1 level/s: the priority-3 request goes after the priority-0 ones that arrived within
+    (3 - 0) / 1 = 3 s of it and before every later one; without aging it goes last."""
+    order, old, stream = aging_scenario(1.0)
+    assert set(order[: order.index(old)]) == {s.seq_id for s in stream if s.arrival_time < 3.0}
+    order, old, _ = aging_scenario(0.0)
+    assert order[-1] == old
+
+
+def test_a_bad_policy_or_aging_rate_names_the_field():
+    with pytest.raises(ConfigError, match="scheduling_policy"):
+        from_parameters(LLMConfig, {"scheduling_policy": "lottery"})
+    with pytest.raises(ConfigError, match="priority_aging_rate"):
+        make_scheduler(scheduling_policy="priority", priority_aging_rate=-1.0)
