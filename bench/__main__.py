@@ -45,6 +45,7 @@ from bench.summary import (
     not_measured,
     summary_table,
 )
+from tooling.child_process import die_with_parent, stop_on_signals
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT_DIR = Path("bench/results")
@@ -113,17 +114,24 @@ def run_benchmark(bench: SuiteEntry, out: Path, args: list[str], timeout: float)
             stderr=subprocess.STDOUT,
             text=True,
             cwd=REPO_ROOT,
+            preexec_fn=die_with_parent(),  # a killed suite takes its benchmark (and its servers)
         )
         # A silent, hung benchmark must not hang the suite: a timer kills it.
         watchdog = threading.Timer(timeout, proc.kill)
+        watchdog.daemon = True
         watchdog.start()
         assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            print(f"  {bench.name}| {line}", end="", file=sys.stderr, flush=True)
-        code = proc.wait()
-        timed_out = not watchdog.is_alive()
-        watchdog.cancel()
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                print(f"  {bench.name}| {line}", end="", file=sys.stderr, flush=True)
+            code = proc.wait()
+        except BaseException:  # SIGTERM (SystemExit) or SIGINT: the benchmark stops too
+            _stop(proc)
+            raise
+        finally:
+            timed_out = not watchdog.is_alive()
+            watchdog.cancel()
     if timed_out:
         return f"timed out after {timeout:.0f} s (log: {log_path})"
     if code != 0:
@@ -131,6 +139,16 @@ def run_benchmark(bench: SuiteEntry, out: Path, args: list[str], timeout: float)
     if not out.exists():
         return f"wrote no result (log: {log_path})"
     return None
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM a benchmark (it stops its servers on the way out), SIGKILL past `grace_s`."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @dataclass
@@ -334,6 +352,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    stop_on_signals()
     summary = run(parse_args(argv))
     if summary["failed"]:
         raise SystemExit(f"failed: {', '.join(summary['failed'])}")

@@ -43,6 +43,7 @@ from bench.serving_load import RequestTiming, Run, llm_stream_inputs, stream_req
 from bench.skeleton import Benchmark
 from bench.summary import target
 from bench.timing import percentile, spread
+from tooling.child_process import die_with_parent
 
 NAME = "openai_frontend"
 HEADING = "OpenAI frontend vs gRPC to tritonserver"
@@ -246,7 +247,12 @@ class FrontendProcess:
         command += ["--port", str(self.port)]
         with log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env
+                command,
+                cwd=REPO_ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                preexec_fn=die_with_parent(),
             )
 
     def wait_ready(self, timeout: float = 120) -> float:

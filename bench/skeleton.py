@@ -21,6 +21,7 @@ from pathlib import Path
 
 from bench import cli
 from bench.output import machine_info, write_result
+from tooling.child_process import stop_on_signals
 
 Run = Callable[[argparse.Namespace, Path], dict]
 """`run(args, scratch)`: the measurement, the result's own fields. `scratch` is an empty
@@ -61,7 +62,9 @@ class Benchmark:
     """The result's "benchmark" field, when not `name`."""
 
     def main(self, argv: list[str] | None = None) -> dict:
-        """Parse the arguments, run, print the report section, write the result to --out."""
+        """Parse the arguments, run, print the report section, write the result to --out. SIGTERM
+        ends it through SystemExit, so the servers it started stop."""
+        stop_on_signals()
         args = self.parse_args(argv)
         result = self.measure(args)
         print("\n".join(self.section(result)))

@@ -93,7 +93,7 @@ class FrontendMiddleware:
         started, status = time.perf_counter(), 500
         routed = traffic.Routed(ab_key=_header(scope, traffic.AB_KEY_HEADER))
         token = traffic.CURRENT.set(routed)
-        timeout_token = deadline.CURRENT.set(None)
+        timeout_token = deadline.CURRENT.set(_header(scope, deadline.HEADER))
 
         async def send_and_record(message: Message) -> None:
             nonlocal status
@@ -106,8 +106,6 @@ class FrontendMiddleware:
 
         try:
             error = self._check_auth(scope)
-            if error is None:
-                error = _read_timeout(scope)
             if error is None:
                 body, error = await self._read_body(scope, receive)
             if error is not None:
@@ -162,15 +160,6 @@ class FrontendMiddleware:
             if not message.get("more_body", False):
                 break
         return b"".join(chunks), None
-
-
-def _read_timeout(scope: Scope) -> APIError | None:
-    """Put the request's `x-request-timeout` in deadline.CURRENT; the error when malformed."""
-    try:
-        deadline.CURRENT.set(deadline.parse(_header(scope, deadline.HEADER)))
-    except APIError as error:
-        return error
-    return None
 
 
 def _header(scope: Scope, name: str) -> str | None:

@@ -1,10 +1,13 @@
-"""The client's own timeout as the llm's deadline: the `x-request-timeout` header (seconds), set on
-any generating request (chat, completions, Responses, Messages), reaches the llm as `deadline_ms`
-in its sampling_parameters. The engine ends a request still waiting or running at its deadline;
-the client gets 504 in its API's error shape (errors.py), with the time spent.
+"""The client's timeout as the llm's deadline: an `x-request-timeout` header (seconds > 0) on any
+generating request (chat, completions, Responses, Messages) reaches the llm as `deadline_ms` in its
+sampling_parameters. The engine ends a request still waiting or running at its deadline; the
+client gets 504 in its API's error shape (errors.py), with the time spent. The openai and
+anthropic SDKs do not send this header by themselves (their own timeouts are client-side): a
+client sets it (`extra_headers`, `default_headers`).
 
-The middleware (app.py) reads the header once per request into CURRENT; `sampling.py` reads it
-there, so every route that builds sampling parameters carries it without passing it along.
+The middleware (app.py) puts the header's text in CURRENT for the request; `deadline_ms`, called
+where sampling parameters are built (sampling.py), reads and checks it, so only the generating
+APIs look at it and every route that builds sampling parameters carries it.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ from contextvars import ContextVar
 from openai_frontend.errors import invalid_request
 
 HEADER = "x-request-timeout"
-CURRENT: ContextVar[float | None] = ContextVar("request_timeout_s", default=None)
-"""This request's timeout in seconds (None: the client set none)."""
+CURRENT: ContextVar[str | None] = ContextVar("request_timeout", default=None)
+"""This request's header text (None: the client sent none)."""
 
 
-def parse(value: str | None) -> float | None:
-    """The header's seconds; an APIError (400) naming the header when it is not a number > 0."""
+def deadline_ms() -> float | None:
+    """The current request's deadline for the llm, in milliseconds from its arrival (None: none);
+    an APIError (400) naming the header when it is not a number of seconds > 0."""
+    value = CURRENT.get()
     if value is None:
         return None
     try:
@@ -31,10 +36,4 @@ def parse(value: str | None) -> float | None:
         raise invalid_request(
             f"the {HEADER} header must be a number of seconds > 0, got {value!r}", HEADER
         )
-    return seconds
-
-
-def deadline_ms() -> float | None:
-    """The current request's deadline for the llm, in milliseconds from its arrival."""
-    seconds = CURRENT.get()
-    return None if seconds is None else seconds * 1000
+    return seconds * 1000

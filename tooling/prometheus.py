@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from tooling.child_process import die_with_parent
 from tooling.tritonserver import free_port
 
 INSTALL_HINT = "`make setup` installs Debian's `prometheus` package (as root, or through sudo)"
@@ -99,6 +100,7 @@ class PrometheusServer:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
         self._wait_ready()
         return self

@@ -19,6 +19,8 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from tooling.child_process import die_with_parent
+
 
 def free_ports(count: int) -> list[int]:
     """`count` distinct free local ports.
@@ -132,6 +134,7 @@ class TritonServer:
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            preexec_fn=die_with_parent(),  # never outlives its parent (child_process.py)
         )
 
     def _lost_a_port(self) -> bool:

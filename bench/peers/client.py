@@ -16,6 +16,7 @@ import subprocess
 import numpy as np
 
 from bench.peers import env
+from tooling.child_process import die_with_parent
 
 
 class PeerError(RuntimeError):
@@ -39,6 +40,7 @@ class PeerWorker:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            preexec_fn=die_with_parent(),
         )
 
     def call(self, op: str, **request) -> dict:

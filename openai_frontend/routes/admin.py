@@ -48,6 +48,9 @@ AdminKey = Annotated[str | None, Header(alias=ADMIN_KEY_HEADER)]
 @router.get("/admin/traffic-splits")
 async def list_splits(state: State, x_admin_key: AdminKey = None) -> dict[str, Any]:
     _authorize(state, x_admin_key)
+    # The split file may have changed since the last request routed: show what is in force now.
+    state.registry.splits.reload_if_changed()
+    state.registry.publish_splits()
     return {"splits": state.registry.splits.snapshot()}
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tooling.child_process import die_with_parent
 from tooling.tritonserver import TritonServer, free_port, http_status
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -58,6 +59,7 @@ def start_frontend(triton_url: str, repository: Path, *extra_args: str) -> Front
         stdout=handle,
         stderr=subprocess.STDOUT,
         env=env,
+        preexec_fn=die_with_parent(),
     )
     os.close(handle)
     front = Frontend(f"http://127.0.0.1:{port}", process, Path(log_name))

@@ -6,6 +6,7 @@ admin endpoint and the split file, and per-version metrics. Against a stand-in f
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from collections import Counter
@@ -248,6 +249,25 @@ def test_the_split_file_is_read_again_when_it_changes(two_versions, tmp_path):
         assert client.post("/v1/completions", json=BODY).headers["x-model-version"] == "2"
         path.write_text("{broken")  # kept: the splits in force stay
         assert client.post("/v1/completions", json=BODY).headers["x-model-version"] == "2"
+
+
+def test_the_admin_view_follows_the_split_file_without_a_request(two_versions, tmp_path):
+    """`GET /admin/traffic-splits` re-reads a changed split file itself: no inference request
+    needs to come first (it showed the old split until one did)."""
+    path = tmp_path / "splits.json"
+    path.write_text(json.dumps({"splits": {"llm": {"1": 100, "2": 0}}}))
+    client, _ = _serve(two_versions, traffic_split_file=path)
+    with client:
+        headers = {"x-admin-key": ADMIN_KEY}
+        assert client.get("/admin/traffic-splits", headers=headers).json() == {
+            "splits": {"llm": {"1": 100, "2": 0}}
+        }
+        path.write_text(json.dumps({"splits": {"llm": {"1": 30, "2": 70}}}))
+        stat = path.stat()  # a new modification time, however coarse the file system's clock
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        assert client.get("/admin/traffic-splits", headers=headers).json() == {
+            "splits": {"llm": {"1": 30, "2": 70}}
+        }
 
 
 class UnloadingTriton(FakeTriton):

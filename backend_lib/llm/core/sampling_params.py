@@ -271,6 +271,8 @@ def parse_float(key: str, raw: Any) -> float:
     otherwise."""
     if isinstance(raw, bool):
         raise InputError(f"{key} must be a number, got {raw!r}")
+    if isinstance(raw, int) and abs(raw) > 2**1023:
+        raise InputError(f"{key} must be a number within float range, got {raw}")
     if isinstance(raw, (int, float)):
         return float(raw)
     if isinstance(raw, str):

@@ -285,8 +285,7 @@ class Scheduler:
         if len(out.preempted) == displaced:
             loras = self.adapters.in_use(self.running)
             budget = self._resume_swapped(out, budget, loras)
-            if not self.swapped or self.order.goes_first(self.waiting, self.swapped):
-                budget = self._admit_waiting(out, budget, loras)
+            budget = self._admit_waiting(out, budget, loras)
         out.blocks_to_copy = self.kv_cache_manager.take_copies()
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
         return out
@@ -468,6 +467,8 @@ class Scheduler:
     def _admit_waiting(self, out: SchedulerOutput, budget: int, loras: set[int]) -> int:
         kv = self.kv_cache_manager
         while self.waiting and self._room_for_another(out, budget):
+            if self.swapped and not self.order.goes_first(self.waiting, self.swapped):
+                break  # a swapped sequence goes first (under fcfs: while any is left)
             seq = self.waiting[0]
             if not self.adapters.fits(seq, set(loras)):
                 break

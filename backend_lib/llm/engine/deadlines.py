@@ -9,7 +9,9 @@ not admitted within that long ends with QUEUE_TIMEOUT (answered 503 with Retry-A
 queue timeout). A request thus ends at most one step after it is due.
 
 Due times sit in one heap, so a step pays nothing while none is due; `next_due` tells the driving
-thread how long it may sleep (serving/engine_loop.py).
+thread how long it may sleep (serving/engine_loop.py). A finished request's entries stay until
+they fall due (then dropped, at the cost of one wake of the loop), rather than being searched for
+at every finish.
 """
 
 from __future__ import annotations
@@ -66,13 +68,14 @@ class Deadlines:
         """The earliest due time still tracked (None: none); it may be of a finished request."""
         return self._heap[0].when if self._heap else None
 
-    def expire(self, now: float, admitted: Callable[[str], bool | None]) -> list[Expired]:
-        """The requests to end at `now`. `admitted(request_id)`: whether it was ever scheduled,
-        None once it finished (its due times are then dropped here)."""
+    def expire(self, now: float, admitted: Callable[[str, float], bool | None]) -> list[Expired]:
+        """The requests to end at `now`. `admitted(request_id, arrival_time)`: whether the
+        unfinished request of that id and arrival was ever scheduled; None when there is none (it
+        finished, or its id now names a later request): its due times are then dropped here."""
         expired: dict[str, Expired] = {}
         while self._heap and self._heap[0].when <= now:
             due = heapq.heappop(self._heap)
-            state = admitted(due.request_id)
+            state = admitted(due.request_id, due.arrival_time)
             if state is None or due.request_id in expired:
                 continue  # finished meanwhile, or already ending
             waited_ms = (now - due.arrival_time) * 1000

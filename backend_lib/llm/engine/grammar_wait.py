@@ -37,6 +37,10 @@ class GrammarWait:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._held
 
+    def get(self, request_id: str) -> PreparedRequest | None:
+        """The held request of this id (None: not held)."""
+        return self._held.get(request_id)
+
     def hold(self, prepared: PreparedRequest) -> None:
         self._held[prepared.request_id] = prepared
         prepared.grammar_job.add_done_callback(self._done)

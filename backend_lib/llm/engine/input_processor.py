@@ -68,6 +68,10 @@ class PreparedRequest:
         return self.request.arrival_time
 
 
+PRIORITY_RANGE = (-(2**31), 2**31 - 1)
+"""A request's priority, as a 32-bit integer (the scheduler's sort key adds it to a float)."""
+
+
 class InputProcessor:
     """Validation, tokenization, adapter and grammar resolution for one engine (thread-safe)."""
 
@@ -134,9 +138,13 @@ class InputProcessor:
         return self.lora_registry.request(lora_name)
 
     def _check_priority(self, priority: object) -> None:
-        """An integer; other than 0 only under `scheduling_policy: priority` (vLLM's rule)."""
+        """An integer in PRIORITY_RANGE; other than 0 only under `scheduling_policy: priority`
+        (vLLM's rule)."""
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise InputError(f"priority must be an integer, got {priority!r}")
+        low, high = PRIORITY_RANGE
+        if not low <= priority <= high:
+            raise InputError(f"priority must be in [{low}, {high}], got {priority}")
         if priority != 0 and self.config.scheduling_policy != "priority":
             raise InputError(
                 f"got priority {priority}, but priority scheduling is not enabled "

@@ -333,12 +333,16 @@ class LLMEngine:
         outputs = (self.fail_request(e.request_id, e.message, e.code) for e in ended)
         return [output for output in outputs if output is not None]
 
-    def _was_admitted(self, request_id: str) -> bool | None:
-        """Whether the unfinished request was ever scheduled; None when it is not unfinished."""
-        if request_id in self.grammar_wait:
-            return False
+    def _was_admitted(self, request_id: str, arrival_time: float) -> bool | None:
+        """Whether the unfinished request of this id and arrival was ever scheduled; None when
+        there is none."""
+        held = self.grammar_wait.get(request_id)
+        if held is not None:
+            return False if held.arrival_time == arrival_time else None
         request = self.outputs.requests.get(request_id)
-        return None if request is None else request.metrics.first_scheduled_time is not None
+        if request is None or request.metrics.arrival_time != arrival_time:
+            return None
+        return request.metrics.first_scheduled_time is not None
 
     def _step(self) -> list[RequestOutput]:
         if self.drafter is not None:

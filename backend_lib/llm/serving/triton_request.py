@@ -105,8 +105,8 @@ def parse_generate_request(
     deadline_ms = fields.pop("deadline_ms", None)
     if deadline_ms is not None:
         deadline_ms = parse_float("deadline_ms", deadline_ms)
-        if not 0 <= deadline_ms < float("inf"):
-            raise InputError(f"deadline_ms must be a finite number >= 0, got {deadline_ms!r}")
+        if not 0 < deadline_ms < float("inf"):
+            raise InputError(f"deadline_ms must be a finite number > 0, got {deadline_ms!r}")
     params = SamplingParams.from_dict(fields, max_logprobs=max_logprobs, max_n=max_n)
     flags = {name: bool(read_scalar(inputs, name, bool)) for name in RETURN_FLAGS}
     return GenerateRequest(

@@ -128,6 +128,38 @@ def test_when_blocks_run_out_the_worst_priority_is_preempted_first(mode):
     assert_reference_outputs(seqs)
 
 
+def test_a_worse_waiting_request_never_overtakes_a_better_swapped_one():
+    """Swap mode: S (priority 5) is swapped out by better running ones; then W1 (0) and W2 (9)
+    arrive. W1 goes before S, but W2 may not run while S waits swapped."""
+    sched = make_scheduler(
+        num_blocks=6,
+        num_host_blocks=16,
+        max_model_len=48,
+        scheduling_policy="priority",
+        preemption_mode="swap",
+        swap_space=1,
+    )
+    runner = FakeRunner(sched, num_host_blocks=16)
+    good = [make_seq(range(10 * k, 10 * k + 7), priority=1, max_tokens=30) for k in range(2)]
+    worse = make_seq(range(50, 57), priority=5, max_tokens=30)
+    for seq in (*good, worse):
+        sched.add(seq)
+    while worse.status is not worse.status.SWAPPED:
+        step(sched, runner)
+    first, last = (
+        make_seq(range(70, 73), priority=0, max_tokens=2),
+        make_seq(range(80, 83), priority=9, max_tokens=2),
+    )
+    sched.add(first)
+    sched.add(last)
+    while sched.has_unfinished():
+        out, _ = step(sched, runner)
+        scheduled = {i.seq.seq_id for i in out.scheduled}
+        if last.seq_id in scheduled:
+            assert worse.status is not worse.status.SWAPPED
+    assert_reference_outputs([*good, worse, first, last])
+
+
 def aging_scenario(rate: float) -> tuple[list[int], int, list]:
     """A priority-3 request arriving at t=0 and a stream of priority-0 ones arriving at t=0.5,
     1.5, ..., one slot: (first-scheduled order, the old one's id, the stream)."""

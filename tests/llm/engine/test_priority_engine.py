@@ -28,6 +28,8 @@ pytestmark = pytest.mark.usefixtures("single_torch_thread")
         ("priority", True, "priority must be an integer"),
         ("priority", "1", "priority must be an integer"),
         ("fcfs", 1, "priority scheduling is not enabled"),
+        ("priority", 2**31, "priority must be in"),
+        ("priority", -(10**400), "priority must be in"),
     ],
 )
 def test_a_bad_priority_is_an_input_error(policy, priority, message):

@@ -89,9 +89,9 @@ def test_the_earlier_of_timeout_and_deadline_ms_counts(service):
     assert isinstance(error, DeadlineExceeded) and "deadline of 20 ms" in str(error)
 
 
-@pytest.mark.parametrize("bad", [-1, "soon", float("inf")])
+@pytest.mark.parametrize("bad", [-1, 0, "soon", float("inf"), 10**400])
 def test_a_bad_deadline_ms_is_refused_at_once(service, bad):
-    bad_json = json.dumps(bad) if bad != float("inf") else "1e999"
+    bad_json = "1e999" if bad == float("inf") else json.dumps(bad)
     params = '{"max_tokens": 4, "deadline_ms": ' + bad_json + "}"
     request = {**inputs("tor"), "sampling_parameters": np.array([params.encode()], dtype=object)}
     with pytest.raises(InputError, match="deadline_ms"):
@@ -104,8 +104,8 @@ def test_a_request_held_for_its_grammar_ends_at_its_deadline(service):
     wakes it, and the held request ends then, long before its compile would finish."""
     costly = {"json": costly_schema(STUCK_N)}  # compiles for well over 10 s
     started = time.monotonic()
-    job = service.submit(long_inputs("tor", structured_outputs=costly, deadline_ms=50))
+    job = service.submit(long_inputs("tor", structured_outputs=costly, deadline_ms=500))
     _, error, ended = final(service, job)
     assert isinstance(error, DeadlineExceeded), error
-    assert "while waiting" in str(error) and ended - started < 3.0
+    assert "while waiting" in str(error) and 0.5 <= ended - started < 3.0
     assert_pool_released(service.engine)
