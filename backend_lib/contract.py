@@ -97,6 +97,9 @@ prompt (config_sentence_transformers.json `prompts`) prepended to each text."""
 DIMENSIONS = "dimensions"
 """Optional INT32 [1] input of the embedding model, one value per request: the vector size, one of
 the checkpoint's `matryoshka_dimensions` or its full size (cut, then renormalised)."""
+PRIORITY = "priority"
+"""Optional INT32 [1] input of the embedding and rerank models, one value per request: its place in
+the micro-batch scheduler's queue (lower first, default 0; backend_lib/encoder/scheduler.py)."""
 EMBEDDING = "embedding"
 INDICES = "indices"
 """A sparse embedding model's output instead of `embedding`: INT64 [N, K], each row's nonzero

@@ -14,6 +14,11 @@ class QueueFullError(RuntimeError):
     """The engine's waiting queue is at its configured maximum; the request is refused."""
 
 
+class TenantLimitError(QueueFullError):
+    """The request's tenant has `max_queued_per_tenant` requests waiting; the request is refused
+    (queue_full: HTTP 429 at the frontend)."""
+
+
 class ModelUnavailable(RuntimeError):
     """The model cannot serve any request (e.g. a worker process of a sharded model died); it asks
     to be unloaded, and serves again once loaded anew."""

@@ -24,6 +24,11 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=9000)
     parser.add_argument("--api-key", help="require this bearer token (default $OPENAI_API_KEY)")
+    parser.add_argument(
+        "--api-keys-file",
+        type=Path,
+        help='named keys, JSON {"<name>": "<key>", ...}: each name is its requests\' tenant',
+    )
     parser.add_argument("--triton-admin-key", help="default $TRITON_ADMIN_KEY")
     parser.add_argument("--chat-template", type=Path, help="a jinja2 chat template for every llm")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
@@ -53,6 +58,7 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
         host=args.host,
         port=args.port,
         api_key=args.api_key,
+        api_keys_file=args.api_keys_file,
         triton_admin_key=args.triton_admin_key,
         chat_template=args.chat_template,
         max_body_bytes=args.max_body_bytes,

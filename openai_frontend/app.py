@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from openai_frontend import deadline, traffic
+from openai_frontend import deadline, tenant, traffic
 from openai_frontend.anthropic import errors as anthropic_errors
 from openai_frontend.config import FrontendConfig
 from openai_frontend.discovery import ModelRegistry
@@ -85,6 +85,7 @@ class FrontendMiddleware:
 
     def __init__(self, app: ASGIApp, config: FrontendConfig, metrics: FrontendMetrics):
         self.app, self.config, self.metrics = app, config, metrics
+        self.named_keys = config.named_keys()  # read once, at start
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -94,6 +95,7 @@ class FrontendMiddleware:
         routed = traffic.Routed(ab_key=_header(scope, traffic.AB_KEY_HEADER))
         token = traffic.CURRENT.set(routed)
         timeout_token = deadline.CURRENT.set(_header(scope, deadline.HEADER))
+        key_name_token = tenant.CURRENT.set(None)
 
         async def send_and_record(message: Message) -> None:
             nonlocal status
@@ -115,6 +117,7 @@ class FrontendMiddleware:
         finally:
             traffic.CURRENT.reset(token)
             deadline.CURRENT.reset(timeout_token)
+            tenant.CURRENT.reset(key_name_token)
             route = scope.get("route")
             endpoint = getattr(route, "path", None) or "unmatched"
             seconds = time.perf_counter() - started
@@ -125,18 +128,25 @@ class FrontendMiddleware:
                 self.metrics.rerouted(model, version)
 
     def _check_auth(self, scope: Scope) -> APIError | None:
+        """None when the request may pass (a named key's name then in `tenant.CURRENT`)."""
         key = self.config.api_key
-        if not key or scope["path"] in OPEN_PATHS:
+        if not (key or self.named_keys) or scope["path"] in OPEN_PATHS:
             return None
         headers = dict(scope["headers"])
-        given = headers.get(b"authorization", b"").decode("latin-1")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() == "bearer" and secrets.compare_digest(token.strip(), key):
-            return None
+        scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
         # Anthropic's clients send the key as `x-api-key`.
-        api_key = headers.get(b"x-api-key", b"").strip()
-        if api_key and secrets.compare_digest(api_key, key.encode()):
-            return None
+        for given in (
+            token.strip() if scheme.lower() == "bearer" else "",
+            headers.get(b"x-api-key", b"").decode("latin-1").strip(),
+        ):
+            if not given:
+                continue
+            name = tenant.key_name(given, self.named_keys)
+            if name is not None:
+                tenant.CURRENT.set(name)
+                return None
+            if key and secrets.compare_digest(given.encode(), key.encode()):
+                return None
         return APIError(401, "invalid or missing API key", "authentication_error", "api_key")
 
     async def _read_body(self, scope: Scope, receive: Receive) -> tuple[bytes, APIError | None]:

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from openai_frontend.tenant import NamedKeyError, read_named_keys
 from openai_frontend.traffic import SplitError, VersionSplit, parse_split_flag, read_split_file
 
 API_KEY_ENV = "OPENAI_API_KEY"
@@ -31,6 +32,9 @@ class FrontendConfig:
     host: str = "0.0.0.0"
     port: int = 9000
     api_key: str | None = None
+    # Named keys, a JSON object name -> key (tenant.py): any of them is accepted too, and its name
+    # is the tenant of the requests made with it.
+    api_keys_file: Path | None = None
     # Sent as `triton-admin-key` on repository-index calls when tritonserver restricts that API.
     triton_admin_key: str | None = None
     chat_template: Path | None = None
@@ -66,6 +70,8 @@ class FrontendConfig:
             raise FrontendConfigError(
                 "responses_store_size", self.responses_store_size, "must be >= 0"
             )
+        if self.api_keys_file is not None:
+            self.named_keys()
         self.split_flags()  # raises naming traffic_splits
         if self.traffic_split_file is not None:
             try:
@@ -74,6 +80,15 @@ class FrontendConfig:
                 raise FrontendConfigError(
                     "traffic_split_file", str(self.traffic_split_file), str(exc)
                 ) from None
+
+    def named_keys(self) -> dict[str, str]:
+        """The named API keys (name -> key; empty without `api_keys_file`)."""
+        if self.api_keys_file is None:
+            return {}
+        try:
+            return read_named_keys(Path(self.api_keys_file))
+        except NamedKeyError as exc:
+            raise FrontendConfigError("api_keys_file", str(self.api_keys_file), str(exc)) from None
 
     def split_flags(self) -> dict[str, VersionSplit]:
         """The splits of `traffic_splits`, by model."""

@@ -1,13 +1,14 @@
-"""The client's timeout as the llm's deadline: an `x-request-timeout` header (seconds > 0) on any
+"""The client's timeout as the models' deadline: an `x-request-timeout` header (seconds > 0) on any
 generating request (chat, completions, Responses, Messages) reaches the llm as `deadline_ms` in its
-sampling_parameters. The engine ends a request still waiting or running at its deadline; the
+sampling_parameters, and on an embedding, rerank or score request the encoder as its Triton request
+timeout (encoders.py). The engine ends a request still waiting or running at its deadline; the
 client gets 504 in its API's error shape (errors.py), with the time spent. The openai and
 anthropic SDKs do not send this header by themselves (their own timeouts are client-side): a
 client sets it (`extra_headers`, `default_headers`).
 
 The middleware (app.py) puts the header's text in CURRENT for the request; `deadline_ms`, called
-where sampling parameters are built (sampling.py), reads and checks it, so only the generating
-APIs look at it and every route that builds sampling parameters carries it.
+where sampling parameters are built (sampling.py) and where encoder requests are sent
+(encoders.py), reads and checks it.
 """
 
 from __future__ import annotations

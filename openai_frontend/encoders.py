@@ -1,5 +1,8 @@
 """Calls to the encoder models (embedding, rerank), split to fit Triton's max_batch_size. Each call
-also returns the tokens the model computed (its `num_input_tokens`, after truncation): the usage."""
+also returns the tokens the model computed (its `num_input_tokens`, after truncation): the usage.
+A request's `priority` (lower first) goes to the model as its `priority` input, and the client's
+`x-request-timeout` header (deadline.py) as the Triton request's timeout: the model's micro-batch
+scheduler serves by both (backend_lib/encoder/scheduler.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import asyncio
 import numpy as np
 
 from backend_lib import contract
+from openai_frontend import deadline
 from openai_frontend.discovery import ModelInfo
 from openai_frontend.triton import TritonClient
 
@@ -75,6 +79,7 @@ async def embed(
     *,
     normalize: bool | None = None,
     truncate: bool | None = None,
+    priority: int = 0,
 ) -> tuple[np.ndarray, int]:
     """[len(items), dim] float32 vectors of texts or token-id items, in input order, and the
     tokens embedded; `prompt_name` and `dimensions` go to the model as they are (it checks them);
@@ -86,6 +91,7 @@ async def embed(
             contract.DIMENSIONS: dimensions,
             contract.NORMALIZE: normalize,
             contract.TRUNCATE: truncate,
+            contract.PRIORITY: priority or None,
         }
     )
     parts, order = await _infer_items(triton, info, items, options, outputs)
@@ -129,27 +135,43 @@ async def _infer_items(
     """The `outputs` of each Triton request the items take (`_embedding_requests`), sent
     concurrently, and the order that puts their concatenated rows back in input order."""
     requests = _embedding_requests(items, info.max_batch_size, options)
+    timeout_us = _timeout_us()
     parts = await asyncio.gather(
-        *(triton.infer(info.name, inputs, outputs, info.version) for _, inputs in requests)
+        *(
+            triton.infer(info.name, inputs, outputs, info.version, timeout_us)
+            for _, inputs in requests
+        )
     )
     return parts, np.argsort(np.concatenate([rows for rows, _ in requests]), kind="stable")
 
 
+def _timeout_us() -> int | None:
+    """The client's `x-request-timeout` as a Triton request timeout (None: none)."""
+    milliseconds = deadline.deadline_ms()
+    return None if milliseconds is None else max(1, round(milliseconds * 1000))
+
+
 async def score(
-    triton: TritonClient, info: ModelInfo, pairs: list[tuple[str, str]]
+    triton: TritonClient, info: ModelInfo, pairs: list[tuple[str, str]], priority: int = 0
 ) -> tuple[list[float], int]:
     """The rerank model's score of each (query, document) pair, in order, and the tokens scored."""
     outputs = [contract.SCORE, contract.NUM_INPUT_TOKENS]
+    options = _options({contract.PRIORITY: priority or None})
+    timeout_us = _timeout_us()
     parts = await asyncio.gather(
         *(
             triton.infer(
                 info.name,
-                {
-                    contract.QUERY: _column([q for q, _ in pairs[s]]),
-                    contract.DOCUMENT: _column([d for _, d in pairs[s]]),
-                },
+                _per_request(
+                    {
+                        contract.QUERY: _column([q for q, _ in pairs[s]]),
+                        contract.DOCUMENT: _column([d for _, d in pairs[s]]),
+                    },
+                    options,
+                ),
                 outputs,
                 info.version,
+                timeout_us,
             )
             for s in _batches(len(pairs), info.max_batch_size)
         )

@@ -185,6 +185,10 @@ INPUT_TYPE_PROMPTS = {
 """`input_type` of /v1/embeddings -> the prompt name it selects."""
 
 
+EncoderPriority = Annotated[StrictInt, Field(ge=-(2**31), le=2**31 - 1)]
+"""An encoder request's `priority`: the model's INT32 input."""
+
+
 class EmbeddingRequest(_Body):
     model: str | None = None
     input: str | Annotated[list[str], Field(min_length=1)] | list[int] | list[list[int]]
@@ -196,6 +200,8 @@ class EmbeddingRequest(_Body):
     input_type: str | None = None
     """Cohere/vLLM-style alternative to `prompt_name`: see INPUT_TYPE_PROMPTS."""
     user: str | None = None
+    priority: EncoderPriority = 0
+    """vLLM's: the request's place in the model's micro-batch queue, lower first."""
 
     def resolved_prompt_name(self) -> str | None:
         """`prompt_name`, or the prompt name `input_type` stands for."""
@@ -267,6 +273,8 @@ class RerankRequest(_Body):
     return_documents: bool = True
     return_text: bool = False
     raw_scores: bool = False
+    priority: EncoderPriority = 0
+    """vLLM's: the request's place in the model's micro-batch queue, lower first."""
 
     def is_tei(self) -> bool:
         return self.documents is None and self.texts is not None
@@ -283,6 +291,8 @@ class ScoreRequest(_Body):
     model: str | None = None
     text_1: str | Annotated[list[str], Field(min_length=1)]
     text_2: str | Annotated[list[str], Field(min_length=1)]
+    priority: EncoderPriority = 0
+    """vLLM's: the request's place in the model's micro-batch queue, lower first."""
 
     def pairs(self) -> list[tuple[str, str]]:
         left = [self.text_1] if isinstance(self.text_1, str) else self.text_1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from openai_frontend import deadline
+from openai_frontend import deadline, tenant
 from openai_frontend.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from openai_frontend.structured import Constraint
 
@@ -54,6 +54,9 @@ def sampling_parameters(
         params["n"] = body.n
     if body.priority:
         params["priority"] = body.priority
+    served_for = tenant.tenant(body.user)
+    if served_for is not None:
+        params["tenant"] = served_for
     timeout_ms = deadline.deadline_ms()
     if timeout_ms is not None:
         params["deadline_ms"] = timeout_ms

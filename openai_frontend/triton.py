@@ -174,14 +174,17 @@ class TritonClient:
         inputs: Mapping[str, np.ndarray],
         outputs: list[str],
         version: str = "",
+        timeout_us: int | None = None,
     ) -> dict[str, np.ndarray | None]:
         """The `outputs` of one inference by `version` of `model` (""; the newest); None for an
-        output the model did not send."""
+        output the model did not send. `timeout_us`: the request's Triton timeout (microseconds;
+        the encoders end it with deadline_exceeded past it)."""
         try:
             result = await self.client.infer(
                 model,
                 [_tensor(name, value) for name, value in inputs.items()],
                 model_version=version,
+                timeout=timeout_us,
                 client_timeout=self.timeout_s,
             )
         except InferenceServerException as exc:

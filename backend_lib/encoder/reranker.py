@@ -107,6 +107,11 @@ class CrossEncoderReranker:
             head, pairs = _causal_lm_scoring(config, model_dir, base_dir, encoder, tokenizer)
         return cls(encoder, head, pairs, activation, config)
 
+    @property
+    def budget(self) -> tuple[int, int]:
+        """(max_batch_tokens, max_batch_size) of one micro-batch."""
+        return self.config.max_batch_tokens, self.config.max_batch_size
+
     def tokenize(
         self, queries: Sequence[str], documents: Sequence[str], truncate: bool | None = None
     ) -> list[PairItem]:
@@ -155,6 +160,11 @@ class BiEncoderReranker:
     def __init__(self, embedder: Embedder, activation: str = "identity"):
         self.embedder, self.activation = embedder, activation
         self.max_seq_length = embedder.max_seq_length
+
+    @property
+    def budget(self) -> tuple[int, int]:
+        """(max_batch_tokens, max_batch_size) of one micro-batch: the embedder's."""
+        return self.embedder.max_batch_tokens, self.embedder.max_batch_size
 
     @classmethod
     def from_config(

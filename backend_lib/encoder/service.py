@@ -1,16 +1,16 @@
-"""Request handling for the encoder models: one `execute` call's requests are computed together.
-
-Each request is parsed and tokenized on its own, so bad input fails only that request; the items of all
-good requests are then embedded (or scored) together in length-sorted micro-batches, and each result goes
-back to its request in order, with the tokens each item was computed on (`num_input_tokens`, after
-truncation: what an API reports as usage).
+"""Request handling for the encoder models: each request is parsed and tokenized on its own, so bad
+input fails only that request; the items of all good requests, whatever execute call brought them,
+are then embedded (or scored) in micro-batches the scheduler chooses by priority, deadline and
+arrival (scheduler.py), and each request is answered when its items are done, with the tokens each
+item was computed on (`num_input_tokens`, after truncation: what an API reports as usage).
 """
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -23,19 +23,22 @@ from backend_lib.contract import (
     INPUT_IDS,
     NORMALIZE,
     NUM_INPUT_TOKENS,
+    PRIORITY,
     PROMPT_NAME,
     SCORE,
     TEXT_INPUT,
     TRUNCATE,
     VALUES,
+    ErrorCode,
     is_sparse_embedding,
 )
 from backend_lib.encoder.batching import MicroBatch
 from backend_lib.encoder.config import EmbeddingConfig, RerankConfig
 from backend_lib.encoder.embedder import Embedder, EmbedderInputs, reduce
 from backend_lib.encoder.reranker import load_reranker
+from backend_lib.encoder.scheduler import EncoderJob, EncoderScheduler
 from backend_lib.encoder.sparse import SparseEmbedder, pad_rows, serves_sparse
-from backend_lib.errors import InputError
+from backend_lib.errors import InputError, error_code
 from backend_lib.metrics import MetricsSink
 from backend_lib.model_context import ModelContext
 from backend_lib.triton_io import (
@@ -54,8 +57,15 @@ TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
-FAILURE_REASONS = ("invalid_input", "internal")
+FAILURE_REASONS = ("invalid_input", "deadline_exceeded", "unavailable", "internal")
 """Every `reason` of `encoder_failures_total`, each exported from load."""
+
+
+def failure_reason(error: Exception) -> str:
+    """The `reason` label of a failed request."""
+    code = error_code(error)
+    reason = "internal" if code is ErrorCode.INTERNAL else code.value
+    return reason if reason in FAILURE_REASONS else "internal"
 
 
 class EncoderMetrics:
@@ -79,7 +89,7 @@ class EncoderMetrics:
         )
         self.queue_seconds = sink.histogram(
             "encoder_queue_seconds",
-            "Time from execute start to an item's micro-batch start",
+            "Time from a request's arrival to the start of a micro-batch with its items",
             SECONDS_BUCKETS,
         )
         self.compute_seconds = sink.histogram(
@@ -98,91 +108,129 @@ class EncoderMetrics:
         for reason in FAILURE_REASONS:
             self.failures.touch(reason=reason)
 
-    def record_batches(
-        self, batches: Sequence[MicroBatch], owners: Sequence[int], waited: float
+    def record_batch(
+        self, members: Sequence[tuple[object, int]], batch: MicroBatch, started: float
     ) -> None:
-        """`owners[i]` is the request of item i; `waited` is the time from execute start to the
-        first micro-batch (parsing, tokenizing). Micro-batches run back to back, so each one's queue
-        time is that plus the compute time of those before it."""
-        elapsed = waited
-        for batch in batches:
-            self.batch_size.observe(len(batch.indices))
-            self.batch_tokens.observe(batch.padded_tokens)
-            self.batch_requests.observe(len({owners[i] for i in batch.indices}))
-            self.compute_seconds.observe(batch.seconds)
-            self.queue_seconds.observe(elapsed)
-            elapsed += batch.seconds
+        """One micro-batch: `members` are its (job, item index), `started` when it started
+        (time.monotonic()); each request in it observes its wait from arrival to then."""
+        jobs = dict.fromkeys(job for job, _ in members)
+        self.batch_size.observe(len(members))
+        self.batch_tokens.observe(batch.padded_tokens)
+        self.batch_requests.observe(len(jobs))
+        self.compute_seconds.observe(batch.seconds)
+        for job in jobs:
+            self.queue_seconds.observe(max(0.0, started - job.arrival))
 
     def record_failure(self, error: Exception) -> None:
-        self.failures.inc(reason="invalid_input" if isinstance(error, InputError) else "internal")
-
-
-@dataclass
-class _Parsed:
-    """The good requests of one execute call, flattened into items."""
-
-    request_index: list[int]  # position in the execute call of each good request
-    items: list  # tokenized items, all good requests concatenated
-    owners: list[int]  # good-request number of each item
-    row_counts: list[int]  # items per good request
+        self.failures.inc(reason=failure_reason(error))
 
 
 class _EncoderService:
-    """Shared flow: parse+tokenize per request, compute all items at once, split results back."""
+    """Shared flow: parse and tokenize each request on its own (a bad one fails alone), then queue
+    its items on the micro-batch scheduler (scheduler.py), which answers it when they are
+    computed, with the tokens each item was computed on."""
 
     output = ""
     """The name of the computed output (beside NUM_INPUT_TOKENS)."""
 
     def __init__(self, metrics: EncoderMetrics | None):
         self.metrics = metrics
+        self._scheduler: EncoderScheduler | None = None
+
+    @property
+    def scheduler(self) -> EncoderScheduler:
+        """The micro-batch scheduler (made on first use: it needs the loaded model's budget)."""
+        if self._scheduler is None:
+            tokens, size = self._budget()
+            self._scheduler = EncoderScheduler(self._compute, tokens, size, self._record_batch)
+        return self._scheduler
+
+    def start(self) -> None:
+        """Compute on the scheduler's own thread from now on (model.py; `submit` then returns at
+        once)."""
+        self.scheduler.start()
+
+    def shutdown(self) -> None:
+        """Answer the waiting requests UNAVAILABLE and stop the scheduler's thread."""
+        if self._scheduler is not None:
+            self._scheduler.stop(timeout=60)
+
+    def submit(
+        self, inputs: Inputs, on_done: Callable[[Result], None], timeout_us: int = 0
+    ) -> None:
+        """Parse, tokenize and queue one request. `on_done(result)` is called once: at once for a
+        bad request, else when its items are computed (on the scheduler's thread once started),
+        or it failed, or it passed its deadline. `timeout_us`: Triton's request timeout in
+        microseconds (`request.timeout()`, 0: none)."""
+        arrival = time.monotonic()
+        if self.metrics:
+            self.metrics.requests.inc()
+        try:
+            items = self._tokenize_request(inputs)
+            priority = read_priority(inputs, len(items))
+        except Exception as exc:  # a bad request fails alone
+            self._answer(on_done, exc if isinstance(exc, InputError) else InputError(str(exc)))
+            return
+        deadline = arrival + timeout_us / 1e6 if timeout_us > 0 else None
+        lengths = [self._num_tokens(item) for item in items]
+
+        def done(values, error: Exception | None) -> None:
+            self._answer(on_done, error if error is not None else self._outputs(values, items))
+
+        job = EncoderJob(items, lengths, done, priority, deadline, arrival)
+        try:
+            self.scheduler.submit(job)
+        except Exception as exc:  # unloading
+            self._answer(on_done, exc)
 
     def execute(self, requests: Sequence[Inputs]) -> list[Result]:
-        started = time.perf_counter()
+        """Compute requests together; their results in order. Without the scheduler's thread the
+        micro-batches run in this thread."""
         results: list[Result | None] = [None] * len(requests)
-        parsed = _Parsed([], [], [], [])
+        answered = threading.Semaphore(0)
+
+        def keep(index: int, result: Result) -> None:
+            results[index] = result
+            answered.release()
+
         for index, inputs in enumerate(requests):
-            try:
-                items = self._tokenize_request(inputs)
-            except Exception as exc:  # a bad request fails alone
-                results[index] = exc if isinstance(exc, InputError) else InputError(str(exc))
-                continue
-            parsed.request_index.append(index)
-            parsed.owners.extend([len(parsed.row_counts)] * len(items))
-            parsed.row_counts.append(len(items))
-            parsed.items.extend(items)
-        if parsed.items:
-            self._compute_and_split(parsed, results, started)
-        if self.metrics:
-            self.metrics.requests.inc(len(requests))
-            for result in results:
-                if isinstance(result, Exception):
-                    self.metrics.record_failure(result)
+            self.submit(inputs, functools.partial(keep, index))
+        if not self.scheduler.threaded:
+            self.scheduler.run_until_idle()
+        for _ in requests:
+            answered.acquire()
         return results  # type: ignore[return-value]
 
-    def _compute_and_split(self, parsed: _Parsed, results: list, started: float) -> None:
-        waited = time.perf_counter() - started
+    def _outputs(self, values, items: list) -> Result:
+        """One request's output tensors from its items' computed values."""
         try:
-            values, batches = self._compute(parsed.items)
-        except Exception as exc:  # report to every caller of this batch
-            error = RuntimeError(f"encoder forward failed: {type(exc).__name__}: {exc}")
-            for index in parsed.request_index:
-                results[index] = error
-            return
+            outputs = self._request_outputs(values, items)
+        except Exception as exc:
+            return RuntimeError(f"encoder output failed: {type(exc).__name__}: {exc}")
+        tokens = np.array([[self._num_tokens(item)] for item in items], dtype=np.uint32)
         if self.metrics:
-            self.metrics.items.inc(len(parsed.items))
-            self.metrics.record_batches(batches, parsed.owners, waited)
-        tokens = np.array([[self._num_tokens(item)] for item in parsed.items], dtype=np.uint32)
-        offset = 0
-        for index, count in zip(parsed.request_index, parsed.row_counts, strict=True):
-            rows = slice(offset, offset + count)
-            outputs = self._request_outputs(values[rows], parsed.items[rows])
-            results[index] = {**outputs, NUM_INPUT_TOKENS: tokens[rows]}
-            offset += count
+            self.metrics.items.inc(len(items))
+        return {**outputs, NUM_INPUT_TOKENS: tokens}
+
+    def _answer(self, on_done: Callable[[Result], None], result: Result) -> None:
+        if self.metrics and isinstance(result, Exception):
+            self.metrics.record_failure(result)
+        on_done(result)
+
+    def _record_batch(
+        self, members: list[tuple[EncoderJob, int]], batch: MicroBatch, started: float
+    ) -> None:
+        if self.metrics:
+            self.metrics.record_batch(members, batch, started)
 
     def _request_outputs(self, values: np.ndarray, items: list) -> dict[str, np.ndarray]:
         """One request's output tensors (beside NUM_INPUT_TOKENS) from its rows of the computed
         values (its `items`)."""
         return {self.output: values}
+
+    def _budget(self) -> tuple[int, int]:
+        """(max_batch_tokens, max_batch_size) of one micro-batch."""
+        raise NotImplementedError
 
     def _tokenize_request(self, inputs: Inputs) -> list:
         raise NotImplementedError
@@ -193,6 +241,17 @@ class _EncoderService:
 
     def _compute(self, items: list) -> tuple[np.ndarray, list[MicroBatch]]:
         raise NotImplementedError
+
+
+def read_priority(inputs: Inputs, count: int) -> int:
+    """The request's optional `priority` input (one INT32 value shared by its `count` rows, lower
+    first; 0 when absent)."""
+    value = read_shared(inputs, PRIORITY, count)
+    if value is None:
+        return 0
+    if not np.issubdtype(value.dtype, np.integer):
+        raise InputError(f"input '{PRIORITY}' must be TYPE_INT32, got {value.dtype}")
+    return int(value[0])
 
 
 def _by_flag(flags: Sequence[bool | None], run: Callable[[list[int], bool | None], list]) -> list:
@@ -299,6 +358,9 @@ class EmbeddingService(_EncoderService):
     def _num_tokens(self, item) -> int:
         return len(item.tokens)
 
+    def _budget(self) -> tuple[int, int]:
+        return self.embedder.max_batch_tokens, self.embedder.max_batch_size
+
     def _unit(self, item: _EmbeddingItem) -> bool:
         return self.embedder.normalize_default if item.normalize is None else item.normalize
 
@@ -338,6 +400,9 @@ class SparseEmbeddingService(_EncoderService):
 
     def _num_tokens(self, item) -> int:
         return len(item)
+
+    def _budget(self) -> tuple[int, int]:
+        return self.embedder.max_batch_tokens, self.embedder.max_batch_size
 
     def _compute(self, items: list) -> tuple[list, list[MicroBatch]]:
         return self.embedder.embed(items)  # a list of SparseVector, sliced per request
@@ -382,6 +447,9 @@ class RerankService(_EncoderService):
 
     def _num_tokens(self, item) -> int:
         return self.reranker.num_tokens(item)
+
+    def _budget(self) -> tuple[int, int]:
+        return self.reranker.budget
 
     def _compute(self, items: list) -> tuple[np.ndarray, list[MicroBatch]]:
         scores, batches = self.reranker.score(items)

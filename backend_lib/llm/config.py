@@ -100,6 +100,24 @@ class LLMConfig:
     """Starvation guard under `scheduling_policy: priority`, in priority levels per second of
     waiting: the effective priority is priority - rate * seconds since arrival. 0: strict order,
     as vLLM."""
+    fair_share: bool = False
+    """Share the engine between tenants (core/tenants.py): admission takes the tenant of least
+    weighted tokens served first, and a tenant under its share of `max_num_seqs` may displace a
+    sequence of the tenant furthest over its share. A tenant is the request's `tenant` (the
+    frontend passes the API key's name or `user`), else its LoRA adapter, else "default"."""
+    tenant_weights: str = ""
+    """A JSON file of tenant weights, `{"<tenant>": <weight > 0>, ...}` (relative to the model
+    dir; "" or a tenant not listed: weight 1). Under `fair_share`, each tenant's share of tokens
+    and slots is its weight over the weights of the tenants with requests."""
+    max_running_per_tenant: int = 0
+    """Most sequences of one tenant running at once; the tenant's further requests wait (0: no
+    limit)."""
+    max_queued_per_tenant: int = 0
+    """Most requests of one tenant waiting for admission; more are refused with queue_full
+    (HTTP 429 with Retry-After at the frontend). 0: no limit but max_queue_size."""
+    max_tenant_labels: int = 16
+    """Distinct tenants (and distinct priorities) that get a label of their own in the per-tenant
+    and per-priority metrics; later ones are counted as `other`, so the series stay bounded."""
     seed: int = 0
     """Seed of the engine's default generator (requests without their own seed)."""
     max_prompt_bytes: int = 1 << 20
@@ -243,6 +261,17 @@ class LLMConfig:
             "priority_aging_rate",
             self.priority_aging_rate,
             "must be >= 0",
+        )
+        require(
+            self.fair_share or not self.tenant_weights,
+            "tenant_weights",
+            self.tenant_weights,
+            "weights apply under fair_share, which is off",
+        )
+        for key in ("max_running_per_tenant", "max_queued_per_tenant"):
+            require(getattr(self, key) >= 0, key, getattr(self, key), "must be >= 0 (0: no limit)")
+        require(
+            self.max_tenant_labels >= 1, "max_tenant_labels", self.max_tenant_labels, "must be >= 1"
         )
         require(
             self.max_prompt_bytes >= 1, "max_prompt_bytes", self.max_prompt_bytes, "must be >= 1"

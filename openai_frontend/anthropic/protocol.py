@@ -126,4 +126,5 @@ class MessagesRequest(CountTokensRequest):
     """Not Anthropic's: vLLM's scheduling priority (lower first), passed to chat."""
     output_config: OutputConfig | None = None
     metadata: dict[str, Any] | None = None
-    """Accepted and ignored (`user_id`)."""
+    """`user_id` is passed on as chat's `user` (the request's tenant unless its API key is a named
+    one: tenant.py); the rest is ignored."""

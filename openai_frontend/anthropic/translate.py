@@ -77,6 +77,9 @@ def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
         for name in ("temperature", "top_p", "top_k", "priority"):
             if getattr(body, name) is not None:
                 fields[name] = getattr(body, name)
+        user_id = (body.metadata or {}).get("user_id")
+        if isinstance(user_id, str) and user_id:
+            fields["user"] = user_id  # the tenant, unless the API key is a named one
         if body.stop_sequences:
             fields["stop"] = body.stop_sequences
         if body.output_config is not None and body.output_config.format is not None:

@@ -30,7 +30,9 @@ async def embeddings(body: EmbeddingRequest, state: State) -> dict[str, Any]:
     prompt_name = body.resolved_prompt_name()
     info = await state.registry.get(body.model, "embedding", key=body.user, sparse=False)
     try:
-        vectors, tokens = await embed(state.triton, info, items, prompt_name, body.dimensions)
+        vectors, tokens = await embed(
+            state.triton, info, items, prompt_name, body.dimensions, priority=body.priority
+        )
     except APIError as error:
         raise _with_param(error, body.input_type is not None) from None
     return {

@@ -21,7 +21,7 @@ async def rerank(body: RerankRequest, state: State) -> Any:
     documents = body.document_texts()
     info = await state.registry.get(body.model, "rerank")
     pairs = [(body.query, d) for d in documents]
-    scores, tokens = await score(state.triton, info, pairs) if pairs else ([], 0)
+    scores, tokens = await score(state.triton, info, pairs, body.priority) if pairs else ([], 0)
     order = sorted(range(len(documents)), key=lambda i: scores[i], reverse=True)[: body.top_n]
     if body.is_tei():
         return [

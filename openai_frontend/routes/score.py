@@ -19,7 +19,8 @@ router = APIRouter()
 async def score_pairs(body: ScoreRequest, state: State) -> dict[str, Any]:
     pairs = body.pairs()
     info = await state.registry.get(body.model, "rerank")
-    scores, tokens = await score(state.triton, info, pairs)  # tokens: what the model scored
+    # tokens: what the model scored
+    scores, tokens = await score(state.triton, info, pairs, body.priority)
     return {
         "id": new_id("score"),
         "object": "list",

@@ -77,7 +77,7 @@ def test_encoder_series_are_zero_from_load():
     scraped = samples(sink)
     for name in ENCODER_ZERO_FROM_LOAD:
         assert value(scraped, name, ENCODER_LABELS) == 0, name
-    assert set(FAILURE_REASONS) == {"invalid_input", "internal"}
+    assert set(FAILURE_REASONS) == {"invalid_input", "deadline_exceeded", "unavailable", "internal"}
     for reason in FAILURE_REASONS:
         assert value(scraped, "encoder_failures_total", ENCODER_LABELS, reason=reason) == 0
 

@@ -52,6 +52,13 @@ TOPICS = {
         },
         "preemptions": {"vllm:num_preemptions_total"},
         "finish reasons": {"vllm:request_success_total"},
+        "TTFT per tenant": {"llm_tenant_time_to_first_token_seconds_bucket"},
+        "TTFT per priority": {"llm_priority_time_to_first_token_seconds_bucket"},
+        "tokens per tenant": {"llm_tenant_tokens_total"},
+        "running/waiting per tenant": {
+            "llm_tenant_requests_running",
+            "llm_tenant_requests_waiting",
+        },
         "crashed stub": {"nv_inference_request_failure", "vllm:generation_tokens_total"},
         **TRITON_TOPICS,
     },

@@ -126,3 +126,18 @@ def output_ids(
     engine: LLMEngine, prompts: list[list[int]], params: SamplingParams
 ) -> list[list[int]]:
     return [out.outputs[0].token_ids for out in engine.generate(prompts, params)]
+
+
+def run_in_two_waves(engine: LLMEngine, requests: list, first: int, steps_between: int = 3) -> dict:
+    """Add `requests[:first]`, step `steps_between` times, add the rest, then step until every
+    request finished; the final outputs by request id."""
+    for request in requests[:first]:
+        engine.add(request)
+    outputs = {}
+    for _ in range(steps_between):
+        outputs.update({o.request_id: o for o in engine.step() if o.finished})
+    for request in requests[first:]:
+        engine.add(request)
+    while engine.has_unfinished_requests():
+        outputs.update({o.request_id: o for o in engine.step() if o.finished})
+    return outputs

@@ -30,6 +30,8 @@ class FakeTriton:
         self.versions_asked: list[tuple[str, str]] = []
         """(model, version) of every generate call ("" : Triton's newest)."""
         self.tokens_per_row = 3
+        self.inferred: list[dict[str, Any]] = []
+        """(inputs, timeout_us) of every infer call."""
 
     async def repository_index(self) -> list[dict[str, Any]]:
         return [{"name": n, "version": v, "state": "READY"} for n, v in sorted(self.ready)]
@@ -48,7 +50,8 @@ class FakeTriton:
         self.versions_asked.append((model, version))
         yield LLMResponse(["So"], ["length"], [1], 7, [None], final=True)
 
-    async def infer(self, model, inputs, outputs, version=""):
+    async def infer(self, model, inputs, outputs, version="", timeout_us=None):
+        self.inferred.append({"inputs": dict(inputs), "timeout_us": timeout_us})
         rows = len(next(iter(inputs.values())))
         values = {
             contract.EMBEDDING: np.ones((rows, 4), dtype=np.float32),

@@ -86,9 +86,14 @@ class ScriptedTriton:
 
 
 @contextmanager
-def scripted_client(repository: Path, triton: ScriptedTriton) -> Iterator[TestClient]:
-    """The frontend app in this process, calling `triton` instead of a tritonserver."""
-    app = create_app(FrontendConfig(triton_url="127.0.0.1:1", model_repository=repository))
+def scripted_client(
+    repository: Path, triton: ScriptedTriton, **config: Any
+) -> Iterator[TestClient]:
+    """The frontend app in this process, calling `triton` instead of a tritonserver; `config`:
+    more FrontendConfig settings."""
+    app = create_app(
+        FrontendConfig(triton_url="127.0.0.1:1", model_repository=repository, **config)
+    )
     app.state.frontend.triton = app.state.frontend.registry.triton = triton
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client

@@ -28,7 +28,7 @@ class RecordingTriton(FakeTriton):
         self.inputs: list[dict[str, np.ndarray]] = []
         self.error = error
 
-    async def infer(self, model, inputs, outputs, version=""):
+    async def infer(self, model, inputs, outputs, version="", timeout_us=None):
         self.inputs.append(inputs)
         if self.error is not None:
             raise self.error

@@ -32,7 +32,7 @@ class SparseTriton(FakeTriton):
         self.inputs: list[dict[str, np.ndarray]] = []
         self.error = error
 
-    async def infer(self, model, inputs, outputs, version=""):
+    async def infer(self, model, inputs, outputs, version="", timeout_us=None):
         if model != SPARSE.name:
             return await super().infer(model, inputs, outputs, version)
         self.inputs.append(inputs)

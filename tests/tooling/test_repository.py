@@ -97,7 +97,13 @@ def test_a_splade_checkpoint_is_a_sparse_embedding_model(tmp_path: Path):
     assert model_kind(config) == "embedding" and is_sparse_embedding(config)
     assert tuple(output["name"] for output in config["output"]) == SPARSE_EMBEDDING_OUTPUTS
     inputs = {item["name"] for item in config["input"]}
-    assert {"text_input", "input_ids", "truncate", "prompt_name"} == inputs  # no normalize, dims
+    assert {
+        "text_input",
+        "input_ids",
+        "truncate",
+        "prompt_name",
+        "priority",
+    } == inputs  # no normalize, dims
     dense = read_config(render_config(ModelSpec("d", "embedding", {"mode": "auto"})))
     assert model_kind(dense) == "embedding" and not is_sparse_embedding(dense)
 

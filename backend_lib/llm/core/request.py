@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 from backend_lib.llm.core.sampling_params import SamplingParams
 
+DEFAULT_TENANT = "default"
+"""The tenant of a request that names none and runs on the base model."""
+
 
 @dataclass(frozen=True)
 class EngineRequest:
@@ -31,3 +34,12 @@ class EngineRequest:
     priority: int = 0
     """Scheduling priority, lower first (vLLM's `priority`); only `scheduling_policy: priority`
     takes a value other than 0."""
+    tenant: str | None = None
+    """Who it is served for, as the frontend passes it through (the API key's name, or the
+    request's `user`); None: its LoRA adapter's, else the default tenant (`tenant_key`)."""
+
+    @property
+    def tenant_key(self) -> str:
+        """The tenant fair share and the per-tenant limits count it under (core/tenants.py):
+        `tenant`, else the LoRA adapter's name, else DEFAULT_TENANT."""
+        return self.tenant or self.lora_name or DEFAULT_TENANT

@@ -16,17 +16,32 @@ never changes while a sequence waits, so the queues stay sorted without re-keyin
 priority p waiting beside a stream of new requests of priority q < p is ahead of every one that
 arrives more than (p - q) / rate seconds after it: it waits at most that long plus the time for a
 slot (a running sequence finishing, or its own turn among older ones) to free.
+
+Tenants (`fair_share`, or a per-tenant limit; core/tenants.py): the waiting queue is a
+`TenantQueue`, one queue per tenant in the order above, whose head is that of the tenant admission
+serves next; under fair share the running list and the queue heads are ordered by (effective
+priority, the tenant's virtual time), then the key above.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
+from backend_lib.errors import TenantLimitError
 from backend_lib.llm.core.sequence import Sequence
+from backend_lib.llm.core.tenants import TenantLedger
 
 POLICIES = ("fcfs", "priority")
+
+
+class FifoQueue(deque):
+    """First come, first served; `appendleft` puts a preempted sequence back in front."""
+
+    def head(self) -> Sequence | None:
+        """The sequence taken next (None: empty)."""
+        return self[0] if self else None
 
 
 class PriorityQueue:
@@ -41,6 +56,10 @@ class PriorityQueue:
         bisect.insort(self._seqs, seq, key=self._order.key)
 
     appendleft = append  # a preempted sequence goes where its key puts it
+
+    def head(self) -> Sequence | None:
+        """The sequence of lowest key (None: empty)."""
+        return self._seqs[0] if self._seqs else None
 
     def popleft(self) -> Sequence:
         return self._seqs.pop(0)
@@ -61,20 +80,52 @@ class PriorityQueue:
 class Order:
     """One scheduler's policy: its queues, and where an admitted sequence goes among the running."""
 
-    def __init__(self, policy: str, aging_rate: float = 0.0) -> None:
+    def __init__(
+        self, policy: str, aging_rate: float = 0.0, tenants: TenantLedger | None = None
+    ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown scheduling_policy {policy!r}: expected one of {POLICIES}")
         self.by_priority = policy == "priority"
         self.aging_rate = aging_rate
+        self.tenants = tenants
+        """The scheduler's tenants; when kept apart, the waiting queue is a TenantQueue."""
+        self._sorted_running = self.by_priority or (tenants is not None and tenants.fair_share)
 
     def key(self, seq: Sequence) -> tuple[float, float, int]:
         """Lower first: (priority + aging_rate * arrival_time, arrival_time, seq_id); a forked
         child (same request, later id) comes right after its parent."""
         return (seq.priority + self.aging_rate * seq.arrival_time, seq.arrival_time, seq.seq_id)
 
-    def queue(self) -> deque[Sequence] | PriorityQueue:
-        """An empty waiting (or swapped) queue."""
-        return PriorityQueue(self) if self.by_priority else deque()
+    def rank(self, seq: Sequence) -> tuple[float, float]:
+        """(effective priority under priority, its tenant's virtual time under fair share), each
+        0 when not: lower is served first."""
+        priority = self.key(seq)[0] if self.by_priority else 0.0
+        vtime = 0.0 if self.tenants is None else self.tenants.vtime(seq.tenant)
+        return priority, vtime
+
+    def running_key(self, seq: Sequence) -> tuple[tuple[float, float], tuple[float, float, int]]:
+        return self.rank(seq), self.key(seq)
+
+    def queue(self) -> FifoQueue | PriorityQueue:
+        """An empty queue of one tenant, or the swapped queue."""
+        return PriorityQueue(self) if self.by_priority else FifoQueue()
+
+    def waiting_queue(self) -> FifoQueue | PriorityQueue | TenantQueue:
+        """The empty waiting queue: split by tenant when tenants are kept apart."""
+        if self.tenants is None or not self.tenants.keeps_apart:
+            return self.queue()
+        return TenantQueue(self, self.tenants)
+
+    def victim_for(self, seq: Sequence, running: list[Sequence]) -> Sequence | None:
+        """The running sequence the waiting `seq` may displace (the scheduler's step 0): the last
+        one if `seq` outranks it by priority, else fair share's pick (core/tenants.py) unless that
+        one outranks `seq`; None: none."""
+        if not running:
+            return None
+        if self.outranks(seq, running[-1]):
+            return running[-1]
+        victim = None if self.tenants is None else self.tenants.victim_for(seq, running)
+        return None if victim is None or self.outranks(victim, seq) else victim
 
     def outranks(self, seq: Sequence, other: Sequence) -> bool:
         """Under priority, whether `seq`'s effective priority is strictly lower (better) than
@@ -83,15 +134,101 @@ class Order:
         arrival)."""
         return self.by_priority and self.key(seq)[0] < self.key(other)[0]
 
-    def goes_first(self, queue: Iterable[Sequence], other: Iterable[Sequence]) -> bool:
-        """Whether the head of `queue` outranks the head of `other` (both non-empty)."""
-        first, rival = next(iter(queue), None), next(iter(other), None)
-        return first is not None and rival is not None and self.outranks(first, rival)
+    def goes_first(self, queue: AnyQueue, other: AnyQueue) -> bool:
+        """Whether the head of `queue` is served before the head of `other` (both non-empty): it
+        has a strictly lower `rank` (never under plain fcfs, whose swapped queue goes first)."""
+        first, rival = queue.head(), other.head()
+        return first is not None and rival is not None and self.rank(first) < self.rank(rival)
 
     def add_running(self, running: list[Sequence], seq: Sequence) -> None:
         """Put a newly running sequence in its place: last under fcfs (the newest is the first
-        victim), by key under priority (the highest key is last, so the first victim)."""
-        if self.by_priority:
-            bisect.insort(running, seq, key=self.key)
+        victim), by `running_key` under priority or fair share (the highest is last, so the first
+        victim)."""
+        if self._sorted_running:
+            bisect.insort(running, seq, key=self.running_key)
         else:
             running.append(seq)
+
+    def sort_running(self, running: list[Sequence]) -> None:
+        """Re-sort the running list at a step's start: under fair share the tenants' virtual
+        times moved with the last step."""
+        if self.tenants is not None and self.tenants.fair_share:
+            running.sort(key=self.running_key)
+
+
+class TenantQueue:
+    """Waiting sequences, one queue per tenant in the policy's order. `head` is the sequence
+    admission takes next: of the tenants under `max_running_per_tenant`, the head of least
+    `_admission_key`; `append`/`appendleft`/`remove` as the single queues."""
+
+    def __init__(self, order: Order, tenants: TenantLedger) -> None:
+        self._order, self._tenants = order, tenants
+        self._queues: dict[str, FifoQueue | PriorityQueue] = {}
+        self._len = 0
+
+    def append(self, seq: Sequence) -> None:
+        self._queue_of(seq).append(seq)
+        self._len += 1
+
+    def appendleft(self, seq: Sequence) -> None:
+        self._queue_of(seq).appendleft(seq)
+        self._len += 1
+
+    def remove(self, seq: Sequence) -> None:
+        queue = self._queues[seq.tenant]
+        queue.remove(seq)
+        self._len -= 1
+        if not queue:
+            del self._queues[seq.tenant]
+
+    def popleft(self) -> Sequence:
+        seq = self.head()
+        if seq is None:
+            raise IndexError("no tenant may admit a sequence")
+        self.remove(seq)
+        return seq
+
+    def head(self) -> Sequence | None:
+        heads = [q[0] for t, q in self._queues.items() if self._tenants.may_run(t)]
+        return min(heads, key=self._admission_key, default=None)
+
+    def _admission_key(self, seq: Sequence) -> tuple:
+        """(effective priority, not under its share of slots, virtual time, key): a tenant under
+        its share of slots goes before one at or over it (fair share only)."""
+        priority, vtime = self._order.rank(seq)
+        return priority, not self._tenants.under_share(seq.tenant), vtime, self._order.key(seq)
+
+    def count(self, tenant: str) -> int:
+        """Sequences of `tenant` waiting."""
+        queue = self._queues.get(tenant)
+        return 0 if queue is None else len(queue)
+
+    def check_room(self, tenant: str) -> None:
+        """TenantLimitError when `tenant` has max_queued_per_tenant sequences waiting."""
+        reason = self._tenants.queue_full(tenant, self.count(tenant))
+        if reason is not None:
+            raise TenantLimitError(reason)
+
+    def __getitem__(self, index: int) -> Sequence:
+        if index != 0:
+            raise IndexError("a TenantQueue gives its head only")
+        seq = self.head()
+        if seq is None:
+            raise IndexError("no tenant may admit a sequence")
+        return seq
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[Sequence]:
+        for queue in list(self._queues.values()):
+            yield from queue
+
+    def _queue_of(self, seq: Sequence) -> FifoQueue | PriorityQueue:
+        queue = self._queues.get(seq.tenant)
+        if queue is None:
+            queue = self._queues[seq.tenant] = self._order.queue()
+        return queue
+
+
+AnyQueue = FifoQueue | PriorityQueue | TenantQueue

@@ -5,16 +5,19 @@ order is the `scheduling_policy`'s (core/request_queue.py): under fcfs, queues a
 first served and running sequences in admission order; under priority, every queue and the running
 list are sorted by (effective priority, arrival). "First" and "last" below are in that order.
 
-0. priority only: while the first waiting sequence has a strictly better effective priority than
-   the last running one and lacks a slot (`max_num_seqs`) or the free blocks for its first chunk,
-   the last running one is preempted (as in 1), so the waiting one is admitted in 2;
+0. while the first waiting sequence lacks a slot (`max_num_seqs`) or the free blocks for its first
+   chunk, a running one is preempted (as in 1) so that it is admitted in 2: under priority the
+   last running one, if the waiting one's effective priority is strictly better; under fair share
+   (core/tenants.py) the newest of the tenant furthest over its share of slots, if the waiting
+   one's tenant is under its own;
 1. running sequences (decodes and ongoing prefill chunks), first to last; when blocks run out,
    the last running sequence is preempted: recompute (blocks freed, full ones stay in the prefix
    cache; back to the waiting queue, at its front under fcfs) or swap (blocks copied to the host
    pool; recompute when that is full);
 2. then, only if 1 preempted nothing, swapped sequences are resumed, and only once none is left
    swapped (under priority: once none left goes before the first waiting one), waiting sequences
-   are admitted in queue order, reusing their longest cached prefix (computed under the same LoRA adapter: the adapter salts the hashes;
+   are admitted in queue order (split by tenant: the head of the tenant admission serves next,
+   tenants at `max_running_per_tenant` skipped), reusing their longest cached prefix (computed under the same LoRA adapter: the adapter salts the hashes;
    a request asking for prompt logprobs reads no cached prefix, so every position is computed);
 3. LoRA: running sequences use at most `max_loras` distinct adapters (the base model is free), so
    every step fits the device's adapter slots (core/adapter_budget.py). A swapped or waiting
@@ -43,6 +46,7 @@ they share the prompt's blocks, copied on first write.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -52,9 +56,10 @@ from backend_lib.errors import InputError, QueueFullError
 from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.adapter_budget import AdapterBudget
 from backend_lib.llm.core.kv_cache_manager import KVCacheManager
-from backend_lib.llm.core.request_queue import Order
+from backend_lib.llm.core.request_queue import Order, TenantQueue
 from backend_lib.llm.core.sequence import Sequence, SequenceStatus
 from backend_lib.llm.core.stop_checker import StopChecker
+from backend_lib.llm.core.tenants import TenantLedger
 
 
 def check_prompt_fits(num_prompt_tokens: int, max_model_len: int) -> None:
@@ -133,6 +138,10 @@ class SchedulerStats:
     """Adapter name -> running sequences under it."""
     waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
     """Adapter name -> waiting or swapped sequences under it."""
+    running_by_tenant: dict[str, int] = field(default_factory=dict)
+    """Tenant -> running sequences."""
+    waiting_by_tenant: dict[str, int] = field(default_factory=dict)
+    """Tenant -> waiting sequences."""
 
     @classmethod
     def of(cls, scheduler: Scheduler) -> SchedulerStats:
@@ -147,6 +156,8 @@ class SchedulerStats:
             num_preemptions=scheduler.num_preemptions,
             running_lora_adapters=_count_adapters(scheduler.running),
             waiting_lora_adapters=_count_adapters([*scheduler.waiting, *scheduler.swapped]),
+            running_by_tenant=dict(Counter(seq.tenant for seq in scheduler.running)),
+            waiting_by_tenant=dict(Counter(seq.tenant for seq in scheduler.waiting)),
         )
 
 
@@ -160,32 +171,22 @@ class Scheduler:
         num_host_blocks: int,
         max_model_len: int,
         eos_token_ids: Iterable[int] = (),
+        tenant_weights: Mapping[str, float] | None = None,
     ) -> None:
-        require(max_model_len >= 1, "max_model_len", max_model_len, "must be >= 1")
-        require(
-            num_blocks * config.block_size >= max_model_len,
-            "num_blocks",
-            num_blocks,
-            f"the KV pool holds {num_blocks * config.block_size} tokens, fewer than "
-            f"max_model_len ({max_model_len})",
-        )
-        require(
-            config.enable_chunked_prefill or config.max_num_batched_tokens >= max_model_len,
-            "max_num_batched_tokens",
-            config.max_num_batched_tokens,
-            f"must be >= max_model_len ({max_model_len}) without chunked prefill",
-        )
+        """`tenant_weights`: the `tenant_weights` file's (core/tenants.py), under fair share."""
+        _check_sizes(config, num_blocks, max_model_len)
         self.config = config
         self.max_model_len = max_model_len
         self.stops = StopChecker(max_model_len, eos_token_ids)
         self.kv_cache_manager = KVCacheManager(
             num_blocks, config.block_size, num_host_blocks, config.enable_prefix_caching
         )
-        self.order = Order(config.scheduling_policy, config.priority_aging_rate)
-        self.waiting = self.order.queue()
+        self.tenants = TenantLedger.of(config, tenant_weights or {})
+        self.order = Order(config.scheduling_policy, config.priority_aging_rate, self.tenants)
+        self.waiting = self.order.waiting_queue()
         self.running: list[Sequence] = []
         """In the policy's order: the last one is the first preemption victim."""
-        self.swapped = self.order.queue()
+        self.swapped = self.order.queue()  # resumed before tenants' turns: it was admitted
         self.adapters = AdapterBudget(config.max_loras if config.enable_lora else 0)
         self.num_preemptions = 0
         self._seqs: dict[int, Sequence] = {}
@@ -205,6 +206,7 @@ class Scheduler:
             )
         if seq.seq_id in self._seqs:
             raise ValueError(f"sequence id {seq.seq_id} is already scheduled")
+        self.check_tenant_queue(seq.tenant)
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
         self._register(seq)
@@ -218,23 +220,13 @@ class Scheduler:
         are copied on their first write (copy-on-write). Prefer `update(..., forks=...)`, which
         forks before the parent's own token can finish (and free) the parent.
         """
-        if parent.status is not SequenceStatus.RUNNING:
-            raise ValueError(f"can only fork a running sequence, got {parent.status.name}")
-        computed = parent.num_computed_tokens
-        if (
-            child.token_ids[:computed] != parent.token_ids[:computed]
-            or child.num_tokens <= computed
-        ):
-            raise ValueError("the child must extend the parent's computed tokens")
-        if child.num_prompt_tokens != parent.num_prompt_tokens:
-            raise ValueError("the child must have the parent's prompt length")
+        _check_fork(parent, child)
         if child.seq_id in self._seqs:
             raise ValueError(f"sequence id {child.seq_id} is already scheduled")
         self.kv_cache_manager.fork(parent, child)
         child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
-        child.status = SequenceStatus.RUNNING
-        self.order.add_running(self.running, child)
         self._register(child)
+        self._run(child)
         self._check_stop(child)
 
     def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
@@ -248,7 +240,7 @@ class Scheduler:
                 seq.finish_reason, seq.stop_reason = reason, stop_reason
             return
         if seq.status is SequenceStatus.RUNNING:
-            self.running.remove(seq)
+            self._unrun(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         else:
@@ -257,6 +249,7 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason, seq.stop_reason = reason, stop_reason
         del self._seqs[seq.seq_id]
+        self.tenants.leave(seq)
         siblings = self._requests[seq.request_id]
         siblings.remove(seq)
         if not siblings:
@@ -269,6 +262,11 @@ class Scheduler:
             self.finish(seq, "abort")
         return seqs
 
+    def check_tenant_queue(self, tenant: str) -> None:
+        """TenantLimitError when `tenant` has max_queued_per_tenant requests waiting."""
+        if isinstance(self.waiting, TenantQueue):
+            self.waiting.check_room(tenant)
+
     def has_unfinished(self) -> bool:
         return bool(self._seqs)
 
@@ -280,6 +278,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        self.order.sort_running(self.running)
         displaced = self._displace_for_waiting(out)
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if len(out.preempted) == displaced:
@@ -288,6 +287,7 @@ class Scheduler:
             budget = self._admit_waiting(out, budget, loras)
         out.blocks_to_copy = self.kv_cache_manager.take_copies()
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
+        self.tenants.charge(out.scheduled)
         return out
 
     def update(
@@ -351,6 +351,18 @@ class Scheduler:
     def _register(self, seq: Sequence) -> None:
         self._seqs[seq.seq_id] = seq
         self._requests.setdefault(seq.request_id, []).append(seq)
+        self.tenants.enter(seq)
+
+    def _run(self, seq: Sequence) -> None:
+        """Into the running list (admitted, resumed or forked)."""
+        seq.status = SequenceStatus.RUNNING
+        self.order.add_running(self.running, seq)
+        self.tenants.started(seq)
+
+    def _unrun(self, seq: Sequence) -> None:
+        """Out of the running list (preempted or finished)."""
+        self.running.remove(seq)
+        self.tenants.stopped(seq)
 
     def _chunk_size(self, num_uncomputed: int, budget: int) -> int:
         """Tokens to compute this step; 0 when a prefill does not fit and may not be chunked."""
@@ -406,7 +418,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         kv = self.kv_cache_manager
-        self.running.remove(seq)
+        self._unrun(seq)
         seq.spec_token_ids = []
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -423,14 +435,15 @@ class Scheduler:
             self.waiting.appendleft(seq)
 
     def _displace_for_waiting(self, out: SchedulerOutput) -> int:
-        """Priority's step 0: while the first waiting sequence outranks the last running one and
-        lacks a slot or the free blocks for its first chunk, preempt the last running one (its
-        adapter permitting). Returns how many were preempted."""
+        """Step 0: while the first waiting sequence may displace a running one (`victim_for`)
+        and lacks a slot or the free blocks for its first chunk, preempt that one (the waiting
+        one's adapter permitting). Returns how many were preempted."""
         kv, count = self.kv_cache_manager, 0
-        while (
-            self.waiting and self.running and self.order.outranks(self.waiting[0], self.running[-1])
-        ):
-            seq = self.waiting[0]
+        while self.waiting and self.running:
+            seq = self.waiting.head()
+            victim = None if seq is None else self.order.victim_for(seq, self.running)
+            if victim is None:
+                break
             if self.swapped and not self.order.goes_first(self.waiting, self.swapped):
                 break  # a swapped sequence goes first: it resumes when there is room
             if not self.adapters.fits(seq, self.adapters.in_use(self.running)):
@@ -441,7 +454,7 @@ class Scheduler:
             )
             if len(self.running) < self.config.max_num_seqs and kv.fits(prefix, chunk):
                 break
-            self._preempt(self.running[-1], out)
+            self._preempt(victim, out)
             count += 1
         return count
 
@@ -450,7 +463,7 @@ class Scheduler:
             if self.order.goes_first(self.waiting, self.swapped):
                 break
             seq = self.swapped[0]
-            if not self.adapters.fits(seq, set(loras)):
+            if not self.adapters.fits(seq, set(loras)) or not self.tenants.may_run(seq.tenant):
                 break
             num_new = self._chunk_size(seq.num_uncomputed_tokens, budget)
             if num_new == 0:
@@ -469,23 +482,22 @@ class Scheduler:
         while self.waiting and self._room_for_another(out, budget):
             if self.swapped and not self.order.goes_first(self.waiting, self.swapped):
                 break  # a swapped sequence goes first (under fcfs: while any is left)
-            seq = self.waiting[0]
-            if not self.adapters.fits(seq, set(loras)):
+            seq = self.waiting.head()
+            if seq is None or not self.adapters.fits(seq, set(loras)):
                 break
             prefix = kv.find_cached_prefix(seq)
             num_new = self._chunk_size(seq.num_tokens - prefix.num_tokens, budget)
             if num_new == 0 or not kv.admit(seq, prefix, num_new):
                 break
             self.adapters.fits(seq, loras)
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             if seq.num_preemptions == 0:
                 seq.num_cached_prompt_tokens = prefix.num_tokens
             budget = self._start_running(seq, num_new, out, budget)
         return budget
 
     def _start_running(self, seq: Sequence, num_new: int, out: SchedulerOutput, budget: int) -> int:
-        seq.status = SequenceStatus.RUNNING
-        self.order.add_running(self.running, seq)
+        self._run(seq)
         out.scheduled.append(ScheduledSequence(seq, num_new))
         return budget - num_new
 
@@ -496,6 +508,36 @@ class Scheduler:
             return False
         self.finish(seq, reason, self.stops.stop_token(seq, reason))
         return True
+
+
+def _check_sizes(config: LLMConfig, num_blocks: int, max_model_len: int) -> None:
+    """ConfigError unless the pool holds a longest sequence and, without chunked prefill, one
+    step holds a longest prompt."""
+    require(max_model_len >= 1, "max_model_len", max_model_len, "must be >= 1")
+    require(
+        num_blocks * config.block_size >= max_model_len,
+        "num_blocks",
+        num_blocks,
+        f"the KV pool holds {num_blocks * config.block_size} tokens, fewer than "
+        f"max_model_len ({max_model_len})",
+    )
+    require(
+        config.enable_chunked_prefill or config.max_num_batched_tokens >= max_model_len,
+        "max_num_batched_tokens",
+        config.max_num_batched_tokens,
+        f"must be >= max_model_len ({max_model_len}) without chunked prefill",
+    )
+
+
+def _check_fork(parent: Sequence, child: Sequence) -> None:
+    """ValueError unless `child` may be forked from `parent` (see `Scheduler.fork`)."""
+    if parent.status is not SequenceStatus.RUNNING:
+        raise ValueError(f"can only fork a running sequence, got {parent.status.name}")
+    computed = parent.num_computed_tokens
+    if child.token_ids[:computed] != parent.token_ids[:computed] or child.num_tokens <= computed:
+        raise ValueError("the child must extend the parent's computed tokens")
+    if child.num_prompt_tokens != parent.num_prompt_tokens:
+        raise ValueError("the child must have the parent's prompt length")
 
 
 def _count_adapters(seqs: Iterable[Sequence]) -> dict[str, int]:

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from backend_lib.llm.core.request import EngineRequest
+from backend_lib.llm.core.request import DEFAULT_TENANT, EngineRequest
 from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.lora.request import LoRARequest
 
@@ -66,6 +66,14 @@ class Sequence:
     def priority(self) -> int:
         """Its request's priority (lower first; 0 without a request)."""
         return 0 if self.request is None else self.request.priority
+
+    @property
+    def tenant(self) -> str:
+        """Its request's tenant (`EngineRequest.tenant_key`); without a request, its adapter's
+        name, else the default tenant."""
+        if self.request is not None:
+            return self.request.tenant_key
+        return DEFAULT_TENANT if self.lora_request is None else self.lora_request.lora_name
 
     @property
     def lora_int_id(self) -> int:

@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from backend_lib.llm.core.request import DEFAULT_TENANT
 from backend_lib.llm.core.scheduler import SchedulerStats
 
 # Observations kept when no one drains them (an engine driven without a metrics consumer).
@@ -84,6 +85,10 @@ class FinishedRequest:
     """First scheduled to first token."""
     decode_time: float | None
     """First token to last token."""
+    tenant: str = DEFAULT_TENANT
+    """Its tenant (`EngineRequest.tenant_key`), for the per-tenant series."""
+    priority: int = 0
+    """Its scheduling priority, for the per-priority series."""
 
 
 @dataclass
@@ -114,6 +119,12 @@ class EngineStats:
     """The adapter name of each request admitted with one since the previous snapshot."""
     num_waiting_for_grammar: int = 0
     """Of num_waiting, the requests held outside the scheduler while their grammar compiles."""
+    running_by_tenant: dict[str, int] = field(default_factory=dict)
+    """Tenant -> running sequences."""
+    waiting_by_tenant: dict[str, int] = field(default_factory=dict)
+    """Tenant -> sequences waiting for admission (in the scheduler)."""
+    tokens_by_tenant: dict[str, int] = field(default_factory=dict)
+    """Tenant -> tokens computed for it since the previous snapshot."""
 
 
 class StatsCollector:
@@ -169,7 +180,10 @@ class StatsCollector:
         self.requests_finished += 1
         self._finished.append(record)
 
-    def snapshot(self, sched: SchedulerStats) -> EngineStats:
+    def snapshot(
+        self, sched: SchedulerStats, tokens_by_tenant: dict[str, int] | None = None
+    ) -> EngineStats:
+        """The stats now; `tokens_by_tenant`: the scheduler's since the previous snapshot."""
         counters = EngineCounters(
             prompt_tokens=self.prompt_tokens,
             generation_tokens=self.generation_tokens,
@@ -199,6 +213,9 @@ class StatsCollector:
             dict(sched.running_lora_adapters),
             dict(sched.waiting_lora_adapters),
             _drain(self._lora_requests),
+            running_by_tenant=dict(sched.running_by_tenant),
+            waiting_by_tenant=dict(sched.waiting_by_tenant),
+            tokens_by_tenant=dict(tokens_by_tenant or {}),
         )
         self._ttft.clear()
         self._itl.clear()

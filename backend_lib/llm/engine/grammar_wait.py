@@ -115,6 +115,8 @@ class GrammarWait:
                 time_to_first_token=None,
                 prefill_time=None,
                 decode_time=None,
+                tenant=prepared.request.tenant_key,
+                priority=prepared.request.priority,
             )
         )
         completion = CompletionOutput(0, "", [], "", [], None, None, finish_reason=reason)

@@ -68,6 +68,20 @@ class PreparedRequest:
         return self.request.arrival_time
 
 
+MAX_TENANT_CHARS = 256
+
+
+def _check_tenant(tenant: object) -> None:
+    """None, or a non-empty string of at most MAX_TENANT_CHARS characters."""
+    if tenant is None:
+        return
+    if not isinstance(tenant, str) or not 0 < len(tenant) <= MAX_TENANT_CHARS:
+        raise InputError(
+            f"tenant must be a non-empty string of at most {MAX_TENANT_CHARS} characters, "
+            f"got {tenant!r}"[:400]
+        )
+
+
 PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 """A request's priority, as a 32-bit integer (the scheduler's sort key adds it to a float)."""
 
@@ -115,6 +129,7 @@ class InputProcessor:
             raise InputError(f"params must be SamplingParams, got {type(params).__name__}")
         params.validate(max_logprobs=self.config.max_logprobs, max_n=self.config.max_n)
         self._check_priority(request.priority)
+        _check_tenant(request.tenant)
         self._check_token_ids("stop_token_ids", params.stop_token_ids or [])
         ids = self._prompt_ids(request.prompt, request.prompt_token_ids)
         check_prompt_fits(len(ids), self.max_model_len)

@@ -49,6 +49,7 @@ from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.core.scheduler import Scheduler
 from backend_lib.llm.core.sequence import Sequence
 from backend_lib.llm.core.stats import EngineStats, StatsCollector
+from backend_lib.llm.core.tenants import read_tenant_weights
 from backend_lib.llm.engine import offline
 from backend_lib.llm.engine.deadlines import Deadlines
 from backend_lib.llm.engine.drafter import Drafter
@@ -87,8 +88,9 @@ class LLMEngine:
         Request limits (max_n, max_logprobs, max_queue_size, ...) all come from `config`.
         `lora_modules`: adapter name -> PEFT adapter directory (needs `config.enable_lora`).
         `base_dir`: what a relative draft model path (speculative_config.model) is resolved
-        against (default: the working directory)."""
+        against (default: the working directory), and the `tenant_weights` file too."""
         self.config = config
+        tenant_weights = _tenant_weights(config, base_dir)  # a bad file fails before loading
         self.device = torch.device(device)
         checkpoint = read_checkpoint_info(model_dir)
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
@@ -111,6 +113,7 @@ class LLMEngine:
             self.runner.num_host_blocks,
             self.max_model_len,
             checkpoint.eos_token_ids,
+            tenant_weights,
         )
         self._stats = StatsCollector()
         self.grammar_compiler = GrammarCompiler(
@@ -200,7 +203,7 @@ class LLMEngine:
         request_id = prepared.request_id
         if request_id in self.outputs.requests or request_id in self.grammar_wait:
             raise InputError(f"request id {request_id!r} is already running")
-        self._check_queue()
+        self._check_queue(prepared.request.tenant_key)
         if prepared.grammar_job is None:
             self._queue(prepared)
         else:
@@ -216,11 +219,12 @@ class LLMEngine:
     def on_grammar_ready(self, callback: Callable[[], None] | None) -> None:
         self.grammar_wait.on_ready = callback
 
-    def _check_queue(self) -> None:
+    def _check_queue(self, tenant: str) -> None:
         waiting = len(self.scheduler.waiting) + len(self.grammar_wait)
         limit = self.config.max_queue_size
         if waiting >= limit:
             raise QueueFullError(f"queue full: {waiting} requests waiting (max_queue_size={limit})")
+        self.scheduler.check_tenant_queue(tenant)
 
     def _queue(self, prepared: PreparedRequest) -> None:
         """Into the scheduler's waiting queue (QueueFullError from the scheduler)."""
@@ -302,9 +306,9 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         """Gauges and counters now, plus the observations since the previous call (drained).
         Requests waiting for their grammar count as waiting (as vLLM's WAITING_FOR_FSM)."""
-        stats = self._stats.snapshot(self.scheduler.stats)
-        stats.num_waiting += len(self.grammar_wait)
+        stats = self._stats.snapshot(self.scheduler.stats, self.scheduler.tenants.take_tokens())
         stats.num_waiting_for_grammar = len(self.grammar_wait)
+        stats.num_waiting += stats.num_waiting_for_grammar
         return stats
 
     def close(self) -> None:
@@ -418,3 +422,10 @@ class LLMEngine:
             model_out.logprobs.pop(state.seq.seq_id, None)
             samples_due.pop(state.seq.seq_id, None)
         return [self.outputs.fail(request, error)]
+
+
+def _tenant_weights(config: LLMConfig, base_dir: str | Path | None) -> dict[str, float] | None:
+    """The `tenant_weights` file's weights (relative to `base_dir`); None without one."""
+    if not config.tenant_weights:
+        return None
+    return read_tenant_weights(Path(base_dir or ".") / config.tenant_weights)

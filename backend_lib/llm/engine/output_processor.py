@@ -344,6 +344,8 @@ def _finished_record(request: RequestState) -> FinishedRequest:
         time_to_first_token=_elapsed(metrics.arrival_time, first),
         prefill_time=_elapsed(metrics.first_scheduled_time, first),
         decode_time=_elapsed(first, metrics.last_token_time),
+        tenant=request.prepared.request.tenant_key,
+        priority=request.prepared.request.priority,
     )
 
 

@@ -22,10 +22,11 @@ import threading
 from collections.abc import Callable, Iterator
 
 from backend_lib.contract import ErrorCode
-from backend_lib.errors import InputError, QueueFullError
+from backend_lib.errors import InputError, QueueFullError, TenantLimitError
 from backend_lib.llm.core.outputs import CompletionOutput, RequestOutput
 from backend_lib.llm.core.request import EngineRequest
 from backend_lib.llm.core.stats import EngineStats
+from backend_lib.llm.core.tenants import queue_full_reason
 from backend_lib.llm.engine.input_processor import PreparedRequest
 from backend_lib.llm.engine.llm_engine import LLMEngine
 
@@ -86,6 +87,7 @@ class EngineLoop:
         self._streams: dict[str, OutputStream] = {}
         """Requests submitted and not finished yet."""
         self._num_waiting = 0
+        self._waiting_by_tenant: dict[str, int] = {}
         """Engine's waiting sequences after the last step (for the queue-full check)."""
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -117,11 +119,25 @@ class EngineLoop:
                     f"queue full: {self._num_waiting + len(self._new)} requests "
                     f"waiting (max_queue_size={max_queue})"
                 )
+            self._check_tenant_queue(request)
             stream = OutputStream(request_id)
             self._streams[request_id] = stream
             self._new.append(prepared)
             self._cond.notify()
         return stream
+
+    def _check_tenant_queue(self, request: EngineRequest) -> None:
+        """TenantLimitError when the request's tenant has max_queued_per_tenant waiting (as the
+        last step counted them, plus those submitted since)."""
+        limit = self.engine.config.max_queued_per_tenant
+        if not limit:
+            return
+        tenant = request.tenant_key
+        waiting = self._waiting_by_tenant.get(tenant, 0)
+        waiting += sum(p.request.tenant_key == tenant for p in self._new)
+        reason = queue_full_reason(tenant, waiting, limit)
+        if reason is not None:
+            raise TenantLimitError(reason)
 
     def abort(self, request_id: str) -> None:
         """Abort at the next step boundary (its stream then gets a final "abort" output).
@@ -198,6 +214,7 @@ class EngineLoop:
         stats = engine.stats()
         with self._cond:
             self._num_waiting = stats.num_waiting
+            self._waiting_by_tenant = stats.waiting_by_tenant
         if self.on_step is not None:
             try:
                 self.on_step(stats)

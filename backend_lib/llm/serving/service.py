@@ -174,6 +174,7 @@ class LLMService:
                 num_speculative_tokens=(
                     0 if engine.drafter is None else engine.drafter.config.num_speculative_tokens
                 ),
+                max_tenant_labels=config.max_tenant_labels,
             )
         return cls(engine, metrics, faults=PromptMarkerFaults.from_environment(), unload=unload)
 
@@ -212,6 +213,7 @@ class LLMService:
                 lora_name=request.lora_name,
                 deadline=_deadline(arrival, timeout_us, request.deadline_ms),
                 priority=request.priority,
+                tenant=request.tenant,
             )
         )
         return Job(request_id, request, stream)

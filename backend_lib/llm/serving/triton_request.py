@@ -9,7 +9,8 @@ inputs (GUIDE_TYPES maps them to the same thing); sending both is an error.
 engine checks it; see backend_lib/llm/lora/registry.py), and `priority` (an integer, lower first,
 vLLM's request field) its place under `scheduling_policy: priority` (the engine checks it too).
 `deadline_ms` there, and Triton's own request timeout (microseconds, as tritonclient sends it),
-bound how long the request may take (the earlier of the two; serving/service.py)."""
+bound how long the request may take (the earlier of the two; serving/service.py). `tenant` there
+names who it is served for (core/tenants.py; the frontend passes the API key's name or `user`)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,9 @@ class GenerateRequest:
     deadline_ms: float | None = None
     """The `deadline_ms` in sampling_parameters: the request must finish within this many
     milliseconds of its arrival (None: no deadline of its own)."""
+    tenant: str | None = None
+    """The `tenant` in sampling_parameters: who it is served for (fair share, per-tenant limits
+    and metrics; None: its adapter's, else the default tenant)."""
 
 
 def parse_generate_request(
@@ -102,6 +106,9 @@ def parse_generate_request(
     if lora_name is not None and (not isinstance(lora_name, str) or not lora_name):
         raise InputError(f"lora_name must be a non-empty string, got {lora_name!r}")
     priority = parse_int("priority", fields.pop("priority", 0))
+    tenant = fields.pop("tenant", None)
+    if tenant is not None and (not isinstance(tenant, str) or not tenant):
+        raise InputError(f"tenant must be a non-empty string, got {tenant!r}")
     deadline_ms = fields.pop("deadline_ms", None)
     if deadline_ms is not None:
         deadline_ms = parse_float("deadline_ms", deadline_ms)
@@ -110,7 +117,16 @@ def parse_generate_request(
     params = SamplingParams.from_dict(fields, max_logprobs=max_logprobs, max_n=max_n)
     flags = {name: bool(read_scalar(inputs, name, bool)) for name in RETURN_FLAGS}
     return GenerateRequest(
-        prompt, params, stream, prepend_input, flags, lora_name, token_ids, priority, deadline_ms
+        prompt,
+        params,
+        stream,
+        prepend_input,
+        flags,
+        lora_name,
+        token_ids,
+        priority,
+        deadline_ms,
+        tenant,
     )
 
 

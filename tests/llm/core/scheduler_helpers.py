@@ -79,14 +79,18 @@ def make_scheduler(
     return Scheduler(cfg, num_blocks, num_host_blocks, max_model_len, eos_token_ids=eos)
 
 
-def make_seq(prompt, request_id=None, priority=0, arrival_time=None, **params) -> Sequence:
+def make_seq(
+    prompt, request_id=None, priority=0, arrival_time=None, tenant=None, **params
+) -> Sequence:
     """A sequence arriving at its id's second (or `arrival_time`), of request `request_id` with
-    `priority`."""
+    `priority`, served for `tenant`."""
     seq_id = next(_seq_ids)
     request_id = request_id or f"req-{seq_id}"
     arrival_time = float(seq_id) if arrival_time is None else arrival_time
     params = SamplingParams(**params)
-    request = EngineRequest(request_id, None, params, list(prompt), arrival_time, priority=priority)
+    request = EngineRequest(
+        request_id, None, params, list(prompt), arrival_time, priority=priority, tenant=tenant
+    )
     return Sequence(
         seq_id,
         request_id,

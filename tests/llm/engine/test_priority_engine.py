@@ -15,6 +15,7 @@ from tests.llm.engine_helpers import (
     greedy,
     make_engine,
     random_prompt,
+    run_in_two_waves,
 )
 from tooling.hf_reference import hf_greedy
 
@@ -65,15 +66,11 @@ def test_greedy_outputs_are_transformers_under_priorities_and_displacement(mode)
     )
     prompts = [random_prompt(6 + 3 * (k % 4), 100 + k) for k in range(9)]
     priorities = [4, 4, 4, 2, 0, 3, 0, -1, 1]
-    for k in range(5):
-        engine.add(EngineRequest(f"r{k}", None, greedy(14), prompts[k], priority=priorities[k]))
-    outputs = {}
-    for _ in range(3):
-        outputs.update({o.request_id: o for o in engine.step() if o.finished})
-    for k in range(5, 9):
-        engine.add(EngineRequest(f"r{k}", None, greedy(14), prompts[k], priority=priorities[k]))
-    while engine.has_unfinished_requests():
-        outputs.update({o.request_id: o for o in engine.step() if o.finished})
+    requests = [
+        EngineRequest(f"r{k}", None, greedy(14), prompt, priority=priority)
+        for k, (prompt, priority) in enumerate(zip(prompts, priorities, strict=True))
+    ]
+    outputs = run_in_two_waves(engine, requests, first=5)
     assert engine.scheduler.num_preemptions > 0
     for k, prompt in enumerate(prompts):
         assert outputs[f"r{k}"].outputs[0].token_ids == hf_greedy(hf, prompt, 14), k

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from backend_lib.errors import TenantLimitError
 from backend_lib.llm.core.request import EngineRequest
 from backend_lib.llm.serving.engine_loop import EngineLoop
 from tests.llm.engine_helpers import (
@@ -69,4 +70,28 @@ def test_aborting_a_request_that_waits_for_admission_ends_it():
         assert final.error is None and final.outputs[0].finish_reason == "abort"
     finally:
         stop_when_fillers_finished(loop, engine)
+    assert_pool_released(engine)
+
+
+def test_submit_refuses_a_tenant_past_max_queued_per_tenant_in_the_caller_s_thread():
+    """The per-tenant queue limit is checked when submitted (429 for that caller), counting the
+    requests submitted since the last step; another tenant is still accepted, and the accepted
+    ones all finish once the loop runs."""
+    model_dir, _ = engine_checkpoint("LlamaForCausalLM")
+    engine = make_engine(model_dir, max_queued_per_tenant=2)
+    loop = EngineLoop(engine)
+    streams = [
+        loop.submit(EngineRequest(f"a{k}", None, greedy(3), random_prompt(5, k), tenant="a"))
+        for k in range(2)
+    ]
+    with pytest.raises(TenantLimitError, match="tenant 'a' has 2 requests waiting"):
+        loop.submit(EngineRequest("a2", None, greedy(3), random_prompt(5, 9), tenant="a"))
+    streams.append(loop.submit(EngineRequest("b0", None, greedy(3), random_prompt(5, 3))))
+    loop.start()
+    try:
+        for stream in streams:
+            final = collect(stream)[-1]
+            assert final.error is None and final.outputs[0].finish_reason == "length"
+    finally:
+        loop.stop(timeout=60)
     assert_pool_released(engine)

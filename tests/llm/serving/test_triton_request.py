@@ -159,6 +159,7 @@ FIELDS = st.sampled_from(
         "presence_penalty",
         "frequency_penalty",
         "priority",
+        "tenant",
         "unknown",
     ]
 )
@@ -251,3 +252,24 @@ def test_priority_in_sampling_parameters(value, expected):
         {"text_input": text("a"), "sampling_parameters": text(json.dumps(params))}, **LIMITS
     )
     assert request.priority == expected and request.params.max_tokens == 2
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"), [({}, None), ({"tenant": None}, None), ({"tenant": "acme"}, "acme")]
+)
+def test_tenant_in_sampling_parameters(params, expected):
+    """Who the request is served for (fair share, per-tenant limits and metrics): the request's,
+    not a sampling parameter; absent or null: None (the engine then takes its adapter's, or
+    default)."""
+    payload = text(json.dumps({"max_tokens": 2, **params}))
+    request = parse_generate_request(
+        {"text_input": text("a"), "sampling_parameters": payload}, **LIMITS
+    )
+    assert request.tenant == expected and request.params.max_tokens == 2
+
+
+@pytest.mark.parametrize("value", ["", 3, ["a"], True])
+def test_a_bad_tenant_is_refused(value):
+    payload = text(json.dumps({"tenant": value}))
+    with pytest.raises(InputError, match="tenant must be a non-empty string"):
+        parse_generate_request({"text_input": text("a"), "sampling_parameters": payload}, **LIMITS)

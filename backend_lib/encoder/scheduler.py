@@ -1,0 +1,248 @@
+"""The encoders' micro-batch scheduler: requests (jobs) from every execute call wait in one queue,
+and each micro-batch is chosen anew, so a request arriving behind a flood waits for at most the
+micro-batch being computed.
+
+Policy, per micro-batch:
+
+1. Jobs past their deadline (Triton's request timeout) are answered with deadline_exceeded, their
+   items dropped (a job being computed stops at the next micro-batch boundary).
+2. Jobs are ordered by (priority, lower first; deadline, earliest first, none last; arrival).
+3. The first job's items, longest first, fill the micro-batch within the budget (items x longest
+   item <= `max_batch_tokens`, items <= `max_batch_size`); the room left is filled with the next
+   jobs' items in that order, longest first, as long as they fit.
+
+A job is answered as soon as its last item is computed. A micro-batch that fails fails every job
+with an item in it; the others go on. Results do not depend on the order: each item is computed
+alone (packed sequences, no padding), so a vector or score is the same whatever shares its batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from backend_lib.encoder.batching import MicroBatch
+from backend_lib.errors import DeadlineExceeded, ModelUnavailable
+
+logger = logging.getLogger(__name__)
+
+Compute = Callable[[list], tuple[Any, list[MicroBatch]]]
+"""Computes items (one micro-batch's) -> (their values in order: an array or a list, report)."""
+
+
+@dataclass(eq=False)
+class EncoderJob:
+    """One request's items, waiting or partly computed."""
+
+    items: list
+    """Tokenized items, as the service's compute takes them."""
+    lengths: list[int]
+    """Tokens of each item (the budget's unit)."""
+    on_done: Callable[[Any, Exception | None], None]
+    """Called once, on the scheduler's thread: (values of every item in order, None) or
+    (None, the error)."""
+    priority: int = 0
+    """Lower first (as the llm's `priority`)."""
+    deadline: float | None = None
+    """time.monotonic() by which it must be answered (None: none)."""
+    arrival: float = field(default_factory=time.monotonic)
+    seq: int = 0
+    """Submission order (set by the scheduler)."""
+    values: Any = None
+    """The computed values, filled as micro-batches finish."""
+    remaining: list[int] = field(default_factory=list)
+    """Indices of the items not computed yet, longest first."""
+    answered: bool = False
+
+    def answer(self, values: Any, error: Exception | None) -> None:
+        """Call `on_done` once (a later call is ignored: e.g. a job answered UNAVAILABLE by `stop`
+        while its micro-batch ran); a failing callback is logged, the scheduler goes on."""
+        if self.answered:
+            return
+        self.answered = True
+        try:
+            self.on_done(values, error)
+        except Exception:
+            logger.exception("an encoder job's callback failed")
+
+    def key(self) -> tuple[int, float, int]:
+        return self.priority, math.inf if self.deadline is None else self.deadline, self.seq
+
+
+class EncoderScheduler:
+    """The queue and the micro-batch loop: driven by `step` (tests, `run_until_idle`), or by its
+    own thread after `start`."""
+
+    def __init__(
+        self,
+        compute: Compute,
+        max_batch_tokens: int,
+        max_batch_size: int,
+        on_batch: Callable[[list[tuple[EncoderJob, int]], MicroBatch, float], None] | None = None,
+    ) -> None:
+        """`on_batch(members, report, started)`: after each micro-batch, its (job, item index)
+        members, what it did and when it started (time.monotonic()), for the metrics."""
+        self.compute = compute
+        self.max_batch_tokens, self.max_batch_size = max_batch_tokens, max_batch_size
+        self.on_batch = on_batch
+        self._jobs: list[EncoderJob] = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # --- callers' side -------------------------------------------------------------------------
+
+    def submit(self, job: EncoderJob) -> None:
+        """Queue a job (answered at once when it has no items)."""
+        job.seq = next(self._seq)
+        job.remaining = sorted(range(len(job.items)), key=lambda i: -job.lengths[i])
+        if not job.items:
+            job.answer([], None)
+            return
+        with self._cond:
+            if self._stopping:
+                raise ModelUnavailable("the model is being unloaded")
+            self._jobs.append(job)
+            self._cond.notify()
+
+    def start(self) -> None:
+        """Run micro-batches on a thread of its own from now on."""
+        self._thread = threading.Thread(target=self._run, name="encoder-scheduler", daemon=True)
+        self._thread.start()
+
+    @property
+    def threaded(self) -> bool:
+        return self._thread is not None
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Answer every waiting job with UNAVAILABLE and join the thread."""
+        with self._cond:
+            self._stopping = True
+            jobs, self._jobs = self._jobs, []
+            self._cond.notify()
+        for job in jobs:
+            job.answer(None, ModelUnavailable("the model is being unloaded"))
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def run_until_idle(self) -> None:
+        """Run micro-batches in the caller's thread until no job is left (without a thread)."""
+        while self.step():
+            pass
+
+    # --- the loop --------------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """Expire, choose and compute one micro-batch; False when no job was waiting."""
+        with self._cond:
+            self._expire(time.monotonic())
+            members = self._choose()
+        if not members:
+            return False
+        started = time.monotonic()
+        try:
+            values, reports = self.compute([job.items[i] for job, i in members])
+        except Exception as exc:  # that micro-batch's jobs fail; the others go on
+            self._fail({job for job, _ in members}, exc)
+            return True
+        for row, (job, index) in enumerate(members):
+            _store(job, index, values[row])
+        if self.on_batch is not None:
+            report = reports[0] if len(reports) == 1 else _merged(reports)
+            self.on_batch(members, report, started)
+        for job in dict.fromkeys(job for job, _ in members):
+            if not job.remaining:
+                self._finish(job)
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs and not self._stopping:
+                    self._cond.wait(self._seconds_to_next_deadline())
+                if self._stopping:
+                    return
+            self.step()
+
+    def _seconds_to_next_deadline(self) -> float | None:
+        deadlines = [job.deadline for job in self._jobs if job.deadline is not None]
+        return None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
+
+    def _expire(self, now: float) -> None:
+        for job in [j for j in self._jobs if j.deadline is not None and j.deadline <= now]:
+            self._jobs.remove(job)
+            waited = now - job.arrival
+            done = len(job.items) - len(job.remaining)
+            job.answer(
+                None,
+                DeadlineExceeded(
+                    f"the request passed its deadline after {waited:.3f} s "
+                    f"({done} of {len(job.items)} items computed)"
+                ),
+            )
+
+    def _choose(self) -> list[tuple[EncoderJob, int]]:
+        """The next micro-batch's (job, item index) members, taken off the jobs' remaining."""
+        members: list[tuple[EncoderJob, int]] = []
+        longest = 0
+        for job in sorted(self._jobs, key=EncoderJob.key):
+            taken = []
+            for index in job.remaining:
+                length = job.lengths[index]
+                size = len(members) + len(taken) + 1
+                if size > self.max_batch_size:
+                    break
+                if (members or taken) and size * max(longest, length) > self.max_batch_tokens:
+                    continue  # a shorter item of this job may still fit
+                taken.append(index)
+                longest = max(longest, length)
+            if taken:
+                chosen = set(taken)
+                job.remaining = [i for i in job.remaining if i not in chosen]
+                members += [(job, i) for i in taken]
+            if len(members) >= self.max_batch_size:
+                break
+        return members
+
+    def _finish(self, job: EncoderJob) -> None:
+        with self._cond:
+            if job in self._jobs:
+                self._jobs.remove(job)
+        job.answer(job.values, None)
+
+    def _fail(self, jobs: set[EncoderJob], exc: Exception) -> None:
+        error = RuntimeError(f"encoder forward failed: {type(exc).__name__}: {exc}")
+        with self._cond:
+            self._jobs = [job for job in self._jobs if job not in jobs]
+        for job in sorted(jobs, key=EncoderJob.key):
+            job.answer(None, error)
+
+
+def _store(job: EncoderJob, index: int, value: Any) -> None:
+    """Put one item's computed value in its job's values (an array for array rows, else a
+    list)."""
+    if job.values is None:
+        if isinstance(value, np.ndarray):
+            job.values = np.empty((len(job.items), *value.shape), dtype=value.dtype)
+        else:
+            job.values = [None] * len(job.items)
+    job.values[index] = value
+
+
+def _merged(reports: Sequence[MicroBatch]) -> MicroBatch:
+    """One report for a micro-batch the compute split in several (it never should)."""
+    return MicroBatch(
+        indices=[i for r in reports for i in r.indices],
+        padded_tokens=sum(r.padded_tokens for r in reports),
+        real_tokens=sum(r.real_tokens for r in reports),
+        seconds=sum(r.seconds for r in reports),
+    )
