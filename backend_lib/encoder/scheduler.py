@@ -239,7 +239,8 @@ def _store(job: EncoderJob, index: int, value: Any) -> None:
 
 
 def _merged(reports: Sequence[MicroBatch]) -> MicroBatch:
-    """One report for a micro-batch the compute split in several (it never should)."""
+    """One report for a micro-batch the compute ran as several (a bi-encoder reranker embeds a
+    pair's two texts apart, so its pairs' texts may not fit one of the embedder's batches)."""
     return MicroBatch(
         indices=[i for r in reports for i in r.indices],
         padded_tokens=sum(r.padded_tokens for r in reports),

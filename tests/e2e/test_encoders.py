@@ -167,6 +167,48 @@ def test_bad_input_gets_clear_error_and_server_carries_on(server, case, fragment
     assert embed_http(server.http_url, ["still alive"]).shape == (1, 384)
 
 
+def test_priority_input_and_timeout_through_tritonclient(server, sentence_transformer):
+    """The `priority` input (one INT32 per row) is accepted over HTTP and gRPC and leaves the
+    vectors as they are; mismatched values fail that request alone, naming the input; a request
+    whose Triton timeout passes while a flood is computed ends with [deadline_exceeded] (or
+    Triton's own queue timeout), and the server carries on."""
+    texts = TEXTS[:2]
+    expected = sentence_transformer.encode(texts, normalize_embeddings=True)
+    priority = np.full((2, 1), -1, dtype=np.int32)
+    for module, url in ((httpclient, server.http_url), (grpcclient, server.grpc_url)):
+        client = module.InferenceServerClient(url)
+        inputs = [module.InferInput("text_input", [2, 1], "BYTES")]
+        inputs[0].set_data_from_numpy(text_array(texts))
+        inputs.append(module.InferInput("priority", [2, 1], "INT32"))
+        inputs[1].set_data_from_numpy(priority)
+        vectors = client.infer("embedding", inputs).as_numpy("embedding")
+        np.testing.assert_allclose(vectors, expected, atol=1e-4)
+        inputs[1].set_data_from_numpy(np.array([[0], [1]], dtype=np.int32))
+        with pytest.raises(InferenceServerException, match="priority"):
+            client.infer("embedding", inputs)
+    flood = [" ".join([f"word{i}"] * 200) for i in range(64)]
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: list = []
+
+    def flood_request(k: int) -> None:
+        tensor = grpcclient.InferInput("text_input", [64, 1], "BYTES")
+        tensor.set_data_from_numpy(text_array([f"{k} {t}" for t in flood]))
+        results.append(client.infer("embedding", [tensor]).as_numpy("embedding").shape)
+
+    with ThreadPoolExecutor(4) as pool:
+        floods = [pool.submit(flood_request, k) for k in range(4)]
+        late = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+        late.set_data_from_numpy(text_array(["late"]))
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("embedding", [late], timeout=1)  # 1 microsecond
+        for future in floods:
+            future.result()
+    message = str(info.value).lower()
+    assert "deadline_exceeded" in message or "timeout" in message, message
+    assert results == [(64, 384)] * 4
+    assert embed_http(server.http_url, ["still alive"]).shape == (1, 384)
+
+
 def test_one_megabyte_text_is_truncated_not_crashing(server, sentence_transformer):
     huge = ("lorem ipsum dolor sit amet " * 40000)[: 1 << 20]
     result = embed_http(server.http_url, [huge, "after"])

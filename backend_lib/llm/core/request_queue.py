@@ -80,16 +80,14 @@ class PriorityQueue:
 class Order:
     """One scheduler's policy: its queues, and where an admitted sequence goes among the running."""
 
-    def __init__(
-        self, policy: str, aging_rate: float = 0.0, tenants: TenantLedger | None = None
-    ) -> None:
+    def __init__(self, policy: str, aging_rate: float, tenants: TenantLedger) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown scheduling_policy {policy!r}: expected one of {POLICIES}")
         self.by_priority = policy == "priority"
         self.aging_rate = aging_rate
         self.tenants = tenants
         """The scheduler's tenants; when kept apart, the waiting queue is a TenantQueue."""
-        self._sorted_running = self.by_priority or (tenants is not None and tenants.fair_share)
+        self._sorted_running = self.by_priority or tenants.fair_share
 
     def key(self, seq: Sequence) -> tuple[float, float, int]:
         """Lower first: (priority + aging_rate * arrival_time, arrival_time, seq_id); a forked
@@ -100,8 +98,7 @@ class Order:
         """(effective priority under priority, its tenant's virtual time under fair share), each
         0 when not: lower is served first."""
         priority = self.key(seq)[0] if self.by_priority else 0.0
-        vtime = 0.0 if self.tenants is None else self.tenants.vtime(seq.tenant)
-        return priority, vtime
+        return priority, self.tenants.vtime(seq.tenant)
 
     def running_key(self, seq: Sequence) -> tuple[tuple[float, float], tuple[float, float, int]]:
         return self.rank(seq), self.key(seq)
@@ -112,7 +109,7 @@ class Order:
 
     def waiting_queue(self) -> FifoQueue | PriorityQueue | TenantQueue:
         """The empty waiting queue: split by tenant when tenants are kept apart."""
-        if self.tenants is None or not self.tenants.keeps_apart:
+        if not self.tenants.keeps_apart:
             return self.queue()
         return TenantQueue(self, self.tenants)
 
@@ -124,7 +121,7 @@ class Order:
             return None
         if self.outranks(seq, running[-1]):
             return running[-1]
-        victim = None if self.tenants is None else self.tenants.victim_for(seq, running)
+        victim = self.tenants.victim_for(seq, running)
         return None if victim is None or self.outranks(victim, seq) else victim
 
     def outranks(self, seq: Sequence, other: Sequence) -> bool:
@@ -152,14 +149,15 @@ class Order:
     def sort_running(self, running: list[Sequence]) -> None:
         """Re-sort the running list at a step's start: under fair share the tenants' virtual
         times moved with the last step."""
-        if self.tenants is not None and self.tenants.fair_share:
+        if self.tenants.fair_share:
             running.sort(key=self.running_key)
 
 
 class TenantQueue:
     """Waiting sequences, one queue per tenant in the policy's order. `head` is the sequence
     admission takes next: of the tenants under `max_running_per_tenant`, the head of least
-    `_admission_key`; `append`/`appendleft`/`remove` as the single queues."""
+    `_admission_key`; `append`/`appendleft`/`remove` as the single queues (the scheduler takes
+    the head with `head` and `remove`)."""
 
     def __init__(self, order: Order, tenants: TenantLedger) -> None:
         self._order, self._tenants = order, tenants
@@ -181,13 +179,6 @@ class TenantQueue:
         if not queue:
             del self._queues[seq.tenant]
 
-    def popleft(self) -> Sequence:
-        seq = self.head()
-        if seq is None:
-            raise IndexError("no tenant may admit a sequence")
-        self.remove(seq)
-        return seq
-
     def head(self) -> Sequence | None:
         heads = [q[0] for t, q in self._queues.items() if self._tenants.may_run(t)]
         return min(heads, key=self._admission_key, default=None)
@@ -208,14 +199,6 @@ class TenantQueue:
         reason = self._tenants.queue_full(tenant, self.count(tenant))
         if reason is not None:
             raise TenantLimitError(reason)
-
-    def __getitem__(self, index: int) -> Sequence:
-        if index != 0:
-            raise IndexError("a TenantQueue gives its head only")
-        seq = self.head()
-        if seq is None:
-            raise IndexError("no tenant may admit a sequence")
-        return seq
 
     def __len__(self) -> int:
         return self._len

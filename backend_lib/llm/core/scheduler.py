@@ -156,7 +156,7 @@ class SchedulerStats:
             num_preemptions=scheduler.num_preemptions,
             running_lora_adapters=_count_adapters(scheduler.running),
             waiting_lora_adapters=_count_adapters([*scheduler.waiting, *scheduler.swapped]),
-            running_by_tenant=dict(Counter(seq.tenant for seq in scheduler.running)),
+            running_by_tenant=scheduler.tenants.running_counts(),
             waiting_by_tenant=dict(Counter(seq.tenant for seq in scheduler.waiting)),
         )
 

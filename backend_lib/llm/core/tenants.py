@@ -133,6 +133,10 @@ class TenantLedger:
     def running(self, tenant: str) -> int:
         return self._running[tenant]
 
+    def running_counts(self) -> dict[str, int]:
+        """Tenant -> running sequences (tenants with none left out)."""
+        return dict(self._running)
+
     # --- lifecycle hooks (the scheduler calls them) --------------------------------------------
 
     def enter(self, seq: Sequence) -> None:

@@ -149,6 +149,8 @@ def check_blocks(sched: Scheduler) -> None:
     for seq in sched.swapped:
         assert seq.block_table == [] and kv.host_block_table(seq)
     assert sched.stats.kv_usage == pytest.approx(len(owners) / kv.pool.num_blocks)
+    # The tenants' running counts are kept by hooks; they must match a recount.
+    assert sched.stats.running_by_tenant == dict(Counter(s.tenant for s in sched.running))
 
 
 def check_drained(sched: Scheduler) -> None:
