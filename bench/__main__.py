@@ -77,6 +77,7 @@ BENCHMARKS = (
     SuiteEntry("prefix_cache", "Prefix caching"),
     SuiteEntry("kv_memory", "KV memory"),
     SuiteEntry("preemption", "Preemption: recompute vs swap"),
+    SuiteEntry("qos", "Mixed traffic: interactive requests beside a batch flood"),
     SuiteEntry("lora", "Multi-LoRA: adapters + base vs base alone"),
     SuiteEntry("serving", "Serving through tritonserver"),
     SuiteEntry(
@@ -290,6 +291,7 @@ def run(args: argparse.Namespace) -> dict:
         "quick": args.quick,
         "gpu": args.gpu,
         "targets": {t.key: t.minimum for t in TARGETS},
+        "targets_at_most": [t.key for t in TARGETS if t.at_most],
         "sources": sources,
         "missing": missing,
         "failed": outcome.failures,

@@ -31,6 +31,10 @@ class EncoderSettings:
       sentence-transformers value (e.g. 256 for all-MiniLM-L6-v2).
     - `truncate`: default when a request does not say: cut long inputs to max_seq_length
       (as sentence-transformers does) rather than reject them.
+    - `priority_lane_tokens`: padded-token budget of the priority lane's micro-batches: a request
+      of better `priority` than the micro-batch being computed is computed at once beside it, on
+      a second thread (CUDA: a high-priority stream), instead of waiting for it; 0 turns the lane
+      off. Only encoders whose forwards may run concurrently (the BERT family) have one.
     - `max_text_bytes`: UTF-8 size limit of one text. 65536 bytes holds far more than
       max_seq_length tokens of any language, so cutting there never changes the result;
       it bounds tokenizer time and memory for a pathological (e.g. 1 MB) input.
@@ -40,6 +44,7 @@ class EncoderSettings:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     max_batch_tokens: int = 0
     max_batch_size: int = 256
+    priority_lane_tokens: int = 512
     max_seq_length: int = 0
     truncate: bool = True
     max_text_bytes: int = 65536
@@ -53,6 +58,12 @@ class EncoderSettings:
             "must be >= 0 (0 = auto)",
         )
         require(self.max_batch_size >= 1, "max_batch_size", self.max_batch_size, "must be >= 1")
+        require(
+            self.priority_lane_tokens >= 0,
+            "priority_lane_tokens",
+            self.priority_lane_tokens,
+            "must be >= 0 (0 = no priority lane)",
+        )
         require(
             self.max_seq_length >= 0,
             "max_seq_length",

@@ -156,6 +156,9 @@ class PackedBertEncoder:
     (see `backend_lib.encoder.attention`).
     """
 
+    concurrent_forwards = True
+    """Forwards keep no state between calls, so two may run at once (the priority lane)."""
+
     def __init__(
         self,
         weights: CheckpointWeights,

@@ -112,6 +112,9 @@ def _body_tensors(files: list[Path], device: torch.device) -> Iterator[tuple[str
 class PackedDecoderEncoder:
     """Token ids in, final-normed hidden states out, both packed: [T] -> [T, hidden_size]."""
 
+    concurrent_forwards = False
+    """Forwards share one KV pool between calls: one at a time (no priority lane)."""
+
     def __init__(
         self,
         model_dir: Path,

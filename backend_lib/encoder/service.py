@@ -7,6 +7,7 @@ item was computed on (`num_input_tokens`, after truncation: what an API reports 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
@@ -14,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
+import torch
 
 from backend_lib.config import ConfigError, from_parameters
 from backend_lib.contract import (
@@ -125,6 +127,29 @@ class EncoderMetrics:
         self.failures.inc(reason=failure_reason(error))
 
 
+class Lane(NamedTuple):
+    """The micro-batch scheduler's priority lane: its budget (0: none) and what its forwards run
+    in."""
+
+    tokens: int
+    context: Callable[[], contextlib.AbstractContextManager]
+
+
+NO_LANE = Lane(0, contextlib.nullcontext)
+
+
+def priority_lane(tokens: int, encoder) -> Lane:
+    """The lane of a model on `encoder` with `priority_lane_tokens` = tokens: none unless its
+    forwards may run concurrently; on CUDA its forwards go to a high-priority stream, which the
+    GPU serves ahead of the main lane's queued kernels."""
+    if tokens == 0 or not getattr(encoder, "concurrent_forwards", False):
+        return NO_LANE
+    if encoder.device.type != "cuda":
+        return Lane(tokens, contextlib.nullcontext)
+    stream = torch.cuda.Stream(encoder.device, priority=-1)
+    return Lane(tokens, lambda: torch.cuda.stream(stream))
+
+
 class _EncoderService:
     """Shared flow: parse and tokenize each request on its own (a bad one fails alone), then queue
     its items on the micro-batch scheduler (scheduler.py), which answers it when they are
@@ -133,8 +158,9 @@ class _EncoderService:
     output = ""
     """The name of the computed output (beside NUM_INPUT_TOKENS)."""
 
-    def __init__(self, metrics: EncoderMetrics | None):
+    def __init__(self, metrics: EncoderMetrics | None, lane: Lane = NO_LANE):
         self.metrics = metrics
+        self.lane = lane
         self._scheduler: EncoderScheduler | None = None
 
     @property
@@ -142,7 +168,9 @@ class _EncoderService:
         """The micro-batch scheduler (made on first use: it needs the loaded model's budget)."""
         if self._scheduler is None:
             tokens, size = self._budget()
-            self._scheduler = EncoderScheduler(self._compute, tokens, size, self._record_batch)
+            self._scheduler = EncoderScheduler(
+                self._compute, tokens, size, self._record_batch, *self.lane
+            )
         return self._scheduler
 
     def start(self) -> None:
@@ -324,8 +352,8 @@ class EmbeddingService(_EncoderService):
 
     output = EMBEDDING
 
-    def __init__(self, embedder, metrics: EncoderMetrics | None = None):
-        super().__init__(metrics)
+    def __init__(self, embedder, metrics: EncoderMetrics | None = None, lane: Lane = NO_LANE):
+        super().__init__(metrics, lane)
         self.embedder = embedder
 
     @classmethod
@@ -340,8 +368,10 @@ class EmbeddingService(_EncoderService):
         _check_declared_outputs(context.model_config, sparse, config.mode)
         if sparse:
             embedder = SparseEmbedder.from_config(config, context.device, context.model_dir)
-            return SparseEmbeddingService(embedder, metrics)
-        return cls(Embedder.from_config(config, context.device, context.model_dir), metrics)
+            lane = priority_lane(config.priority_lane_tokens, embedder.encoder)
+            return SparseEmbeddingService(embedder, metrics, lane)
+        embedder = Embedder.from_config(config, context.device, context.model_dir)
+        return cls(embedder, metrics, priority_lane(config.priority_lane_tokens, embedder.encoder))
 
     def _tokenize_request(self, inputs: Inputs) -> list:
         tokens, prompt = _read_token_items(inputs, self.embedder)
@@ -388,8 +418,10 @@ class SparseEmbeddingService(_EncoderService):
     weights, padded to the request's longest row with -1 and 0: `sparse.pad_rows`) and
     `num_input_tokens` [N, 1]."""
 
-    def __init__(self, embedder: SparseEmbedder, metrics: EncoderMetrics | None = None):
-        super().__init__(metrics)
+    def __init__(
+        self, embedder: SparseEmbedder, metrics: EncoderMetrics | None = None, lane: Lane = NO_LANE
+    ):
+        super().__init__(metrics, lane)
         self.embedder = embedder
 
     def _tokenize_request(self, inputs: Inputs) -> list:
@@ -418,8 +450,8 @@ class RerankService(_EncoderService):
 
     output = SCORE
 
-    def __init__(self, reranker, metrics: EncoderMetrics | None = None):
-        super().__init__(metrics)
+    def __init__(self, reranker, metrics: EncoderMetrics | None = None, lane: Lane = NO_LANE):
+        super().__init__(metrics, lane)
         self.reranker = reranker
 
     @classmethod
@@ -427,7 +459,9 @@ class RerankService(_EncoderService):
         """Load from the model's config.pbtxt parameters (raises ConfigError naming a bad key)."""
         config = from_parameters(RerankConfig, context.parameters)
         reranker = load_reranker(config, context.device, context.model_dir)
-        return cls(reranker, EncoderMetrics(sink) if sink else None)
+        encoder = getattr(reranker, "encoder", None) or reranker.embedder.encoder
+        lane = priority_lane(config.priority_lane_tokens, encoder)
+        return cls(reranker, EncoderMetrics(sink) if sink else None, lane)
 
     def _tokenize_request(self, inputs: Inputs) -> list:
         queries = read_strings(inputs, "query")

@@ -1,5 +1,5 @@
-"""The LLM-engine benchmarks (engine, batching_spread, prefix_cache, kv_memory, preemption) in the
-quick suite: their output checks passed, and their figures agree with what the workload implies."""
+"""The LLM-engine benchmarks (engine, batching_spread, prefix_cache, kv_memory, preemption, qos) in
+the quick suite: their output checks passed, and their figures agree with what the workload implies."""
 
 from __future__ import annotations
 
@@ -109,6 +109,29 @@ def test_preemption(quick_suite):
     assert engines["recompute"]["num_blocks"] < engines["baseline"]["num_blocks"]
     rates = result["output_tokens_per_second"]
     assert all(0 < r["min"] <= r["median"] <= r["max"] for r in rates.values())
+
+
+def test_qos(quick_suite):
+    """Every mode ran the same traffic to the same greedy tokens; each interactive request has a
+    TTFT, the flood a rate; the embedding half's vectors agreed in every mode."""
+    from bench.qos import KEYS, MODES, THROUGHPUT_KEYS
+    from bench.qos_embedding import FCFS_KEY, KEY
+
+    keys = {*KEYS.values(), *(key for key, _ in THROUGHPUT_KEYS.values()), KEY, FCFS_KEY}
+    result = quick_result(quick_suite, "qos", keys, plots=1)
+    llm = result["llm"]
+    assert set(llm["ttft_ms"]) == set(MODES)
+    for mode in MODES:
+        assert 0 < llm["ttft_ms"][mode]["p50"] <= llm["ttft_ms"][mode]["p99"]
+        assert 0 <= llm["queue_wait_ms"][mode]["p50"] <= llm["ttft_ms"][mode]["p50"]
+    assert set(llm["batch_output_tokens_per_second"]) == set(MODES) - {"alone"}
+    for checks in result["fidelity"].values():
+        assert set(checks) == set(MODES) - {"fcfs"}
+        assert all(c["passed"] and c["exact_required"] for c in checks.values())
+    embedding = result["embedding"]
+    assert embedding["fidelity"]["passed"] and embedding["fidelity"]["min_cosine"] >= 0.99999
+    assert set(embedding["latency_ms"]) == {"alone", "fcfs", "priority"}
+    assert all(value > 0 for value in result["summary"].values())
 
 
 def test_moe_engine(quick_suite):

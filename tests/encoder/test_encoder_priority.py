@@ -1,17 +1,25 @@
 """Priority and deadlines through the encoder services (embedding and rerank) on the real
 all-MiniLM-L6-v2: the optional `priority` input puts a request ahead of a flood queued before it
 (answered after one micro-batch), the vectors and scores are those computed alone, a Triton request
-timeout that passes ends the request with deadline_exceeded, and a bad priority fails alone."""
+timeout that passes ends the request with deadline_exceeded, and a bad priority fails alone; the
+priority lane answers a better request while a flood's micro-batch is still being computed."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
+import torch
 
+from backend_lib.config import ConfigError
 from backend_lib.contract import EMBEDDING, PRIORITY, SCORE, ErrorCode
 from backend_lib.encoder.reranker import BiEncoderReranker
-from backend_lib.encoder.service import EmbeddingService, RerankService
+from backend_lib.encoder.service import NO_LANE, EmbeddingService, RerankService, priority_lane
 from backend_lib.errors import InputError, error_code
+from backend_lib.model_context import ModelContext
+from tooling.checkpoints import MINILM_DIR
+from tooling.repository import ModelSpec, read_config, render_config
 
 FLOOD_TEXT = "a rather long sentence about nothing in particular, " * 20
 
@@ -85,3 +93,54 @@ def test_a_bad_priority_fails_that_request_alone(minilm, value):
     refused, served = EmbeddingService(minilm).execute([bad, good])
     assert isinstance(refused, InputError) and PRIORITY in str(refused)
     assert served[EMBEDDING].shape == (1, minilm.dim)
+
+
+def _minilm_context(parameters: dict[str, str]) -> ModelContext:
+    config = read_config(render_config(ModelSpec("embedding", "embedding", {})))
+    parameters = {"model": str(MINILM_DIR), "dtype": "float32", **parameters}
+    return ModelContext("embedding", "1", MINILM_DIR, torch.device("cpu"), parameters, config)
+
+
+def test_the_priority_lane_comes_from_the_config_and_a_bad_budget_names_its_field():
+    assert EmbeddingService.from_context(_minilm_context({}), None).lane.tokens == 512
+    off = EmbeddingService.from_context(_minilm_context({"priority_lane_tokens": "0"}), None)
+    assert off.lane == NO_LANE
+    with pytest.raises(ConfigError) as info:
+        EmbeddingService.from_context(_minilm_context({"priority_lane_tokens": "-1"}), None)
+    assert info.value.key == "priority_lane_tokens"
+
+
+def test_on_the_priority_lane_a_better_request_is_answered_while_the_flood_s_batch_runs(minilm):
+    """The flood's micro-batches are held at a gate; a better request, computed on the lane
+    meanwhile, is answered with the vectors it has alone before the flood's first one ends."""
+    service = EmbeddingService(minilm, lane=priority_lane(512, minilm.encoder))
+    gate, flood_running, compute = threading.Event(), threading.Event(), service._compute
+
+    def gated(items):
+        if len(items) > 2:  # the flood's micro-batches
+            flood_running.set()
+            assert gate.wait(30)
+        return compute(items)
+
+    service._compute = gated
+    service.start()
+    answers: list = []
+    try:
+        for k in range(2):
+            submit(service, flood_request(k), answers, f"flood-{k}")
+        assert flood_running.wait(30)
+        urgent = {
+            "text_input": column("Who goes there?", "Stand, and unfold"),
+            PRIORITY: np.array([[-1]], dtype=np.int32),
+        }
+        done = threading.Event()
+        service.submit(urgent, lambda result: (answers.append(("urgent", result)), done.set()))
+        assert done.wait(30)
+        assert [name for name, _ in answers] == ["urgent"]
+        gate.set()
+    finally:
+        gate.set()
+        service.shutdown()
+    (alone,) = EmbeddingService(minilm).execute([{"text_input": urgent["text_input"]}])
+    np.testing.assert_allclose(answers[0][1][EMBEDDING], alone[EMBEDDING], atol=1e-5)
+    assert sorted(name for name, _ in answers) == ["flood-0", "flood-1", "urgent"]

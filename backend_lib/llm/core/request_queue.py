@@ -7,7 +7,8 @@
   values first (the request's `priority`, default 0), then earlier arrivals. So the waiting
   sequence of lowest value is admitted first (a preempted one takes its place by key, not at the
   front), the running ones of lowest value get their prefill chunks and decodes into the step's
-  token budget first, and the running one of highest value is the first preemption victim.
+  token budget first, and the running one of highest value is the first preemption victim. A
+  step carries the prefill chunks of one `priority` class (`Order.outranked_prefills`).
 
 Aging (`priority_aging_rate`, priority levels per second; 0, the default, is vLLM's strict
 order): a sequence's effective priority is `priority - rate * (now - arrival_time)`. Since `now`
@@ -100,6 +101,12 @@ class Order:
         priority = self.key(seq)[0] if self.by_priority else 0.0
         return priority, self.tenants.vtime(seq.tenant)
 
+    def admission_rank(self, seq: Sequence) -> tuple[float, bool, float]:
+        """Lower is admitted first: (effective priority, not under its tenant's share of slots,
+        its tenant's virtual time); the share term is False unless under fair share."""
+        priority, vtime = self.rank(seq)
+        return priority, not self.tenants.under_share(seq.tenant), vtime
+
     def running_key(self, seq: Sequence) -> tuple[tuple[float, float], tuple[float, float, int]]:
         return self.rank(seq), self.key(seq)
 
@@ -130,6 +137,29 @@ class Order:
         `other` waits swapped. Never under fcfs; never between equal priorities (their order is
         arrival)."""
         return self.by_priority and self.key(seq)[0] < self.key(other)[0]
+
+    def outranked_prefills(self, running: list[Sequence], *queues: AnyQueue) -> list[Sequence]:
+        """The running prefills that yield the step's budget (the scheduler's step 1): those the
+        best head of `queues` outranks by `admission_rank` (under priority or fair share: they
+        take the budget after admission), and under priority those of a worse `priority` class
+        than the best prefill to come, running or queued (a step carries one class's prefill
+        chunks, so a better request's first token is not held back by worse prompts). Decodes
+        keep their token. The class is the request's `priority`, not its aged one: aging never
+        splits a class."""
+        if not self._sorted_running:
+            return []
+        prefills = [seq for seq in running if seq.num_uncomputed_tokens > 1]
+        heads = [head for queue in queues if (head := queue.head()) is not None]
+        if not prefills or (not heads and not self.by_priority):
+            return []
+        first = min((self.admission_rank(head) for head in heads), default=None)
+        best_class = min(seq.priority for seq in prefills + heads)
+        return [
+            seq
+            for seq in prefills
+            if (first is not None and first < self.admission_rank(seq))
+            or (self.by_priority and seq.priority > best_class)
+        ]
 
     def goes_first(self, queue: AnyQueue, other: AnyQueue) -> bool:
         """Whether the head of `queue` is served before the head of `other` (both non-empty): it
@@ -184,10 +214,9 @@ class TenantQueue:
         return min(heads, key=self._admission_key, default=None)
 
     def _admission_key(self, seq: Sequence) -> tuple:
-        """(effective priority, not under its share of slots, virtual time, key): a tenant under
-        its share of slots goes before one at or over it (fair share only)."""
-        priority, vtime = self._order.rank(seq)
-        return priority, not self._tenants.under_share(seq.tenant), vtime, self._order.key(seq)
+        """(`Order.admission_rank`, key): a tenant under its share of slots goes before one at or
+        over it (fair share only)."""
+        return *self._order.admission_rank(seq), self._order.key(seq)
 
     def count(self, tenant: str) -> int:
         """Sequences of `tenant` waiting."""

@@ -10,21 +10,28 @@ list are sorted by (effective priority, arrival). "First" and "last" below are i
    last running one, if the waiting one's effective priority is strictly better; under fair share
    (core/tenants.py) the newest of the tenant furthest over its share of slots, if the waiting
    one's tenant is under its own;
-1. running sequences (decodes and ongoing prefill chunks), first to last; when blocks run out,
-   the last running sequence is preempted: recompute (blocks freed, full ones stay in the prefix
-   cache; back to the waiting queue, at its front under fcfs) or swap (blocks copied to the host
-   pool; recompute when that is full);
+1. running sequences (decodes and ongoing prefill chunks), first to last, except the prefills that
+   yield (`Order.outranked_prefills`): under priority or fair share those the first waiting or
+   swapped sequence would be admitted before, and under priority those of a worse `priority` class
+   than the best prefill to come (a step carries one class's prefill chunks). They run after 2, in
+   the budget and blocks left, preempting nothing; a worse class only if no better class's prefill
+   made it into the step (2 likewise admits or resumes no worse class's prefill then). When blocks
+   run out, the last running sequence is preempted: recompute (blocks freed, full ones stay in the
+   prefix cache; back to the waiting queue, at its front under fcfs) or swap (blocks copied to the
+   host pool; recompute when that is full);
 2. then, only if 1 preempted nothing, swapped sequences are resumed, and only once none is left
    swapped (under priority: once none left goes before the first waiting one), waiting sequences
    are admitted in queue order (split by tenant: the head of the tenant admission serves next,
-   tenants at `max_running_per_tenant` skipped), reusing their longest cached prefix (computed under the same LoRA adapter: the adapter salts the hashes;
-   a request asking for prompt logprobs reads no cached prefix, so every position is computed);
+   tenants at `max_running_per_tenant` skipped), reusing their longest cached prefix (computed
+   under the same LoRA adapter: the adapter salts the hashes; a request asking for prompt logprobs
+   reads no cached prefix, so every position is computed);
 3. LoRA: running sequences use at most `max_loras` distinct adapters (the base model is free), so
    every step fits the device's adapter slots (core/adapter_budget.py). A swapped or waiting
    sequence whose adapter would be one too many stops resumption / admission (as a sequence that
-   does not fit the pool does): it waits for running sequences of other adapters to finish, and
-   no request after it in the queue overtakes it, so none starves. Which adapter occupies which slot (free slot first, else the least
-   recently used one not needed by the step) is the runner's business (lora/slots.py).
+   does not fit the pool does): it waits for running sequences of other adapters to finish, and no
+   request after it in the queue overtakes it, so none starves. Which adapter occupies which slot
+   (free slot first, else the least recently used one not needed by the step) is the runner's
+   business (lora/slots.py).
 
 4. speculative decoding: a running decode carrying draft tokens (`seq.spec_token_ids`, proposed
    by the engine before the step) computes them after its last token, within the budget: as
@@ -212,14 +219,11 @@ class Scheduler:
         self._register(seq)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
-        """Start `child` as a running copy of `parent`, sharing its KV blocks (parallel sampling).
-
-        The child's token_ids must be the parent's computed tokens plus at least one more: usually
-        the prompt plus the child's own first sampled token, which is checked for stops like any
-        sampled token (the child may thus finish at once: check `child.is_finished`). Shared blocks
-        are copied on their first write (copy-on-write). Prefer `update(..., forks=...)`, which
-        forks before the parent's own token can finish (and free) the parent.
-        """
+        """Start `child` as a running copy of `parent`, sharing its KV blocks (parallel sampling,
+        copied on first write). The child's token_ids are the parent's computed tokens plus at
+        least one more (usually the child's own first sampled token, checked for stops like any:
+        the child may finish at once). Prefer `update(..., forks=...)`, which forks before the
+        parent's own token can finish (and free) the parent."""
         _check_fork(parent, child)
         if child.seq_id in self._seqs:
             raise ValueError(f"sequence id {child.seq_id} is already scheduled")
@@ -280,11 +284,15 @@ class Scheduler:
         out = SchedulerOutput()
         self.order.sort_running(self.running)
         displaced = self._displace_for_waiting(out)
-        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        late = self.order.outranked_prefills(self.running, self.waiting, self.swapped)
+        first = [seq for seq in self.running if seq not in late]
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens, first)
         if len(out.preempted) == displaced:
             loras = self.adapters.in_use(self.running)
             budget = self._resume_swapped(out, budget, loras)
             budget = self._admit_waiting(out, budget, loras)
+        if late and not _carries_class_of(out, min(s.priority for s in late)):
+            budget = self._schedule_running(out, budget, late, may_preempt=False)
         out.blocks_to_copy = self.kv_cache_manager.take_copies()
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
         self.tenants.charge(out.scheduled)
@@ -300,9 +308,10 @@ class Scheduler:
 
         `sampled` maps seq_id to the one token sampled (an int or a 1-element list) for each
         scheduled sequence whose chunk `samples`; one that verified d drafts gets its 1..d + 1
-        emitted tokens (the accepted drafts, then the corrected or bonus token). `forks` maps such a parent's seq_id to new
-        children (parallel sampling, see `fork`), forked once the parent's step is computed but
-        before its own token is appended (so a parent stopping at once still shares its prompt).
+        emitted tokens (the accepted drafts, then the corrected or bonus token). `forks` maps
+        such a parent's seq_id to new children (parallel sampling, see `fork`), forked once the
+        parent's step is computed but before its own token is appended (so a parent stopping at
+        once still shares its prompt).
         Finished children are included in the result. Sequences aborted meanwhile are skipped.
         """
         forks = forks or {}
@@ -377,13 +386,15 @@ class Scheduler:
             and len(out.scheduled) < self.config.max_num_seqs
         )
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_running(
+        self, out: SchedulerOutput, budget: int, seqs: list[Sequence], may_preempt: bool = True
+    ) -> int:
         # First to last. Under fcfs a running prefill is never older than a running decode: a later
         # sequence is only admitted with budget the earlier prefill left over, i.e. its last
         # chunk, so decodes are never stalled behind a long prompt. Under priority a prefill of
         # higher priority may take the budget first: that is the policy.
         kv = self.kv_cache_manager
-        for seq in list(self.running):
+        for seq in seqs:
             if budget == 0 or len(out.scheduled) >= self.config.max_num_seqs:
                 break
             if seq.status is not SequenceStatus.RUNNING:
@@ -391,12 +402,14 @@ class Scheduler:
             num_new = self._chunk_size(seq.num_uncomputed_tokens, budget)
             if num_new == 0:
                 continue
-            drafts = self._drafts(seq, budget)
+            drafts = _take_drafts(seq, budget, self.max_model_len)
             num_new += len(drafts)
             while not kv.allocate_slots(seq, num_new):
                 if drafts:  # drafts never cost another sequence its place
                     num_new, drafts = num_new - len(drafts), []
                     continue
+                if not may_preempt:
+                    break  # an outranked prefill waits for the next step rather than evict
                 # Victim: the last; those before `seq` keep their place.
                 victim = self.running[-1]
                 self._preempt(victim, out)
@@ -406,15 +419,6 @@ class Scheduler:
                 out.scheduled.append(ScheduledSequence(seq, num_new, drafts))
                 budget -= num_new
         return budget
-
-    def _drafts(self, seq: Sequence, budget: int) -> list[int]:
-        """The drafts a running sequence verifies this step (consumed from spec_token_ids): only
-        on a decode, as many as the budget holds beside the decode's own token, and none that
-        would take it past max_model_len."""
-        drafts, seq.spec_token_ids = seq.spec_token_ids, []
-        if seq.num_uncomputed_tokens != 1:
-            return []
-        return drafts[: max(0, min(budget - 1, self.max_model_len - seq.num_tokens - 1))]
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         kv = self.kv_cache_manager
@@ -465,6 +469,8 @@ class Scheduler:
             seq = self.swapped[0]
             if not self.adapters.fits(seq, set(loras)) or not self.tenants.may_run(seq.tenant):
                 break
+            if seq.num_uncomputed_tokens > 1 and _carries_class_of(out, seq.priority):
+                break
             num_new = self._chunk_size(seq.num_uncomputed_tokens, budget)
             if num_new == 0:
                 break
@@ -485,6 +491,8 @@ class Scheduler:
             seq = self.waiting.head()
             if seq is None or not self.adapters.fits(seq, set(loras)):
                 break
+            if _carries_class_of(out, seq.priority):
+                break  # under priority, a step carries one class's prefill chunks
             prefix = kv.find_cached_prefix(seq)
             num_new = self._chunk_size(seq.num_tokens - prefix.num_tokens, budget)
             if num_new == 0 or not kv.admit(seq, prefix, num_new):
@@ -527,6 +535,27 @@ def _check_sizes(config: LLMConfig, num_blocks: int, max_model_len: int) -> None
         config.max_num_batched_tokens,
         f"must be >= max_model_len ({max_model_len}) without chunked prefill",
     )
+
+
+def _carries_class_of(out: SchedulerOutput, worse: int) -> bool:
+    """Whether the step carries a prefill chunk of a priority better than `worse`."""
+    return any(item.seq.priority < worse and not _is_decode(item) for item in out.scheduled)
+
+
+def _is_decode(item: ScheduledSequence) -> bool:
+    return item.num_new_tokens - len(item.spec_token_ids) == 1 and item.start_position >= (
+        item.seq.num_prompt_tokens
+    )
+
+
+def _take_drafts(seq: Sequence, budget: int, max_model_len: int) -> list[int]:
+    """The drafts a running sequence verifies this step (consumed from spec_token_ids): only on a
+    decode, as many as the budget holds beside the decode's own token, and none that would take
+    it past max_model_len."""
+    drafts, seq.spec_token_ids = seq.spec_token_ids, []
+    if seq.num_uncomputed_tokens != 1:
+        return []
+    return drafts[: max(0, min(budget - 1, max_model_len - seq.num_tokens - 1))]
 
 
 def _check_fork(parent: Sequence, child: Sequence) -> None:

@@ -325,14 +325,17 @@ class LLMEngine:
         """One step: queue the held requests whose grammar is ready, then schedule -> execute ->
         update -> process outputs. Returns the outputs of every request that produced tokens or
         finished (held ones whose constraint failed to compile included)."""
-        ended = self._expire() if self.seconds_to_next_due() == 0.0 else []
+        ended = self.expire()
         admitted = self.grammar_wait.admit_ready(self._queue) if len(self.grammar_wait) else []
         if not self.scheduler.has_unfinished():
             return ended + admitted
         return ended + admitted + self._step()
 
-    def _expire(self) -> list[RequestOutput]:
-        """End the requests past their deadline or queue wait (engine/deadlines.py)."""
+    def expire(self) -> list[RequestOutput]:
+        """End the requests past their deadline or queue wait (engine/deadlines.py); `step` does
+        first, a driving loop may before it to answer them without waiting for the step."""
+        if self.seconds_to_next_due() != 0.0:
+            return []
         ended = self.deadlines.expire(time.monotonic(), self._was_admitted)
         outputs = (self.fail_request(e.request_id, e.message, e.code) for e in ended)
         return [output for output in outputs if output is not None]
@@ -353,7 +356,7 @@ class LLMEngine:
             self.drafter.propose(self.scheduler.running, self.structured)
         sched_out = self.scheduler.schedule()
         self.outputs.mark_scheduled(sched_out, time.monotonic())
-        samples_due = self.sampling.samples_due(sched_out, self._is_forked)
+        samples_due = self.sampling.samples_due(sched_out, self.outputs.is_forked)
         failed: list[RequestOutput] = []
         try:
             model_out = self.runner.execute(sched_out, samples_due or None, self.structured)
@@ -390,9 +393,6 @@ class LLMEngine:
         return offline.generate(self, prompts, params, lora_names)
 
     # --- step internals ----------------------------------------------------------------------
-
-    def _is_forked(self, seq: Sequence) -> bool:
-        return self.outputs.requests[seq.request_id].forked
 
     def _fail_dead_ends(
         self, model_out: ModelOutput, samples_due: dict[int, int]

@@ -108,6 +108,10 @@ class OutputProcessor:
     def request_of(self, seq_id: int) -> RequestState:
         return self.requests[self._seq_states[seq_id].seq.request_id]
 
+    def is_forked(self, seq: Sequence) -> bool:
+        """Whether `seq`'s request has forked its parallel samples (n > 1) yet."""
+        return self.requests[seq.request_id].forked
+
     def mark_scheduled(self, sched_out: SchedulerOutput, now: float) -> None:
         for item in sched_out.scheduled:
             metrics = self.requests[item.seq.request_id].metrics

@@ -206,6 +206,8 @@ class EngineLoop:
         if deferred:
             with self._cond:
                 self._new[:0] = deferred.values()
+        for output in engine.expire():  # answered now, not after the step
+            self._deliver(output)
         if engine.needs_step():
             for output in engine.step():
                 self._deliver(output)

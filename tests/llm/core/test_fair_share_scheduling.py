@@ -1,7 +1,8 @@
 """Fair share between tenants and the per-tenant limits (core/tenants.py) on the fake runner of
 scheduler_helpers.py: admission rotating by weighted tokens served, a tenant under its share of
 slots displacing a flood's newest sequence (and no back-and-forth between tenants at their
-share), idle time earning no credit, `max_running_per_tenant` and `max_queued_per_tenant`, and
+share), a new tenant's prompt going before a flood's running chunked prefill, idle time earning
+no credit, `max_running_per_tenant` and `max_queued_per_tenant`, and
 outputs that stay exact whatever the order."""
 
 from __future__ import annotations
@@ -97,6 +98,39 @@ def test_an_interactive_tenant_displaces_a_flood_holding_every_slot(fair_share):
         assert chat.seq_id not in scheduled and not out.preempted
     run(sched, runner, max_steps=2000)
     assert_reference_outputs([*batch, chat])
+
+
+@pytest.mark.parametrize("fair_share", [True, False])
+def test_a_new_tenant_s_prompt_goes_before_a_flood_s_running_chunked_prefill(fair_share):
+    """A flood tenant runs a decode and a long prompt being prefilled in 16-token chunks, over its
+    share of slots, when another tenant's short prompt arrives: under fair share the new prompt
+    goes before the flood's chunk, which gets the budget left; without, the running prefill
+    keeps the budget."""
+    sched = make_scheduler(
+        max_model_len=128,
+        fair_share=fair_share,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=16,
+        max_num_seqs=3,
+    )
+    runner = FakeRunner(sched)
+    decode = make_seq(range(6), tenant="batch", max_tokens=20)
+    prefill = make_seq(range(10, 110), tenant="batch", max_tokens=4)
+    for seq in (decode, prefill):
+        sched.add(seq)
+    step(sched, runner)
+    step(sched, runner)
+    (user,) = flood("user", 1, start=200)
+    sched.add(user)
+    out, _ = step(sched, runner)
+    chunks = [(i.seq.seq_id, i.num_new_tokens) for i in out.scheduled]
+    if fair_share:
+        assert chunks == [(decode.seq_id, 1), (user.seq_id, 6), (prefill.seq_id, 9)]
+    else:
+        assert chunks == [(decode.seq_id, 1), (prefill.seq_id, 15)]
+    assert not out.preempted
+    run(sched, runner)
+    assert_reference_outputs([decode, prefill, user])
 
 
 def test_tenants_at_their_share_never_preempt_each_other():

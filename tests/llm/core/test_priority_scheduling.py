@@ -9,6 +9,7 @@ import pytest
 
 from backend_lib.config import ConfigError, from_parameters
 from backend_lib.llm.config import LLMConfig
+from backend_lib.llm.lora.request import LoRARequest
 from tests.llm.core.scheduler_helpers import (
     FakeRunner,
     assert_reference_outputs,
@@ -97,6 +98,105 @@ def test_equal_priorities_never_displace_each_other():
     assert not out.preempted and later.seq_id not in {i.seq.seq_id for i in out.scheduled}
     run(sched, runner)
     assert_reference_outputs([*first, later])
+
+
+@pytest.mark.parametrize("policy", ["priority", "fcfs"])
+def test_a_better_request_s_prompt_goes_before_a_worse_running_chunked_prefill(policy):
+    """A long worse prompt is being prefilled in 16-token chunks when a better short one arrives:
+    under priority the new prompt's step carries no chunk of the worse one (one class's prefills a
+    step, so the better first token comes sooner), no preemption, and the long prefill goes on at
+    the next step; under fcfs the long prefill keeps the whole budget."""
+    sched = make_scheduler(
+        max_model_len=128,
+        scheduling_policy=policy,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=16,
+    )
+    runner = FakeRunner(sched)
+    long = make_seq(range(100), priority=5 if policy == "priority" else 0, max_tokens=4)
+    sched.add(long)
+    step(sched, runner)
+    urgent = make_seq(range(200, 206), max_tokens=4)
+    sched.add(urgent)
+    out, _ = step(sched, runner)
+    chunks = [(i.seq.seq_id, i.num_new_tokens) for i in out.scheduled]
+    if policy == "priority":
+        assert chunks == [(urgent.seq_id, 6)] and not out.preempted
+        out, _ = step(sched, runner)
+        assert [(i.seq.seq_id, i.num_new_tokens) for i in out.scheduled] == [
+            (urgent.seq_id, 1),
+            (long.seq_id, 15),
+        ]
+    else:
+        assert chunks == [(long.seq_id, 16)]
+    run(sched, runner)
+    assert_reference_outputs([long, urgent])
+
+
+def test_a_step_admitting_a_better_prompt_admits_no_worse_one():
+    """Budget for all four prompts, but the step that prefills the better one carries none of the
+    worse ones; they start at the next step, beside its decode."""
+    sched = make_scheduler(scheduling_policy="priority", max_num_batched_tokens=64)
+    runner = FakeRunner(sched)
+    worse = [make_seq(range(10 * k, 10 * k + 6), priority=1, max_tokens=3) for k in range(3)]
+    urgent = make_seq(range(100, 106), max_tokens=3)
+    for seq in (*worse, urgent):
+        sched.add(seq)
+    out, _ = step(sched, runner)
+    assert [i.seq.seq_id for i in out.scheduled] == [urgent.seq_id]
+    out, _ = step(sched, runner)
+    assert [i.seq.seq_id for i in out.scheduled] == [urgent.seq_id] + [s.seq_id for s in worse]
+    run(sched, runner)
+    assert_reference_outputs([*worse, urgent])
+
+
+def test_a_worse_prefill_runs_when_the_better_prompt_cannot_start():
+    """The better waiting request needs a second LoRA adapter while one slot is in use, so it can
+    neither start nor displace: the worse running prefill keeps the budget rather than leave it
+    idle, and the better one starts once the adapter slot frees."""
+    sched = make_scheduler(
+        max_model_len=128,
+        scheduling_policy="priority",
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=16,
+        enable_lora=True,
+        max_loras=1,
+    )
+    runner = FakeRunner(sched)
+    long = make_seq(range(100), priority=5, max_tokens=4)
+    long.lora_request = LoRARequest("a", 1, "", adapter=None)
+    sched.add(long)
+    step(sched, runner)
+    urgent = make_seq(range(200, 206), max_tokens=4)
+    urgent.lora_request = LoRARequest("b", 2, "", adapter=None)
+    sched.add(urgent)
+    out, _ = step(sched, runner)
+    assert [(i.seq.seq_id, i.num_new_tokens) for i in out.scheduled] == [(long.seq_id, 16)]
+    run(sched, runner)
+    assert_reference_outputs([long, urgent])
+
+
+def test_an_outranked_prefill_without_blocks_waits_instead_of_preempting():
+    """The better prompt took the last free blocks: the worse prefill's chunk is not scheduled
+    this step and evicts nobody, and both finish exactly."""
+    sched = make_scheduler(
+        num_blocks=16,
+        max_model_len=120,
+        scheduling_policy="priority",
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=64,
+    )
+    runner = FakeRunner(sched)
+    long = make_seq(range(100), priority=5, max_tokens=4)
+    sched.add(long)
+    step(sched, runner)  # 64 tokens: 8 of the 16 blocks
+    urgent = make_seq(range(200, 262), max_tokens=4)  # 62 tokens: the other 8
+    sched.add(urgent)
+    out, _ = step(sched, runner)
+    assert [(i.seq.seq_id, i.num_new_tokens) for i in out.scheduled] == [(urgent.seq_id, 62)]
+    assert not out.preempted
+    run(sched, runner)
+    assert_reference_outputs([long, urgent])
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])

@@ -7,6 +7,7 @@ failures are counted by reason; the other request's text is unchanged."""
 from __future__ import annotations
 
 import json
+import random
 import time
 
 import numpy as np
@@ -19,7 +20,13 @@ from backend_lib.llm.serving.metrics import EXTRA_LABELS, FAILURE_REASONS
 from backend_lib.llm.serving.service import LLMService
 from backend_lib.metrics import PrometheusMetrics, parse_prometheus_text
 from tests.llm.engine_helpers import assert_pool_released, engine_checkpoint
-from tests.llm.service_helpers import PROMPTS, expected_texts, inputs, service_from_context
+from tests.llm.service_helpers import (
+    MAX_TOKENS,
+    PROMPTS,
+    expected_texts,
+    inputs,
+    service_from_context,
+)
 from tests.llm.structured.compile_helpers import STUCK_N, costly_schema
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -31,6 +38,22 @@ def long_inputs(prompt: str, **fields) -> dict[str, np.ndarray]:
         **inputs(prompt),
         "sampling_parameters": np.array([json.dumps(params).encode()], dtype=object),
     }
+
+
+def short_inputs(prompt: str, **fields) -> dict[str, np.ndarray]:
+    """`inputs(prompt)` (greedy, MAX_TOKENS tokens) with more sampling parameters."""
+    params = {"temperature": 0, "max_tokens": MAX_TOKENS, "ignore_eos": True, **fields}
+    return {
+        **inputs(prompt),
+        "sampling_parameters": np.array([json.dumps(params).encode()], dtype=object),
+    }
+
+
+def wait_until(condition, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
 
 
 def final(service: LLMService, job) -> tuple[str, Exception | None, float]:
@@ -108,4 +131,67 @@ def test_a_request_held_for_its_grammar_ends_at_its_deadline(service):
     _, error, ended = final(service, job)
     assert isinstance(error, DeadlineExceeded), error
     assert "while waiting" in str(error) and 0.5 <= ended - started < 3.0
+    assert_pool_released(service.engine)
+
+
+def test_1000_requests_with_random_deadlines_each_end_in_full_or_in_time(service, monkeypatch):
+    """1,000 requests through the service as model.py drives it, with deadlines from Triton's
+    timeout or deadline_ms, some due on arrival, some never: each ends with its whole text or
+    with deadline_exceeded no later than the longest engine-loop iteration (one step with its
+    admissions) plus 50 ms after its due time; the pool is empty at the end."""
+    model_dir, _ = engine_checkpoint("LlamaForCausalLM")
+    texts = dict(zip(PROMPTS, expected_texts(model_dir), strict=True))
+    loop, iteration_seconds = service.loop, []
+    real_iteration = loop._iteration
+
+    def timed_iteration(*args):
+        started = time.monotonic()
+        try:
+            real_iteration(*args)
+        finally:
+            iteration_seconds.append(time.monotonic() - started)
+
+    monkeypatch.setattr(loop, "_iteration", timed_iteration)
+    rng, ends = random.Random(0), {}
+    due, prompts, received = {}, {}, {k: "" for k in range(1000)}
+
+    def sender(k: int):
+        def send(result, last: bool) -> None:
+            if isinstance(result, Exception):
+                received[k] = result
+            else:
+                received[k] += b"".join(result["text_output"]).decode()
+            if last:
+                ends[k] = time.monotonic()
+
+        return send
+
+    for k in range(1000):
+        prompts[k] = rng.choice(PROMPTS)
+        choice, fields, timeout_us = rng.random(), {}, 0
+        if choice < 0.1:
+            timeout_us = 1  # due on arrival
+        elif choice < 0.45:
+            fields["deadline_ms"] = rng.uniform(1, 2000)
+        elif choice < 0.75:
+            timeout_us = rng.randint(1_000, 2_000_000)
+        limit = timeout_us / 1e6 if timeout_us else fields.get("deadline_ms", 0) / 1e3 or None
+        submitted = time.monotonic()  # no later than the service's arrival time
+        due[k] = None if limit is None else submitted + limit
+        service.start(short_inputs(prompts[k], **fields), sender(k), lambda: False, timeout_us)
+    wait_until(lambda: len(ends) == 1000 and service.responder.num_pending == 0, 120.0)
+    longest = max(iteration_seconds)
+    expired = 0
+    for k, result in received.items():
+        if not isinstance(result, Exception):
+            assert result == texts[prompts[k]], k
+            continue
+        expired += 1
+        assert isinstance(result, DeadlineExceeded) and due[k] is not None, (k, result)
+        assert ends[k] - due[k] <= longest + 0.05, (k, ends[k] - due[k], longest)
+    assert expired >= 100  # at least those due on arrival
+    errors = [r for r in received.values() if isinstance(r, Exception)]
+    assert any("while running" in str(r) for r in errors)  # some were stopped mid-answer
+    assert failures(service)["deadline_exceeded"] == expired
+    wait_until(lambda: not service.engine.has_unfinished_requests(), 10.0)
     assert_pool_released(service.engine)
