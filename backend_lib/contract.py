@@ -50,6 +50,7 @@ RETURN_FLAGS = (
     "return_logprobs",
     "return_num_input_tokens",
     "return_num_output_tokens",
+    "return_num_cached_tokens",
 )
 """Each flag adds its output (the name without `return_`) to every response of the request."""
 TEXT_OUTPUT = "text_output"
@@ -59,6 +60,9 @@ LOGPROBS = "logprobs"
 NUM_INPUT_TOKENS = "num_input_tokens"
 """The llm's prompt tokens; the encoders' tokens of each row after truncation."""
 NUM_OUTPUT_TOKENS = "num_output_tokens"
+NUM_CACHED_TOKENS = "num_cached_tokens"
+"""[1] UINT32: the prompt tokens whose KV the engine read from its prefix cache instead of
+computing them (0 before the request is first scheduled, and for one asking for prompt logprobs)."""
 PROMPT_LOGPROBS = "prompt_logprobs"
 """[1] JSON, in the first response after the prefill of a request whose sampling_parameters set
 `prompt_logprobs`: per prompt token {token_id: {logprob, rank, decoded_token}}, the prompt token

@@ -34,18 +34,23 @@ def now() -> int:
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
+    """Of the prompt tokens, those read from the engine's prefix cache."""
 
     def add(self, response: LLMResponse, first: bool) -> None:
-        # num_input_tokens repeats on every response of a request: count it once.
+        # The prompt's counts repeat on every response of a request: count them once.
         if first:
             self.prompt_tokens += response.num_input_tokens
+            self.cached_tokens += response.num_cached_tokens
         self.completion_tokens += sum(response.num_output_tokens)
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, Any]:
+        """OpenAI's usage object (prompt_tokens_details.cached_tokens as OpenAI reports it)."""
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
 
 

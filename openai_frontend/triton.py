@@ -51,6 +51,8 @@ class LLMResponse:
     stop_reasons: list[int | str | None] = field(default_factory=list)
     """Per choice, vLLM's `stop_reason` (contract.STOP_REASON): the stop string or stop token id
     that finished it; None for EOS, length, or a choice still running."""
+    num_cached_tokens: int = 0
+    """The prompt tokens the engine read from its prefix cache (contract.NUM_CACHED_TOKENS)."""
 
     def __post_init__(self) -> None:
         if not self.stop_reasons:
@@ -114,8 +116,9 @@ def parse_llm_response(result: Any) -> LLMResponse:
     scored = outputs.get(contract.PROMPT_LOGPROBS)
     prompt_logprobs = json.loads(scored[0]) if scored else None
     stops = [json.loads(v) for v in outputs.get(contract.STOP_REASON, [])]
+    cached = int(outputs.get(contract.NUM_CACHED_TOKENS, [0])[0])
     return LLMResponse(
-        texts, reasons, out_tokens, in_tokens, logprobs, final, prompt_logprobs, stops
+        texts, reasons, out_tokens, in_tokens, logprobs, final, prompt_logprobs, stops, cached
     )
 
 

@@ -7,6 +7,7 @@ from typing import Literal
 
 from backend_lib import contract
 from backend_lib.config import require
+from backend_lib.llm.kv_events_config import KVEventsConfig
 from backend_lib.llm.speculative_config import SpeculativeConfig
 from backend_lib.quantization import QUANTIZATION_SETTINGS
 
@@ -149,6 +150,12 @@ class LLMConfig:
     Parsed and checked by `speculative_config.SpeculativeConfig` (errors name
     `speculative_config.<field>`); `speculative` is the parsed value."""
 
+    kv_events_config: str = ""
+    """KV cache events for cache-aware routing (vLLM's name): a JSON object with vLLM's
+    KVEventsConfig fields, e.g. `{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557",
+    "replay_endpoint": "tcp://*:5558"}`; "" for none. Parsed and checked by
+    `kv_events_config.KVEventsConfig` (errors name `kv_events_config.<field>`)."""
+
     enable_lora: bool = False
     """Serve the LoRA adapters listed in `<version>/multi_lora.json` (requests pick one with
     `lora_name` in sampling_parameters)."""
@@ -163,6 +170,11 @@ class LLMConfig:
     def speculative(self) -> SpeculativeConfig | None:
         """`speculative_config` parsed (None: no speculation)."""
         return SpeculativeConfig.from_json(self.speculative_config)
+
+    @property
+    def kv_events(self) -> KVEventsConfig:
+        """`kv_events_config` parsed."""
+        return KVEventsConfig.from_json(self.kv_events_config)
 
     @property
     def world_size(self) -> int:
@@ -252,6 +264,7 @@ class LLMConfig:
             "must be >= 1",
         )
         SpeculativeConfig.from_json(self.speculative_config)  # a bad value fails the load
+        KVEventsConfig.from_json(self.kv_events_config)
         require(self.max_queue_size >= 1, "max_queue_size", self.max_queue_size, "must be >= 1")
         require(
             self.max_queue_wait_ms >= 0, "max_queue_wait_ms", self.max_queue_wait_ms, "must be >= 0"

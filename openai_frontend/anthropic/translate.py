@@ -211,8 +211,17 @@ def _input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _usage(usage: dict[str, int]) -> dict[str, int]:
-    return {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]}
+def _usage(usage: dict[str, Any]) -> dict[str, int]:
+    """Anthropic's usage: `input_tokens` are the prompt tokens computed, those read from the
+    prefix cache are `cache_read_input_tokens` (their sum is the prompt); nothing is written to
+    a cache on request here, so `cache_creation_input_tokens` is 0."""
+    cached = usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    return {
+        "input_tokens": usage["prompt_tokens"] - cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "output_tokens": usage["completion_tokens"],
+    }
 
 
 def message(completion: dict[str, Any]) -> dict[str, Any]:
@@ -255,7 +264,7 @@ class _Events:
         self.open: str | None = None  # the type of the open block
         self.calls: dict[int, int] = {}  # chat's tool call index -> block index
         self.finish: tuple[str | None, Any] = (None, None)
-        self.usage: dict[str, int] = {"prompt_tokens": 0, "completion_tokens": 0}
+        self.usage: dict[str, Any] = {"prompt_tokens": 0, "completion_tokens": 0}
 
     def read(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []

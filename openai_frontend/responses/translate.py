@@ -296,10 +296,11 @@ class Draft:
         }
 
 
-def _usage(usage: dict[str, int]) -> dict[str, Any]:
+def _usage(usage: dict[str, Any]) -> dict[str, Any]:
+    cached = usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
     return {
         "input_tokens": usage["prompt_tokens"],
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": usage["completion_tokens"],
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage["total_tokens"],

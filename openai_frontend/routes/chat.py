@@ -116,7 +116,7 @@ async def _chunks(
     top: int,
     plan: OutputPlan,
 ) -> AsyncIterator[dict[str, Any]]:
-    usage = Usage(prompt_tokens=first.num_input_tokens)
+    usage = Usage(prompt_tokens=first.num_input_tokens, cached_tokens=first.num_cached_tokens)
     continuous = body.continuous_usage()
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:

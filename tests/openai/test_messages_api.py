@@ -77,7 +77,7 @@ def test_greedy_message_equals_the_chat_completion(claude, sdk):
     assert _text(message) == chat.choices[0].message.content
     assert chat.choices[0].finish_reason == "length"
     assert message.stop_reason == "max_tokens" and message.stop_sequence is None
-    assert message.usage.input_tokens == chat.usage.prompt_tokens
+    assert prompt_tokens(message) == chat.usage.prompt_tokens
     assert message.usage.output_tokens == chat.usage.completion_tokens == 24
 
 
@@ -88,7 +88,7 @@ def test_stream_joined_equals_the_message(claude, client):
         final = stream.get_final_message()
     assert text == _text(whole) == _text(final)
     assert final.stop_reason == whole.stop_reason == "max_tokens"
-    assert final.usage.input_tokens == whole.usage.input_tokens
+    assert prompt_tokens(final) == prompt_tokens(whole)
     assert final.usage.output_tokens == whole.usage.output_tokens == 24
     # The events on the wire: named, in Anthropic's order, message_start with the prompt's usage.
     with client.stream("POST", "/v1/messages", json={**ASK, "stream": True}) as response:
@@ -121,8 +121,15 @@ def test_message_start_carries_the_prompt_tokens(client):
     with client.stream("POST", "/v1/chat/completions", json=chat) as response:
         chunks = [c for c in sse_events(response.iter_lines()) if c != "[DONE]"]
     usages = [c["usage"] for c in chunks]
-    prompt = start["message"]["usage"]["input_tokens"]
-    assert usages[0] == {"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt}
+    read = start["message"]["usage"]
+    prompt = read["input_tokens"] + read["cache_read_input_tokens"]
+    assert {k: usages[0][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")} == {
+        "prompt_tokens": prompt,
+        "completion_tokens": 0,
+        "total_tokens": prompt,
+    }
+    # The chat asked for the same prompt again: its blocks come from the prefix cache.
+    assert usages[0]["prompt_tokens_details"]["cached_tokens"] > 0
     assert [u["prompt_tokens"] for u in usages] == [prompt] * len(chunks)
     completed = [u["completion_tokens"] for u in usages]
     assert completed == sorted(completed) and completed[-1] == 24
@@ -208,19 +215,24 @@ def test_any_tool_and_tool_result_round_trip(claude):
         **{k: v for k, v in follow_up.items() if k in ("model", "system", "messages", "tools")},
         tool_choice={"type": "none"},
     )
-    assert counted.input_tokens == second.usage.input_tokens
-    assert second.usage.input_tokens > first.usage.input_tokens
+    assert counted.input_tokens == prompt_tokens(second)
+    assert prompt_tokens(second) > prompt_tokens(first)
 
 
 def test_count_tokens_equals_the_engine_count(claude):
     fields = {k: FORCED[k] for k in ("model", "system", "messages", "tools", "tool_choice")}
     assert claude.messages.count_tokens(**fields).input_tokens == (
-        claude.messages.create(**_sdk(FORCED)).usage.input_tokens
+        prompt_tokens(claude.messages.create(**_sdk(FORCED)))
     )
     plain = {k: ASK[k] for k in ("model", "system", "messages")}
     assert claude.messages.count_tokens(**plain).input_tokens == (
-        claude.messages.create(**_sdk(ASK)).usage.input_tokens
+        prompt_tokens(claude.messages.create(**_sdk(ASK)))
     )
+
+
+def prompt_tokens(message) -> int:
+    """The whole prompt of an answer: Anthropic counts the prefix-cache reads apart."""
+    return message.usage.input_tokens + message.usage.cache_read_input_tokens
 
 
 def _anthropic_error(response: httpx.Response, status: int, kind: str) -> str:

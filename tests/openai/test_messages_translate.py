@@ -162,7 +162,12 @@ def test_message_of_a_chat_completion():
         ],
         "stop_reason": "max_tokens",
         "stop_sequence": None,
-        "usage": {"input_tokens": 5, "output_tokens": 8},
+        "usage": {
+            "input_tokens": 5,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "output_tokens": 8,
+        },
     }
 
 
@@ -273,7 +278,12 @@ def test_text_then_tool_call_stream_events():
         "message_delta",
         "message_stop",
     ]
-    assert events[0]["message"]["usage"] == {"input_tokens": 7, "output_tokens": 0}
+    assert events[0]["message"]["usage"] == {
+        "input_tokens": 7,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 0,
+    }
     assert events[-2] == {
         "type": "message_delta",
         "delta": {"stop_reason": "tool_use", "stop_sequence": None},

@@ -135,6 +135,7 @@ def test_completions_and_chat_never_tokenize_the_prompt(repository, no_tokenizin
             "prompt_tokens": 14,  # the backend's num_input_tokens, 7 per prompt
             "completion_tokens": 2,
             "total_tokens": 16,
+            "prompt_tokens_details": {"cached_tokens": 0},
         }
         messages = [{"role": "user", "content": "Who goes there?"}]
         chat = client.post("/v1/chat/completions", json={"model": "llm", "messages": messages})

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 BlockHash = bytes
@@ -47,6 +47,8 @@ class BlockPool:
         # contents are worthless); cached ones to the back, so eviction is least-recently-freed first.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached: dict[BlockHash, int] = {}
+        self.on_evict: Callable[[BlockHash], None] | None = None
+        """Called with the hash of each block leaving the prefix cache (KV events)."""
 
     @property
     def num_blocks(self) -> int:
@@ -114,21 +116,26 @@ class BlockPool:
         block_hash: BlockHash,
         parent_hash: BlockHash | None,
         token_ids: Sequence[int],
-    ) -> None:
-        """Register a full, computed block under its chained hash.
+    ) -> bool:
+        """Register a full, computed block under its chained hash; whether it was registered.
 
         No-op when the block is already registered or another block holds the same hash (the same
         content computed twice concurrently): one copy in the index is enough.
         """
         block = self.blocks[block_id]
         if block.block_hash is not None or block_hash in self._cached:
-            return
+            return False
         block.block_hash, block.parent_hash, block.token_ids = (
             block_hash,
             parent_hash,
             tuple(token_ids),
         )
         self._cached[block_hash] = block_id
+        return True
+
+    def cached_hashes(self) -> set[BlockHash]:
+        """The hashes of every block in the prefix cache."""
+        return set(self._cached)
 
     def lookup(
         self, block_hash: BlockHash, parent_hash: BlockHash | None, token_ids: Sequence[int]
@@ -146,4 +153,6 @@ class BlockPool:
     def _uncache(self, block: KVBlock) -> None:
         if block.block_hash is not None:
             del self._cached[block.block_hash]
+            if self.on_evict is not None:
+                self.on_evict(block.block_hash)
             block.block_hash, block.parent_hash, block.token_ids = None, None, ()

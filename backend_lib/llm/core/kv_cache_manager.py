@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from backend_lib.llm.core.block_pool import BlockHash, BlockPool, hash_block
+from backend_lib.llm.core.kv_events import KVEventLog
 from backend_lib.llm.core.sequence import Sequence
 
 
@@ -50,6 +51,8 @@ class KVCacheManager:
         self._num_cached_blocks: dict[int, int] = {}
         self._host_tables: dict[int, list[int]] = {}
         self._copies: list[tuple[int, int]] = []
+        self.events: KVEventLog | None = None
+        """Set by `record_events`."""
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -159,13 +162,19 @@ class KVCacheManager:
         num_full = seq.num_computed_tokens // self.block_size
         hashes = self._hashes(seq, num_full)
         for index in range(self._num_cached_blocks.get(seq.seq_id, 0), num_full):
-            self.pool.cache_block(
-                seq.block_table[index],
-                hashes[index],
-                _parent(seq, hashes, index),
-                self._block_tokens(seq, index),
-            )
+            tokens = self._block_tokens(seq, index)
+            parent = _parent(seq, hashes, index)
+            stored = self.pool.cache_block(seq.block_table[index], hashes[index], parent, tokens)
+            if stored and self.events is not None:
+                # The chain's first block has no parent block (only the adapter's salt).
+                parent_block = hashes[index - 1] if index else None
+                self.events.stored(hashes[index], parent_block, tokens, seq.lora_int_id or None)
         self._num_cached_blocks[seq.seq_id] = num_full
+
+    def record_events(self, events: KVEventLog) -> None:
+        """From now on, log what the device pool's prefix cache gains and loses (KV events)."""
+        self.events = events
+        self.pool.on_evict = events.removed
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Share all of the parent's blocks with the child (one more reference each)."""

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from backend_lib import contract
 from backend_lib.config import ConfigError, from_parameters
@@ -40,6 +41,7 @@ from backend_lib.llm.engine.llm_engine import LLMEngine
 from backend_lib.llm.execution.workers import WorkerDied
 from backend_lib.llm.lora.registry import read_multi_lora
 from backend_lib.llm.serving.engine_loop import EngineLoop, OutputStream
+from backend_lib.llm.serving.kv_event_publisher import KVEventStream
 from backend_lib.llm.serving.metrics import LLMMetrics
 from backend_lib.llm.serving.triton_request import GenerateRequest, parse_generate_request
 from backend_lib.metrics import MetricsSink
@@ -81,12 +83,14 @@ class LLMService:
         metrics: LLMMetrics | None = None,
         faults: PromptMarkerFaults | None = None,
         unload: Callable[[], None] | None = None,
+        kv_events: KVEventStream | None = None,
     ):
         """`faults` (TEST-ONLY, engine/fault_injection.py): requests whose prompt holds its marker
         fail inside the engine step, so tests can check that one failing request leaves the
         others and the engine intact. `unload`: asks the server to unload this model (Triton's
         `pb_utils.unload_model`, as the vLLM backend does), called once when a worker process
-        dies; from then on every request fails at once with `ModelUnavailable`."""
+        dies; from then on every request fails at once with `ModelUnavailable`. `kv_events`: where
+        the prefix cache's changes go after each step (`kv_events_config`)."""
         self.engine = engine
         self.config = engine.config
         self.faults = faults
@@ -98,11 +102,17 @@ class LLMService:
         """Set when a worker process died: the model cannot serve until it is loaded again."""
         self._unload_due = False
         """Set with `unavailable`: the next execute asks the server to unload the model."""
-        self.loop = EngineLoop(
-            engine, on_step=metrics.update if metrics else None, on_failure=self._engine_failed
-        )
+        self.kv_events = kv_events
+        self.loop = EngineLoop(engine, on_step=self._on_step, on_failure=self._engine_failed)
         self.loop.start()
         self.responder = Responder(self)
+
+    def _on_step(self, stats) -> None:
+        """After each engine step (on the loop thread): metrics, then the step's KV events."""
+        if self.metrics is not None:
+            self.metrics.update(stats)
+        if self.kv_events is not None:
+            self.kv_events.flush()
 
     def _engine_failed(self, error: Exception) -> None:
         """A worker process that died leaves the model unable to serve (its shard is gone): mark
@@ -176,7 +186,9 @@ class LLMService:
                 ),
                 max_tenant_labels=config.max_tenant_labels,
             )
-        return cls(engine, metrics, faults=PromptMarkerFaults.from_environment(), unload=unload)
+        faults = PromptMarkerFaults.from_environment()
+        kv_events = _kv_event_stream(engine, context.device)
+        return cls(engine, metrics, faults=faults, unload=unload, kv_events=kv_events)
 
     def submit(self, inputs: dict[str, np.ndarray], timeout_us: int = 0) -> Job:
         """Parse and queue one request; InputError / QueueFullError at once for this caller
@@ -364,6 +376,10 @@ class LLMService:
             )
         if flags["return_num_input_tokens"]:
             tensors["num_input_tokens"] = np.array([len(output.prompt_token_ids)], dtype=np.uint32)
+        if flags["return_num_cached_tokens"]:
+            tensors[contract.NUM_CACHED_TOKENS] = np.array(
+                [output.num_cached_tokens], dtype=np.uint32
+            )
         if flags["return_num_output_tokens"]:
             tensors["num_output_tokens"] = np.array(
                 [
@@ -405,6 +421,17 @@ class LLMService:
         self.loop.stop(timeout=30)  # running requests get their final (abort) outputs first
         self.responder.stop(timeout=30)
         self.engine.close()  # the grammar compile workers end with the model
+        if self.kv_events is not None:
+            self.kv_events.close()
+
+
+def _kv_event_stream(engine: LLMEngine, device: torch.device) -> KVEventStream | None:
+    """The engine's KV event stream when `kv_events_config` enables one."""
+    config = engine.config.kv_events
+    if not config.enabled:
+        return None
+    medium = "GPU" if device.type == "cuda" else "CPU"
+    return KVEventStream(config, engine.scheduler.kv_cache_manager, medium)
 
 
 def _newest(stream: OutputStream, output: RequestOutput) -> RequestOutput:
