@@ -169,8 +169,13 @@ def test_a_model_whose_worker_died_is_unloaded_and_loads_again(sharded):
     os.kill(worker, signal.SIGKILL)
     failure = _failure(grpc_stream(server.grpc_url, PROMPTS[1], long, model="llm_pp2", timeout=60))
     assert "rank 1 (tensor-parallel rank 0 of pipeline stage 1" in failure, failure
-    refused = _failure(grpc_stream(server.grpc_url, PROMPTS[1], long, model="llm_pp2", timeout=60))
-    assert "the model is unavailable" in refused, refused
+    # The cancelled stream may still be stepping when the worker dies: the engine then knows
+    # before this request, which is refused as unavailable itself (and asks for the unload).
+    if "the model is unavailable" not in failure:
+        refused = _failure(
+            grpc_stream(server.grpc_url, PROMPTS[1], long, model="llm_pp2", timeout=60)
+        )
+        assert "the model is unavailable" in refused, refused
 
     ready = f"http://{server.http_url}/v2/models/llm_pp2/ready"
     deadline = time.monotonic() + 60
