@@ -42,10 +42,12 @@ def die_with_parent() -> Callable[[], None]:
 
 def stop_on_signals() -> None:
     """In the main thread of a process that starts servers: SIGTERM exits through SystemExit (exit
-    status 143), running `finally` blocks and `__exit__`s that stop them. SIGINT already raises
-    KeyboardInterrupt."""
+    status 143), running `finally` blocks and `__exit__`s that stop them; SIGINT raises
+    KeyboardInterrupt, also where the process inherited it ignored (a job a non-interactive shell
+    put in the background, or a parent that ignores it: Python then leaves it ignored)."""
 
     def exit_now(signum, frame) -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, exit_now)
+    signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -50,6 +50,8 @@ def test_the_server_dies_with_the_process_that_started_it(tmp_path, kill_with):
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         text=True,
+        # As a shell's background job: SIGINT ignored on entry, which must not keep it alive.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     try:
         server_pid = int(parent.stdout.readline())
