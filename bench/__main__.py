@@ -75,6 +75,8 @@ BENCHMARKS = (
     SuiteEntry("quantized_engine", "W4A16 checkpoint vs bfloat16 and OpenVINO GenAI int4"),
     SuiteEntry("batching_spread", "Continuous vs static batching"),
     SuiteEntry("prefix_cache", "Prefix caching"),
+    SuiteEntry("kv_offload", "KV offload tier: multi-turn agents, tier on vs off"),
+    SuiteEntry("kv_routing", "Cache-aware routing on KV events: 3 replicas"),
     SuiteEntry("kv_memory", "KV memory"),
     SuiteEntry("preemption", "Preemption: recompute vs swap"),
     SuiteEntry("qos", "Mixed traffic: interactive requests beside a batch flood"),

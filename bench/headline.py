@@ -62,12 +62,13 @@ ROWS = (
         "mixture-of-experts engine vs transformers static `generate`", ("engine_moe_vs_hf_static",)
     ),
     Row(
-        "speculative decoding vs plain, one request at a time: n-gram / draft model",
-        ("spec_ngram_vs_plain_c1", "spec_draft_vs_plain_c1"),
-    ),
-    Row(
-        "n-gram speculation vs OpenVINO GenAI prompt lookup, one request at a time",
-        ("spec_ngram_vs_openvino_genai_prompt_lookup_c1",),
+        "speculative decoding, one request at a time: n-gram / draft model vs plain, n-gram vs "
+        "OpenVINO GenAI prompt lookup",
+        (
+            "spec_ngram_vs_plain_c1",
+            "spec_draft_vs_plain_c1",
+            "spec_ngram_vs_openvino_genai_prompt_lookup_c1",
+        ),
     ),
     Row("half the requests JSON-schema constrained vs none", ("structured_vs_free",)),
     Row(
@@ -75,6 +76,11 @@ ROWS = (
         ("served_vs_direct", "openai_vs_grpc"),
     ),
     Row("prefix caching: time-to-first-token cut", ("prefix_cache_ttft_reduction",), unit=""),
+    Row(
+        "KV offload tier on vs off, multi-turn agents with a working set 4x the pool: TTFT p50 / "
+        "throughput",
+        ("kv_offload_ttft_p50_ratio", "kv_offload_throughput_ratio"),
+    ),
     Row(
         "interactive latency p99 beside a batch flood vs alone: LLM priority / LLM fair share / "
         "embedding priority",

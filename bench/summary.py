@@ -94,6 +94,17 @@ TARGETS = (
         "time-to-first-token cut by prefix caching (shared system prompt)",
     ),
     Target(
+        "kv_offload_ttft_p50_ratio",
+        3.0,
+        "median time to first token, offload tier off over on, multi-turn agents sharing a system "
+        "prompt with a working set 4x the KV pool",
+    ),
+    Target(
+        "kv_offload_throughput_ratio",
+        1.5,
+        "output tokens/s, offload tier on over off, the same agent workload",
+    ),
+    Target(
         "lora_mixed_vs_base",
         0.7,
         "engine output tokens/s of a workload over 4 LoRA adapters + base vs the base model alone",

@@ -31,6 +31,24 @@ ENCODER_ZERO_FROM_LOAD = [
     "encoder_compute_seconds_count",
 ]
 
+LLM_KV_OFFLOAD_ZERO_FROM_LOAD = {
+    ("vllm:external_prefix_cache_queries_total", ()),
+    ("vllm:external_prefix_cache_hits_total", ()),
+    ("vllm:kv_offload_total_time_total", ()),
+    *(
+        ("vllm:kv_offload_total_bytes_total", (("transfer_type", kind),))
+        for kind in ("GPU_to_CPU", "CPU_to_GPU", "CPU_to_DISK", "DISK_to_CPU")
+    ),
+    *(
+        (f"llm_kv_offload_{count}_total", (("tier", tier),))
+        for count in ("hits", "stores", "evictions", "errors")
+        for tier in ("ram", "disk")
+    ),
+    *(("llm_kv_offload_usage_perc", (("tier", tier),)) for tier in ("ram", "disk")),
+}
+"""With kv_offloading_backend native only (the default repository's llm has it): (name, extra
+labels) of the offload tier's series."""
+
 LLM_LORA_ZERO_FROM_LOAD = [
     "vllm:lora_requests_info",
     "llm_lora_requests_total",

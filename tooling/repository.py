@@ -84,6 +84,9 @@ DEFAULT_MODELS: tuple[ModelSpec, ...] = (
             "max_num_seqs": "32",
             "max_num_batched_tokens": "1024",
             "cpu_kv_cache_gb": "0.25",
+            # Prefix blocks the pool evicts are kept in host memory and read back on a hit.
+            "kv_offloading_backend": "native",
+            "kv_offloading_size": "0.25",
             "max_queue_size": "256",
             "enable_lora": "true",
             "max_loras": "2",

@@ -2,11 +2,16 @@
 
 config.py                 LLMConfig: every engine setting, from config.pbtxt parameters.
 speculative_config.py     SpeculativeConfig: the speculative_config parameter, parsed.
+kv_events_config.py       KVEventsConfig: the kv_events_config parameter, parsed.
+kv_offload_config.py      KVOffloadConfig: the kv_offloading_* settings, checked and resolved.
 serving/                  Between Triton and the engine (the only layer that knows Triton tensors):
   service.py              LLMService: parse, submit, build response tensors; Responder thread.
   triton_request.py       Request tensors -> GenerateRequest (prompt, SamplingParams, flags).
   engine_loop.py          EngineLoop: the thread that alone drives the engine; OutputStream.
+  kv_event_publisher.py   KV events published over ZeroMQ (PUB, and a ROUTER for replays).
   metrics.py              LLMMetrics: vLLM-named gauges, counters, histograms from EngineStats.
+  tenant_metrics.py       Per-tenant and per-priority series (llm_tenant_*, llm_priority_*).
+  offload_metrics.py      The offload tier's series (vllm:external_prefix_cache_*, llm_kv_offload_*).
 engine/                   Above core/ and execution/ (as vLLM v1's engine/ above its core):
   llm_engine.py           LLMEngine: step() = schedule -> execute -> update -> process outputs.
   drafter.py              Drafter: who speculates, their drafts before scheduling, verification.
@@ -19,6 +24,7 @@ engine/                   Above core/ and execution/ (as vLLM v1's engine/ above
   parallel_sampling.py    n > 1: one prefill, then forked child sequences.
   grammar_step.py         Advancing each constrained sequence's grammar after a step.
   grammar_wait.py         Requests held outside the scheduler while their grammar compiles.
+  offload_steps.py        The offload tier per step: its index, its threads' reports, its stats.
   fault_injection.py      The one TEST-ONLY seam for injecting per-request faults.
 core/                     Scheduling state, device-independent (imports no engine/execution):
   request.py              EngineRequest: the request as it enters the engine (one typed seam).
@@ -26,6 +32,8 @@ core/                     Scheduling state, device-independent (imports no engin
   stop_checker.py         StopChecker: EOS, stop token ids, max_tokens, max_model_len.
   kv_cache_manager.py     KVCacheManager: block tables, prefix-cache lookup, copy-on-write, swap.
   block_pool.py           BlockPool: ref-counted KV block ids, LRU free queue, prefix hashes.
+  kv_offload.py           KVOffloader: which block hashes RAM and disk hold; each step's copies.
+  kv_events.py            KVEventLog: the prefix cache's stores and evictions as vLLM's events.
   sequence.py             Sequence: one generated sequence's tokens and state.
   sampling_params.py      SamplingParams: vLLM's fields, defaults and validation.
   outputs.py              RequestOutput, CompletionOutput: what a step hands back.
@@ -45,6 +53,8 @@ execution/                What runs on the device:
   attention.py            AttentionMetadata and the kernel set of a device.
   kernel_backend.py       The kernel_backend setting -> "triton" or "torch" kernels.
   kv_pool.py              KVPool: the preallocated K/V tensor, its sizing, swaps and copies.
+  kv_offload_store.py     OffloadStore: the tier's RAM slots, its copies, disk writer and reader.
+  kv_tier_files.py        BlockFiles: one checked file per block, size-bounded, with a manifest.
   sampler.py              Sampler: penalties, temperature, top-k/p, min-p, seeds, logprobs.
 lora/                     LoRA adapters: loading, device slots, per-row batches.
 structured/               Structured outputs: params, grammar compiler (worker processes),

@@ -7,6 +7,7 @@ from typing import Literal
 
 from backend_lib import contract
 from backend_lib.config import require
+from backend_lib.llm import kv_offload_config
 from backend_lib.llm.kv_events_config import KVEventsConfig
 from backend_lib.llm.speculative_config import SpeculativeConfig
 from backend_lib.quantization import QUANTIZATION_SETTINGS
@@ -156,6 +157,18 @@ class LLMConfig:
     "replay_endpoint": "tcp://*:5558"}`; "" for none. Parsed and checked by
     `kv_events_config.KVEventsConfig` (errors name `kv_events_config.<field>`)."""
 
+    kv_offloading_backend: Literal["none", "native"] = "none"
+    """The prefix cache's offload tier (vLLM's name; core/kv_offload.py): none, or native (blocks
+    the KV pool evicts are kept in host memory and, with `kv_offloading_path`, on disk, and read
+    back on a prefix hit instead of being recomputed). Needs enable_prefix_caching."""
+    kv_offloading_size: float = 0.0
+    """Host memory of the tier, in GiB (vLLM's name; the total over tensor-parallel ranks)."""
+    kv_offloading_path: str = ""
+    """A directory for the disk tier (relative to the model directory): one file per block,
+    checked when read, reused after a restart of the same model and cache layout. "": none."""
+    kv_offloading_disk_size: float = 0.0
+    """GiB of block files the disk tier keeps (least recently used removed first)."""
+
     enable_lora: bool = False
     """Serve the LoRA adapters listed in `<version>/multi_lora.json` (requests pick one with
     `lora_name` in sampling_parameters)."""
@@ -265,6 +278,7 @@ class LLMConfig:
         )
         SpeculativeConfig.from_json(self.speculative_config)  # a bad value fails the load
         KVEventsConfig.from_json(self.kv_events_config)
+        kv_offload_config.validate(self)
         require(self.max_queue_size >= 1, "max_queue_size", self.max_queue_size, "must be >= 1")
         require(
             self.max_queue_wait_ms >= 0, "max_queue_wait_ms", self.max_queue_wait_ms, "must be >= 0"

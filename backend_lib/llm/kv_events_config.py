@@ -4,17 +4,27 @@ The value is a JSON object with vLLM's field names (`vllm.config.KVEventsConfig`
 `{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557",
 "replay_endpoint": "tcp://*:5558", "topic": "kv-events"}`. Empty means no events. Every problem
 raises `ConfigError` naming `kv_events_config.<field>`, so a bad value fails only that model's load.
+
+`endpoint`, `replay_endpoint` and `topic` may name environment variables as `${NAME}`, replaced
+when the model loads: one config.pbtxt then serves every pod of a Deployment, each publishing
+under its own topic (llm-d's `kv@${POD_IP}@<model>`, the pod's IP from the downward API) to an
+endpoint the chart sets (`${KV_EVENTS_ENDPOINT}`). A variable that is not set fails the load.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from dataclasses import dataclass, fields
 from typing import Any
 
 from backend_lib.config import ConfigError, require
 
 PARAMETER = "kv_events_config"
+ENVIRONMENT_FIELDS = ("endpoint", "replay_endpoint", "topic")
+"""The fields where `${NAME}` names an environment variable."""
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 PUBLISHERS = ("null", "zmq")
 ENDPOINT_SCHEMES = ("tcp://", "ipc://", "inproc://")
 
@@ -63,6 +73,9 @@ class KVEventsConfig:
             )
         if values.get("enable_kv_cache_events") and "publisher" not in values:
             values["publisher"] = "zmq"  # as vLLM: enabling events picks its publisher
+        for key in ENVIRONMENT_FIELDS:
+            if isinstance(values.get(key), str):
+                values[key] = _expand(key, values[key])
         config = cls(**values)
         config.validate()
         return config
@@ -91,6 +104,22 @@ class KVEventsConfig:
             _check_type(name, value, int)
             require(value >= 1, f"{PARAMETER}.{name}", value, "must be >= 1")
         _check_type("topic", self.topic, str)
+
+
+def _expand(name: str, value: str) -> str:
+    """`value` with each `${NAME}` replaced by that environment variable."""
+
+    def variable(match: re.Match) -> str:
+        found = os.environ.get(match.group(1))
+        require(
+            found is not None,
+            f"{PARAMETER}.{name}",
+            value,
+            f"names the environment variable {match.group(1)}, which is not set",
+        )
+        return found
+
+    return _VARIABLE.sub(variable, value)
 
 
 def _check_type(name: str, value: Any, kind: type) -> None:

@@ -143,3 +143,34 @@ def test_moe_engine(quick_suite):
     settings = result["settings"]
     assert settings["hf_experts_implementation"] in settings["hf_experts_check_seconds"]
     assert all(rate > 0 for rate in result["output_tokens_per_second"].values())
+
+
+def test_kv_offload(quick_suite):
+    """Both modes ran the same agents to the same greedy tokens; the tier read history back (more
+    cached tokens with it than without), and every request's reported cached tokens equal the
+    prompt tokens the runner skipped."""
+    keys = {"kv_offload_ttft_p50_ratio", "kv_offload_throughput_ratio"}
+    result = quick_result(quick_suite, "kv_offload", keys, plots=0, against_target=True)
+    w = result["workload"]
+    assert w["working_set_blocks"] >= 2 * w["pool_blocks"]
+    assert result["cached_equals_skipped"] is True
+    assert min(result["tier_hit_tokens"]) > 0
+    cached = result["cached_tokens"]
+    assert min(cached["tier_on"]) > max(cached["tier_off"])
+    requests = w["conversations"] * w["turns"]
+    for mode in ("tier_off", "tier_on"):
+        assert len(result["ttft_seconds"][mode]) == requests * result["repeats"]
+    assert all(f["passed"] and f["exact_required"] for f in result["fidelity"].values())
+
+
+def test_kv_routing(quick_suite):
+    """Both policies served the same conversations to the same greedy tokens; each request has
+    a TTFT and each policy a hit ratio."""
+    keys = {"kv_routing_ttft_p50_ratio", "kv_routing_hit_ratio", "kv_routing_round_robin_hit_ratio"}
+    result = quick_result(quick_suite, "kv_routing", keys, plots=0)
+    w = result["workload"]
+    requests = w["agents"] * w["conversations_per_agent"] * w["turns"]
+    for policy in ("round_robin", "longest_prefix"):
+        assert len(result["ttft_seconds"][policy]) == requests * result["repeats"]
+        assert 0 <= result["hit_ratio"][policy] <= 1
+    assert all(f["passed"] and f["exact_required"] for f in result["fidelity"].values())

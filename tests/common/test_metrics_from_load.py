@@ -4,7 +4,8 @@ checks the same on a real tritonserver), and the llm metrics carry vLLM's `model
 from prometheus_client import generate_latest
 
 from backend_lib.encoder.service import FAILURE_REASONS, EncoderMetrics
-from backend_lib.llm.core.stats import EngineCounters, EngineStats
+from backend_lib.llm.core.kv_offload import TierCounters
+from backend_lib.llm.core.stats import EngineCounters, EngineStats, KVOffloadStats
 from backend_lib.llm.serving.metrics import (
     EXTRA_LABELS,
     FINISHED_REASONS,
@@ -14,16 +15,24 @@ from backend_lib.llm.serving.metrics import (
     FAILURE_REASONS as LLM_FAILURE_REASONS,
 )
 from backend_lib.metrics import PrometheusMetrics, TritonMetrics, parse_prometheus_text
-from tests.metric_names import ENCODER_ZERO_FROM_LOAD, LLM_ZERO_FROM_LOAD
+from tests.metric_names import (
+    ENCODER_ZERO_FROM_LOAD,
+    LLM_KV_OFFLOAD_ZERO_FROM_LOAD,
+    LLM_ZERO_FROM_LOAD,
+)
 
 LLM_LABELS = {"model": "llm", "version": "1", "model_name": "llm"}
 ENCODER_LABELS = {"model": "embedding", "version": "1"}
 
 
-def llm_metrics() -> tuple[PrometheusMetrics, LLMMetrics]:
+def llm_metrics(**options) -> tuple[PrometheusMetrics, LLMMetrics]:
     sink = PrometheusMetrics({"model": "llm", "version": "1"}, extra_labels=EXTRA_LABELS)
     metrics = LLMMetrics(
-        sink.with_labels(model_name="llm"), max_model_len=64, block_size=16, num_blocks=123
+        sink.with_labels(model_name="llm"),
+        max_model_len=64,
+        block_size=16,
+        num_blocks=123,
+        **options,
     )
     return sink, metrics
 
@@ -51,6 +60,44 @@ def test_llm_series_are_zero_from_load_with_model_name():
     assert info == 1
     # Every llm sample carries model_name; none lacks it.
     assert all(dict(labels).get("model_name") == "llm" for _, labels in scraped)
+
+
+def test_offload_tier_series_are_zero_from_load_and_move_by_the_snapshots_increments():
+    sink, metrics = llm_metrics(kv_offload=True)
+    scraped = samples(sink)
+    for name, extra in LLM_KV_OFFLOAD_ZERO_FROM_LOAD:
+        assert value(scraped, name, LLM_LABELS, **dict(extra)) == 0, name
+    absent_sink, _ = llm_metrics()
+    assert not {name for name, _ in samples(absent_sink)} & {
+        n for n, _ in LLM_KV_OFFLOAD_ZERO_FROM_LOAD
+    }
+
+    def snapshot(hits: int, stores: int, loaded: int) -> KVOffloadStats:
+        return KVOffloadStats(
+            external_queries=100,
+            external_hits=hits,
+            ram=TierCounters(hits=hits // 16, stores=stores),
+            disk=TierCounters(errors=1),
+            bytes_moved={"GPU_to_CPU": stores * 10, "CPU_to_GPU": loaded},
+            copy_seconds=0.5,
+            ram_usage=0.25,
+            disk_usage=0.0,
+        )
+
+    stats = EngineStats(0, 0, 0, 0.0, EngineCounters(), kv_offload=snapshot(32, 4, 64))
+    metrics.update(stats)
+    stats.kv_offload = snapshot(48, 6, 96)  # cumulative: the series move by the increments
+    metrics.update(stats)
+    scraped = samples(sink)
+    assert value(scraped, "vllm:external_prefix_cache_hits_total", LLM_LABELS) == 48
+    assert value(scraped, "vllm:external_prefix_cache_queries_total", LLM_LABELS) == 100
+    assert value(scraped, "llm_kv_offload_stores_total", LLM_LABELS, tier="ram") == 6
+    assert value(scraped, "llm_kv_offload_errors_total", LLM_LABELS, tier="disk") == 1
+    assert (
+        value(scraped, "vllm:kv_offload_total_bytes_total", LLM_LABELS, transfer_type="CPU_to_GPU")
+        == 96
+    )
+    assert value(scraped, "llm_kv_offload_usage_perc", LLM_LABELS, tier="ram") == 0.25
 
 
 def test_llm_update_moves_the_zeroed_series():

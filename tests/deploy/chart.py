@@ -43,6 +43,16 @@ EVERYTHING_ON = {
     **GATEWAY,
 }
 KEDA = {"autoscaling": {"engine": "keda"}}
+# llm-d's endpoint picker rendered by the chart (its precise prefix-cache scorer fed by the llm
+# pods' KV events), in place of a picker named by extensionRef.
+ENDPOINT_PICKER = {
+    "gateway": {
+        "inferenceExtension": {
+            "endpointPicker": {"enabled": True},
+            "pool": {"extensionRef": {"name": ""}},
+        }
+    }
+}
 
 
 def merge(base: dict, override: dict) -> dict:

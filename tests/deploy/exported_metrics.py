@@ -42,7 +42,14 @@ class NameRecorder:
 
 def backend_metric_names() -> frozenset[str]:
     sink = NameRecorder()
-    LLMMetrics(sink, max_model_len=16, block_size=16, num_blocks=1, num_speculative_tokens=1)
+    LLMMetrics(
+        sink,
+        max_model_len=16,
+        block_size=16,
+        num_blocks=1,
+        num_speculative_tokens=1,
+        kv_offload=True,
+    )
     EncoderMetrics(sink)
     return frozenset(sink.names)
 

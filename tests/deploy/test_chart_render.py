@@ -2,8 +2,18 @@
 shape the deployment relies on: one Deployment per role, probes, drain, security, autoscaling."""
 
 import pytest
+import yaml
 
-from tests.deploy.chart import EVERYTHING_ON, GATEWAY, KEDA, VALUES_FILES, by_kind, merge, render
+from tests.deploy.chart import (
+    ENDPOINT_PICKER,
+    EVERYTHING_ON,
+    GATEWAY,
+    KEDA,
+    VALUES_FILES,
+    by_kind,
+    merge,
+    render,
+)
 
 ROLES = {"llm": ["llm"], "encoders": ["embedding", "rerank"]}
 
@@ -262,6 +272,61 @@ def test_inference_model_splits_one_name_between_pinned_versions():
     assert sorted(models) == ["rel-triton-llm-llm", "rel-triton-llm-llm-1"]
     assert {m["spec"]["poolRef"]["name"] for m in models.values()} == {"shared-pool"}
     assert "targetModels" not in models["rel-triton-llm-llm-1"]["spec"]
+
+
+def test_the_endpoint_picker_routes_on_the_llm_pods_kv_events():
+    """llm-d's inference scheduler with its precise prefix-cache scorer: the pool's extensionRef
+    names it, each llm pod publishes its KV events to its ZeroMQ port under `kv@<pod IP>@<model>`
+    (the variables its kv_events_config names), and its tokenizer is the model's own file."""
+    objects = render("values-cpu.yaml", merge(EVERYTHING_ON, ENDPOINT_PICKER))
+    (pool,) = by_kind(objects, "InferencePool").values()
+    picker = by_kind(objects, "Deployment")["rel-triton-llm-epp"]
+    service = by_kind(objects, "Service")["rel-triton-llm-epp"]
+    config = yaml.safe_load(
+        by_kind(objects, "ConfigMap")["rel-triton-llm-epp"]["data"]["endpoint-picker.yaml"]
+    )
+    assert pool["spec"]["extensionRef"]["name"] == service["metadata"]["name"]
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
+        "grpc": 9002,
+        "kv-events": 5557,
+        "metrics": 9090,
+    }
+    container = picker["spec"]["template"]["spec"]["containers"][0]
+    assert f"--pool-name={pool['metadata']['name']}" in container["args"]
+    assert "--pool-group=inference.networking.x-k8s.io" in container["args"]
+    plugins = {plugin["type"]: plugin.get("parameters") for plugin in config["plugins"]}
+    scorer = plugins["precise-prefix-cache-scorer"]
+    assert scorer["kvEventsConfig"] == {
+        "zmqEndpoint": "tcp://*:5557",
+        "topicFilter": "kv@",
+        "concurrency": 4,
+    }
+    assert scorer["tokenProcessorConfig"]["blockSize"] == 16  # the llm's block_size
+    tokenizers = scorer["indexerConfig"]["tokenizersPoolConfig"]
+    assert (
+        tokenizers["modelName"] == "llm"
+        and tokenizers["local"]["autoDiscoveryDir"] == "/tokenizers"
+    )
+    (copy_step,) = picker["spec"]["template"]["spec"]["initContainers"]
+    assert copy_step["args"][0].endswith('"/tokenizers/llm/tokenizer.json"')
+    weights = {p["pluginRef"]: p.get("weight") for p in config["schedulingProfiles"][0]["plugins"]}
+    assert weights == {
+        "precise-prefix-cache-scorer": 3,
+        "kv-cache-utilization-scorer": 2,
+        "queue-scorer": 2,
+        "max-score-picker": None,
+    }
+    llm = by_kind(objects, "Deployment")["rel-triton-llm-llm"]
+    env = {e["name"]: e for e in llm["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["KV_EVENTS_ENDPOINT"]["value"] == "tcp://rel-triton-llm-epp.serving.svc:5557"
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    # Without it, no picker and no variables.
+    plain = render("values-cpu.yaml", EVERYTHING_ON)
+    assert "rel-triton-llm-epp" not in by_kind(plain, "Deployment")
+    llm = by_kind(plain, "Deployment")["rel-triton-llm-llm"]
+    assert "POD_IP" not in {
+        e["name"] for e in llm["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
 
 
 @pytest.mark.parametrize(

@@ -12,16 +12,22 @@ import kubernetes_validate
 import pytest
 
 from tests.deploy.chart import (
+    ENDPOINT_PICKER,
     EVERYTHING_ON,
     KEDA,
     VALUES_FILES,
     by_kind,
+    merge,
     render,
     validate,
 )
 
 
-@pytest.mark.parametrize("overrides", [EVERYTHING_ON, EVERYTHING_ON | KEDA], ids=["hpa", "keda"])
+@pytest.mark.parametrize(
+    "overrides",
+    [EVERYTHING_ON, EVERYTHING_ON | KEDA, merge(EVERYTHING_ON, ENDPOINT_PICKER)],
+    ids=["hpa", "keda", "endpoint-picker"],
+)
 @pytest.mark.parametrize("values", VALUES_FILES)
 def test_every_rendered_object_validates(values, overrides):
     objects = render(values, overrides)

@@ -60,6 +60,13 @@ TOPICS = {
             "llm_tenant_requests_waiting",
         },
         "crashed stub": {"nv_inference_request_failure", "vllm:generation_tokens_total"},
+        "KV offload tier hit rate": {
+            "vllm:external_prefix_cache_hits_total",
+            "vllm:external_prefix_cache_queries_total",
+        },
+        "KV offload tier traffic": {"vllm:kv_offload_total_bytes_total"},
+        "KV offload tier usage": {"llm_kv_offload_usage_perc"},
+        "KV offload tier errors": {"llm_kv_offload_errors_total", "llm_kv_offload_evictions_total"},
         **TRITON_TOPICS,
     },
     "encoders.json": {

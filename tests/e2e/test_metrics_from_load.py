@@ -20,6 +20,7 @@ from backend_lib.llm.serving.metrics import FINISHED_REASONS
 from backend_lib.metrics import parse_prometheus_text
 from tests.deploy.triton_metric_names import TRITON_CPU_METRICS
 from tests.metric_names import ENCODER_ZERO_FROM_LOAD as ENCODER_ZERO
+from tests.metric_names import LLM_KV_OFFLOAD_ZERO_FROM_LOAD as LLM_KV_OFFLOAD_ZERO
 from tests.metric_names import LLM_ZERO_FROM_LOAD as LLM_ZERO
 from tests.server_helpers import DEFAULT_REPOSITORY, REPO_ROOT
 
@@ -79,6 +80,8 @@ def test_every_series_is_zero_from_load(fresh_server):
         assert value("vllm:request_success_total", LLM, finished_reason=reason) == 0
     for reason in LLM_FAILURE_REASONS:
         assert value("llm_request_failures_total", LLM, reason=reason) == 0
+    for name, extra in LLM_KV_OFFLOAD_ZERO:  # the default llm has an offload tier
+        assert value(name, LLM, **dict(extra)) == 0, (name, extra)
     for model in ("embedding", "rerank"):
         labels = {"model": model, "version": "1"}
         for name in ENCODER_ZERO:

@@ -47,8 +47,9 @@ class BlockPool:
         # contents are worthless); cached ones to the back, so eviction is least-recently-freed first.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached: dict[BlockHash, int] = {}
-        self.on_evict: Callable[[BlockHash], None] | None = None
-        """Called with the hash of each block leaving the prefix cache (KV events)."""
+        self.on_evict: Callable[[int, BlockHash], None] | None = None
+        """Called with the id and hash of each block leaving the prefix cache, before the block
+        is handed out again (KV events, the offload tier)."""
 
     @property
     def num_blocks(self) -> int:
@@ -133,6 +134,13 @@ class BlockPool:
         self._cached[block_hash] = block_id
         return True
 
+    def is_cached(self, block_hash: BlockHash) -> bool:
+        return block_hash in self._cached
+
+    def cached_blocks(self) -> list[tuple[int, BlockHash]]:
+        """(block id, hash) of every block in the prefix cache."""
+        return [(block_id, block_hash) for block_hash, block_id in self._cached.items()]
+
     def cached_hashes(self) -> set[BlockHash]:
         """The hashes of every block in the prefix cache."""
         return set(self._cached)
@@ -154,5 +162,5 @@ class BlockPool:
         if block.block_hash is not None:
             del self._cached[block.block_hash]
             if self.on_evict is not None:
-                self.on_evict(block.block_hash)
+                self.on_evict(block.block_id, block.block_hash)
             block.block_hash, block.parent_hash, block.token_ids = None, None, ()

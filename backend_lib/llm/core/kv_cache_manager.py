@@ -8,6 +8,10 @@ forward pass that depends on them.
 
 A sequence's hash chain starts from its adapter's `cache_salt` (the base model's from nothing), so
 blocks computed under one LoRA adapter are never reused by another or by the base model.
+
+With an offload tier (core/kv_offload.py), cached blocks the pool evicts are kept there, and a
+prefix lookup continues there after the pool's last hit: those blocks get fresh device blocks,
+loaded before the step's forward.
 """
 
 from __future__ import annotations
@@ -16,15 +20,23 @@ from dataclasses import dataclass, field
 
 from backend_lib.llm.core.block_pool import BlockHash, BlockPool, hash_block
 from backend_lib.llm.core.kv_events import KVEventLog
+from backend_lib.llm.core.kv_offload import KVOffloader, OffloadMoves
 from backend_lib.llm.core.sequence import Sequence
 
 
 @dataclass
 class CachedPrefix:
-    """The longest run of a sequence's leading full blocks found in the prefix cache."""
+    """The longest run of a sequence's leading full blocks found in the prefix cache: first in
+    the device pool, then in the offload tier."""
 
     block_ids: list[int] = field(default_factory=list)
+    """The device pool's hits."""
+    tier_hashes: list[BlockHash] = field(default_factory=list)
+    """The tier's hits after them, loaded into fresh blocks at admission."""
     num_tokens: int = 0
+    """Tokens of both."""
+    num_tier_tokens: int = 0
+    """Of those, the tier's."""
 
 
 class KVCacheManager:
@@ -36,7 +48,9 @@ class KVCacheManager:
         block_size: int,
         num_host_blocks: int = 0,
         enable_prefix_caching: bool = True,
+        offload: KVOffloader | None = None,
     ) -> None:
+        """`offload`: the prefix cache's offload tier (None: evicted blocks are dropped)."""
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
@@ -53,6 +67,10 @@ class KVCacheManager:
         self._copies: list[tuple[int, int]] = []
         self.events: KVEventLog | None = None
         """Set by `record_events`."""
+        self.offload = offload
+        self.pool.on_evict = self._evicted
+        self._reads: dict[int, list[tuple[BlockHash, int]]] = {}
+        """Per waiting sequence with disk reads: its prefix's RAM slots, pinned until admission."""
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -81,7 +99,13 @@ class KVCacheManager:
             if block_id is None:
                 break
             prefix.block_ids.append(block_id)
-        prefix.num_tokens = len(prefix.block_ids) * self.block_size
+        if self.offload is not None:
+            for block_hash in hashes[len(prefix.block_ids) :]:
+                if not self.offload.holds(block_hash):
+                    break
+                prefix.tier_hashes.append(block_hash)
+        prefix.num_tier_tokens = len(prefix.tier_hashes) * self.block_size
+        prefix.num_tokens = len(prefix.block_ids) * self.block_size + prefix.num_tier_tokens
         return prefix
 
     def _reads_cache(self, seq: Sequence) -> bool:
@@ -105,12 +129,23 @@ class KVCacheManager:
             return False
         num_needed = self.num_blocks_for(prefix.num_tokens + num_new_tokens) - len(prefix.block_ids)
         self.pool.touch(prefix.block_ids)
-        seq.block_table = prefix.block_ids + self.pool.allocate(num_needed)
+        tier_slots = [self.offload.claim(h) for h in prefix.tier_hashes] if self.offload else []
+        fresh = self.pool.allocate(num_needed)
+        seq.block_table = prefix.block_ids + fresh
+        for slot, block_id in zip(tier_slots, fresh, strict=False):
+            self.offload.queue_load(slot, block_id)
+        if seq.seq_id in self._reads:
+            self.offload.release(self._reads.pop(seq.seq_id))
         seq.num_computed_tokens = prefix.num_tokens
         self._num_cached_blocks[seq.seq_id] = len(prefix.block_ids)
+        self.cache_full_blocks(seq)  # the tier's blocks join the pool's prefix cache
         if self._reads_cache(seq):
+            pool_hits = prefix.num_tokens - prefix.num_tier_tokens
             self.prefix_cache_queries += seq.num_tokens
-            self.prefix_cache_hits += prefix.num_tokens
+            self.prefix_cache_hits += pool_hits
+            if self.offload is not None:
+                self.offload.external_queries += seq.num_tokens - pool_hits
+                self.offload.external_hits += prefix.num_tier_tokens
         return True
 
     # --- running ---------------------------------------------------------------------------------
@@ -174,7 +209,39 @@ class KVCacheManager:
     def record_events(self, events: KVEventLog) -> None:
         """From now on, log what the device pool's prefix cache gains and loses (KV events)."""
         self.events = events
-        self.pool.on_evict = events.removed
+
+    def _evicted(self, block_id: int, block_hash: BlockHash) -> None:
+        """A cached block leaves the pool: an event, and a copy kept in the tier."""
+        if self.events is not None:
+            self.events.removed(block_hash)
+        if self.offload is not None:
+            self.offload.evicted(block_id, block_hash)
+
+    def take_offload_moves(self) -> OffloadMoves:
+        """The tier copies queued since the last call (none without a tier)."""
+        return self.offload.take_moves() if self.offload is not None else OffloadMoves()
+
+    def prefetch(self, seq: Sequence) -> bool:
+        """Queue the disk reads (in `take_offload_moves`) that bring back the blocks of a waiting
+        sequence's prefix found only on disk; whether there were any. Their RAM slots, and
+        those of the prefix's blocks already in RAM, are kept for it until its admission."""
+        if self.offload is None or not self.offload.disk_enabled or not self._reads_cache(seq):
+            return False
+        if seq.seq_id in self._reads:  # pinned for it already: release, then plan afresh
+            self.offload.release(self._reads.pop(seq.seq_id))
+        hashes = self._hashes(seq, (seq.num_tokens - 1) // self.block_size)
+        reads, pins = self.offload.plan_prefetch(
+            hashes, {h for h in hashes if self.pool.is_cached(h)}
+        )
+        if pins:
+            self._reads[seq.seq_id] = pins
+        return bool(reads)
+
+    def is_loading(self, seq: Sequence) -> bool:
+        """Whether blocks of the sequence's prefix are being read back from disk."""
+        if self.offload is None or not self.offload.num_prefetching:
+            return False
+        return self.offload.is_prefetching(self._block_hashes.get(seq.seq_id, ()))
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Share all of the parent's blocks with the child (one more reference each)."""
@@ -194,6 +261,8 @@ class KVCacheManager:
             self.host_pool.free(host_table)
         self._block_hashes.pop(seq.seq_id, None)
         self._num_cached_blocks.pop(seq.seq_id, None)
+        if seq.seq_id in self._reads:
+            self.offload.release(self._reads.pop(seq.seq_id))
 
     # --- swapping --------------------------------------------------------------------------------
 

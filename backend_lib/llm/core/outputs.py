@@ -66,7 +66,9 @@ class RequestOutput:
     """Ordered by index; while a request with n > 1 has not sampled yet, only index 0 exists."""
     finished: bool
     num_cached_tokens: int = 0
-    """Prompt tokens served from the prefix cache at admission."""
+    """Prompt tokens served from the prefix cache at admission (device pool and offload tier)."""
+    num_offloaded_cached_tokens: int = 0
+    """Of those, read back from the offload tier (the rest came from the device pool)."""
     metrics: RequestMetrics | None = None
     error: str | None = None
     """Set when the request failed inside the engine (its outputs then finish with "error")."""

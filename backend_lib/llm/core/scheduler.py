@@ -14,8 +14,9 @@ list are sorted by (effective priority, arrival). "First" and "last" below are i
    yield (`Order.outranked_prefills`): under priority or fair share those the first waiting or
    swapped sequence would be admitted before, and under priority those of a worse `priority` class
    than the best prefill to come (a step carries one class's prefill chunks). They run after 2, in
-   the budget and blocks left, preempting nothing; a worse class only if no better class's prefill
-   made it into the step (2 likewise admits or resumes no worse class's prefill then). When blocks
+   the budget and blocks left, preempting nothing unless the step is otherwise empty (else none
+   might progress); a worse class only if no better class's prefill made it into the step (2
+   likewise admits or resumes no worse class's prefill then). When blocks
    run out, the last running sequence is preempted: recompute (blocks freed, full ones stay in the
    prefix cache; back to the waiting queue, at its front under fcfs) or swap (blocks copied to the
    host pool; recompute when that is full);
@@ -24,7 +25,10 @@ list are sorted by (effective priority, arrival). "First" and "last" below are i
    are admitted in queue order (split by tenant: the head of the tenant admission serves next,
    tenants at `max_running_per_tenant` skipped), reusing their longest cached prefix (computed
    under the same LoRA adapter: the adapter salts the hashes; a request asking for prompt logprobs
-   reads no cached prefix, so every position is computed);
+   reads no cached prefix, so every position is computed). With an offload tier
+   (core/kv_offload.py) the cached prefix continues in host memory after the pool's last hit;
+   a waiting sequence whose prefix blocks are still being read back from disk stops admission
+   (and 0) until they are in, holding no slot or block meanwhile;
 3. LoRA: running sequences use at most `max_loras` distinct adapters (the base model is free), so
    every step fits the device's adapter slots (core/adapter_budget.py). A swapped or waiting
    sequence whose adapter would be one too many stops resumption / admission (as a sequence that
@@ -63,6 +67,7 @@ from backend_lib.errors import InputError, QueueFullError
 from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.adapter_budget import AdapterBudget
 from backend_lib.llm.core.kv_cache_manager import KVCacheManager
+from backend_lib.llm.core.kv_offload import KVOffloader, OffloadMoves
 from backend_lib.llm.core.request_queue import Order, TenantQueue
 from backend_lib.llm.core.sequence import Sequence, SequenceStatus
 from backend_lib.llm.core.stop_checker import StopChecker
@@ -125,6 +130,9 @@ class SchedulerOutput:
     """(host block, device block)."""
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
     """(src device block, dst device block), copy-on-write."""
+    offload: OffloadMoves = field(default_factory=OffloadMoves)
+    """The offload tier's copies (core/kv_offload.py): its stores before the swaps, its loads
+    after the swap-ins."""
     preempted: list[Sequence] = field(default_factory=list)
     num_batched_tokens: int = 0
 
@@ -179,14 +187,16 @@ class Scheduler:
         max_model_len: int,
         eos_token_ids: Iterable[int] = (),
         tenant_weights: Mapping[str, float] | None = None,
+        offload: KVOffloader | None = None,
     ) -> None:
-        """`tenant_weights`: the `tenant_weights` file's (core/tenants.py), under fair share."""
+        """`tenant_weights`: the `tenant_weights` file's (core/tenants.py), under fair share;
+        `offload`: the prefix cache's offload tier (core/kv_offload.py)."""
         _check_sizes(config, num_blocks, max_model_len)
         self.config = config
         self.max_model_len = max_model_len
         self.stops = StopChecker(max_model_len, eos_token_ids)
         self.kv_cache_manager = KVCacheManager(
-            num_blocks, config.block_size, num_host_blocks, config.enable_prefix_caching
+            num_blocks, config.block_size, num_host_blocks, config.enable_prefix_caching, offload
         )
         self.tenants = TenantLedger.of(config, tenant_weights or {})
         self.order = Order(config.scheduling_policy, config.priority_aging_rate, self.tenants)
@@ -217,6 +227,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
         self._register(seq)
+        self.kv_cache_manager.prefetch(seq)  # reads from the disk tier start with the next step
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Start `child` as a running copy of `parent`, sharing its KV blocks (parallel sampling,
@@ -229,6 +240,7 @@ class Scheduler:
             raise ValueError(f"sequence id {child.seq_id} is already scheduled")
         self.kv_cache_manager.fork(parent, child)
         child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
+        child.num_offloaded_prompt_tokens = parent.num_offloaded_prompt_tokens
         self._register(child)
         self._run(child)
         self._check_stop(child)
@@ -292,8 +304,10 @@ class Scheduler:
             budget = self._resume_swapped(out, budget, loras)
             budget = self._admit_waiting(out, budget, loras)
         if late and not _carries_class_of(out, min(s.priority for s in late)):
-            budget = self._schedule_running(out, budget, late, may_preempt=False)
+            # They preempt nothing, unless nothing else runs: then one must, or none progresses.
+            budget = self._schedule_running(out, budget, late, may_preempt=not out.scheduled)
         out.blocks_to_copy = self.kv_cache_manager.take_copies()
+        out.offload = self.kv_cache_manager.take_offload_moves()
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
         self.tenants.charge(out.scheduled)
         return out
@@ -373,19 +387,6 @@ class Scheduler:
         self.running.remove(seq)
         self.tenants.stopped(seq)
 
-    def _chunk_size(self, num_uncomputed: int, budget: int) -> int:
-        """Tokens to compute this step; 0 when a prefill does not fit and may not be chunked."""
-        if num_uncomputed <= budget:
-            return num_uncomputed
-        return budget if self.config.enable_chunked_prefill else 0
-
-    def _room_for_another(self, out: SchedulerOutput, budget: int) -> bool:
-        return (
-            budget > 0
-            and len(self.running) < self.config.max_num_seqs
-            and len(out.scheduled) < self.config.max_num_seqs
-        )
-
     def _schedule_running(
         self, out: SchedulerOutput, budget: int, seqs: list[Sequence], may_preempt: bool = True
     ) -> int:
@@ -399,7 +400,7 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = self._chunk_size(seq.num_uncomputed_tokens, budget)
+            num_new = _chunk_size(self.config, seq.num_uncomputed_tokens, budget)
             if num_new == 0:
                 continue
             drafts = _take_drafts(seq, budget, self.max_model_len)
@@ -452,9 +453,11 @@ class Scheduler:
                 break  # a swapped sequence goes first: it resumes when there is room
             if not self.adapters.fits(seq, self.adapters.in_use(self.running)):
                 break
+            if kv.is_loading(seq):
+                break
             prefix = kv.find_cached_prefix(seq)
-            chunk = self._chunk_size(
-                seq.num_tokens - prefix.num_tokens, self.config.max_num_batched_tokens
+            chunk = _chunk_size(
+                self.config, seq.num_tokens - prefix.num_tokens, self.config.max_num_batched_tokens
             )
             if len(self.running) < self.config.max_num_seqs and kv.fits(prefix, chunk):
                 break
@@ -463,7 +466,7 @@ class Scheduler:
         return count
 
     def _resume_swapped(self, out: SchedulerOutput, budget: int, loras: set[int]) -> int:
-        while self.swapped and self._room_for_another(out, budget):
+        while self.swapped and _room_for_another(self.config, self.running, out, budget):
             if self.order.goes_first(self.waiting, self.swapped):
                 break
             seq = self.swapped[0]
@@ -471,7 +474,7 @@ class Scheduler:
                 break
             if seq.num_uncomputed_tokens > 1 and _carries_class_of(out, seq.priority):
                 break
-            num_new = self._chunk_size(seq.num_uncomputed_tokens, budget)
+            num_new = _chunk_size(self.config, seq.num_uncomputed_tokens, budget)
             if num_new == 0:
                 break
             pairs = self.kv_cache_manager.swap_in(seq, num_new)
@@ -485,7 +488,7 @@ class Scheduler:
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int, loras: set[int]) -> int:
         kv = self.kv_cache_manager
-        while self.waiting and self._room_for_another(out, budget):
+        while self.waiting and _room_for_another(self.config, self.running, out, budget):
             if self.swapped and not self.order.goes_first(self.waiting, self.swapped):
                 break  # a swapped sequence goes first (under fcfs: while any is left)
             seq = self.waiting.head()
@@ -493,14 +496,17 @@ class Scheduler:
                 break
             if _carries_class_of(out, seq.priority):
                 break  # under priority, a step carries one class's prefill chunks
+            if kv.is_loading(seq) or kv.prefetch(seq):
+                break  # its prefix is being read back from disk: it goes first once that is done
             prefix = kv.find_cached_prefix(seq)
-            num_new = self._chunk_size(seq.num_tokens - prefix.num_tokens, budget)
+            num_new = _chunk_size(self.config, seq.num_tokens - prefix.num_tokens, budget)
             if num_new == 0 or not kv.admit(seq, prefix, num_new):
                 break
             self.adapters.fits(seq, loras)
             self.waiting.remove(seq)
             if seq.num_preemptions == 0:
                 seq.num_cached_prompt_tokens = prefix.num_tokens
+                seq.num_offloaded_prompt_tokens = prefix.num_tier_tokens
             budget = self._start_running(seq, num_new, out, budget)
         return budget
 
@@ -545,6 +551,23 @@ def _carries_class_of(out: SchedulerOutput, worse: int) -> bool:
 def _is_decode(item: ScheduledSequence) -> bool:
     return item.num_new_tokens - len(item.spec_token_ids) == 1 and item.start_position >= (
         item.seq.num_prompt_tokens
+    )
+
+
+def _chunk_size(config: LLMConfig, num_uncomputed: int, budget: int) -> int:
+    """Tokens to compute this step; 0 when a prefill does not fit and may not be chunked."""
+    if num_uncomputed <= budget:
+        return num_uncomputed
+    return budget if config.enable_chunked_prefill else 0
+
+
+def _room_for_another(
+    config: LLMConfig, running: list[Sequence], out: SchedulerOutput, budget: int
+) -> bool:
+    return (
+        budget > 0
+        and len(running) < config.max_num_seqs
+        and len(out.scheduled) < config.max_num_seqs
     )
 
 

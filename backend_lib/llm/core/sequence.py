@@ -49,6 +49,8 @@ class Sequence:
     """The stop token id or stop string that finished the sequence, if any (vLLM's stop_reason)."""
     num_cached_prompt_tokens: int = 0
     """Prefix-cache hit, in tokens, at the first admission."""
+    num_offloaded_prompt_tokens: int = 0
+    """Of those, read back from the offload tier (the rest were in the device pool)."""
     num_preemptions: int = 0
     generator: torch.Generator | None = None
     """Random stream of a seeded request: the runner seeds a parent's, the engine a forked child's

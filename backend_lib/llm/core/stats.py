@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from backend_lib.llm.core.kv_offload import TierCounters
 from backend_lib.llm.core.request import DEFAULT_TENANT
 from backend_lib.llm.core.scheduler import SchedulerStats
 
@@ -125,6 +126,28 @@ class EngineStats:
     """Tenant -> sequences waiting for admission (in the scheduler)."""
     tokens_by_tenant: dict[str, int] = field(default_factory=dict)
     """Tenant -> tokens computed for it since the previous snapshot."""
+    kv_offload: KVOffloadStats | None = None
+    """The offload tier's counts (None: no tier)."""
+
+
+@dataclass(frozen=True)
+class KVOffloadStats:
+    """The offload tier's cumulative counts and its usage now (core/kv_offload.py)."""
+
+    external_queries: int
+    """Prompt tokens looked up in the tier (those the device pool missed), in tokens."""
+    external_hits: int
+    """Of those, read back from the tier instead of recomputed."""
+    ram: TierCounters
+    disk: TierCounters
+    bytes_moved: dict[str, int]
+    """Transfer type (GPU_to_CPU, CPU_to_GPU, CPU_to_DISK, DISK_to_CPU) -> bytes."""
+    copy_seconds: float
+    """Time the engine step spent on tier copies."""
+    ram_usage: float
+    """Fraction of the RAM tier's slots holding blocks, 0-1."""
+    disk_usage: float
+    """Fraction of the disk tier's size in files, 0-1 (0 without a disk tier)."""
 
 
 class StatsCollector:

@@ -9,8 +9,11 @@ grammar that allowed no token at all fails that request alone.
 
 from __future__ import annotations
 
+from backend_lib.llm.core.outputs import RequestOutput
 from backend_lib.llm.core.scheduler import Scheduler, SchedulerOutput
 from backend_lib.llm.core.sequence import Sequence
+from backend_lib.llm.core.stats import StatsCollector
+from backend_lib.llm.engine.output_processor import OutputProcessor
 from backend_lib.llm.engine.parallel_sampling import Forks
 from backend_lib.llm.execution.step_sampling import ModelOutput
 from backend_lib.llm.structured.manager import StructuredOutputManager
@@ -62,3 +65,37 @@ def _accept(
             return
     if terminated and not seq.is_finished:
         scheduler.finish(seq, "stop")
+
+
+def fail_dead_ends(
+    outputs: OutputProcessor,
+    stats: StatsCollector,
+    model_out: ModelOutput,
+    samples_due: dict[int, int],
+) -> list[RequestOutput]:
+    """Fail the requests whose grammar allowed no token in this step's bitmask."""
+    if model_out.bitmask is not None:
+        stats.bitmask_filled(model_out.bitmask.fill_seconds)
+    failed: list[RequestOutput] = []
+    for seq_id in dead_ends(model_out):
+        request_id = outputs.request_of(seq_id).prepared.request_id
+        failed += fail_constrained(outputs, request_id, DEAD_END_ERROR, model_out, samples_due)
+    return failed
+
+
+def fail_constrained(
+    outputs: OutputProcessor,
+    request_id: str,
+    error: str,
+    model_out: ModelOutput,
+    samples_due: dict[int, int],
+) -> list[RequestOutput]:
+    """Fail the request now; its sequences' tokens of this step are dropped."""
+    request = outputs.requests.get(request_id)
+    if request is None:
+        return []  # already failed this step (a sibling)
+    for state in request.seqs:
+        model_out.sampled.pop(state.seq.seq_id, None)
+        model_out.logprobs.pop(state.seq.seq_id, None)
+        samples_due.pop(state.seq.seq_id, None)
+    return [outputs.fail(request, error)]

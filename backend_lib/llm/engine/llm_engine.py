@@ -54,15 +54,25 @@ from backend_lib.llm.engine import offline
 from backend_lib.llm.engine.deadlines import Deadlines
 from backend_lib.llm.engine.drafter import Drafter
 from backend_lib.llm.engine.fault_injection import FaultHook
-from backend_lib.llm.engine.grammar_step import DEAD_END_ERROR, advance_grammars, dead_ends
+from backend_lib.llm.engine.grammar_step import (
+    advance_grammars,
+    fail_constrained,
+    fail_dead_ends,
+)
 from backend_lib.llm.engine.grammar_wait import GrammarWait
 from backend_lib.llm.engine.input_processor import InputProcessor, PreparedRequest
+from backend_lib.llm.engine.offload_steps import (
+    absorb_tier_report,
+    flush_to_disk,
+    offloader_for,
+    tier_stats,
+)
 from backend_lib.llm.engine.output_processor import OutputProcessor
 from backend_lib.llm.engine.parallel_sampling import ParallelSampling
 from backend_lib.llm.execution.loader import read_checkpoint_info
 from backend_lib.llm.execution.model_runner import ModelRunner
-from backend_lib.llm.execution.step_sampling import ModelOutput
 from backend_lib.llm.execution.workers import WorkerDied
+from backend_lib.llm.kv_offload_config import KVOffloadConfig
 from backend_lib.llm.lora.registry import LoRARegistry
 from backend_lib.llm.lora.request import LoRARequest
 from backend_lib.llm.spec_decode.draft_model import draft_model_loader
@@ -95,7 +105,8 @@ class LLMEngine:
         checkpoint = read_checkpoint_info(model_dir)
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
         draft = draft_model_loader(config.speculative, checkpoint, self.tokenizer, base_dir)
-        self.runner = ModelRunner(config, self.device, checkpoint, draft)
+        offload = KVOffloadConfig.of(config, Path(base_dir or "."))  # a bad path fails first
+        self.runner = ModelRunner(config, self.device, checkpoint, draft, offload)
         self.fatal_error: WorkerDied | None = None
         """Set when a step failed in a way no later step recovers from: a worker process (another
         rank) died, so the model's shard it held is gone."""
@@ -114,6 +125,7 @@ class LLMEngine:
             self.max_model_len,
             checkpoint.eos_token_ids,
             tenant_weights,
+            offloader_for(self.runner.offload, config.block_size),
         )
         self._stats = StatsCollector()
         self.grammar_compiler = GrammarCompiler(
@@ -309,14 +321,18 @@ class LLMEngine:
         stats = self._stats.snapshot(self.scheduler.stats, self.scheduler.tenants.take_tokens())
         stats.num_waiting_for_grammar = len(self.grammar_wait)
         stats.num_waiting += stats.num_waiting_for_grammar
+        if self.runner.offload is not None:
+            stats.kv_offload = tier_stats(self.runner.offload, self.scheduler)
         return stats
 
     def close(self) -> None:
         """Release the grammar compile workers (the last engine on them stops them, failing the
         constraints still compiling), the bitmask thread and any tensor-parallel workers; abort
-        held requests first."""
+        held requests first. A disk tier first gets the prefix cache's blocks it lacks."""
         self.grammar_compiler.close()
         self.structured.close()
+        if self.runner.offload is not None:
+            flush_to_disk(self.runner.offload, self.scheduler)
         self.runner.close()
 
     # --- stepping ----------------------------------------------------------------------------
@@ -352,6 +368,8 @@ class LLMEngine:
         return request.metrics.first_scheduled_time is not None
 
     def _step(self) -> list[RequestOutput]:
+        if self.runner.offload is not None:
+            absorb_tier_report(self.runner.offload, self.scheduler)
         if self.drafter is not None:
             self.drafter.propose(self.scheduler.running, self.structured)
         sched_out = self.scheduler.schedule()
@@ -364,16 +382,18 @@ class LLMEngine:
                 self.drafter.verify(model_out, self.runner.sampler)
             self.outputs.record_prompt_logprobs(model_out.prompt_logprobs)
             self._stats.drafts_verified(model_out.drafts.values())
-            failed += self._fail_dead_ends(model_out, samples_due)
+            failed += fail_dead_ends(self.outputs, self._stats, model_out, samples_due)
             sampled, forks = self.sampling.split(sched_out, model_out, samples_due)
             self.scheduler.update(sched_out, sampled, forks)
             errors = advance_grammars(self.structured, self.scheduler, sched_out, sampled, forks)
             for request_id, error in errors.items():
-                failed += self._fail_constrained(request_id, error, model_out, samples_due)
+                failed += fail_constrained(self.outputs, request_id, error, model_out, samples_due)
         except Exception as exc:
             logger.exception("engine step failed; failing the requests of this step")
             if isinstance(exc, WorkerDied):
                 self.fatal_error = exc
+            if self.runner.offload is not None:  # its tier copies may not have run
+                self.scheduler.kv_cache_manager.offload.forget(sched_out.offload)
             failed += self.outputs.fail_step(sched_out, exc)
         else:
             failed += self.outputs.process(sched_out, model_out, forks, time.monotonic())
@@ -391,37 +411,6 @@ class LLMEngine:
         """Run `prompts` (texts or token id lists) to completion; final outputs in order
         (engine/offline.py). `lora_names`: each prompt's adapter (None: the base model)."""
         return offline.generate(self, prompts, params, lora_names)
-
-    # --- step internals ----------------------------------------------------------------------
-
-    def _fail_dead_ends(
-        self, model_out: ModelOutput, samples_due: dict[int, int]
-    ) -> list[RequestOutput]:
-        """Fail the requests whose grammar allowed no token in this step's bitmask."""
-        if model_out.bitmask is not None:
-            self._stats.bitmask_filled(model_out.bitmask.fill_seconds)
-        failed: list[RequestOutput] = []
-        for seq_id in dead_ends(model_out):
-            request_id = self.outputs.request_of(seq_id).prepared.request_id
-            failed += self._fail_constrained(request_id, DEAD_END_ERROR, model_out, samples_due)
-        return failed
-
-    def _fail_constrained(
-        self,
-        request_id: str,
-        error: str,
-        model_out: ModelOutput,
-        samples_due: dict[int, int],
-    ) -> list[RequestOutput]:
-        """Fail the request now; its sequences' tokens of this step are dropped."""
-        request = self.outputs.requests.get(request_id)
-        if request is None:
-            return []  # already failed this step (a sibling)
-        for state in request.seqs:
-            model_out.sampled.pop(state.seq.seq_id, None)
-            model_out.logprobs.pop(state.seq.seq_id, None)
-            samples_due.pop(state.seq.seq_id, None)
-        return [self.outputs.fail(request, error)]
 
 
 def _tenant_weights(config: LLMConfig, base_dir: str | Path | None) -> dict[str, float] | None:

@@ -198,6 +198,7 @@ class OutputProcessor:
             outputs=[_completion(s) for s in request.seqs],
             finished=request.finished,
             num_cached_tokens=request.seqs[0].seq.num_cached_prompt_tokens,
+            num_offloaded_cached_tokens=request.seqs[0].seq.num_offloaded_prompt_tokens,
             metrics=dataclasses.replace(request.metrics),
             error=request.error,
             error_code=None if request.error is None else request.error_code,

@@ -41,8 +41,10 @@ from backend_lib.llm.core.scheduler import ScheduledSequence, SchedulerOutput
 from backend_lib.llm.execution import workers
 from backend_lib.llm.execution.attention import select_kernel_ops
 from backend_lib.llm.execution.checkpoint_quantization.layers import resolve_w4a16_activations
+from backend_lib.llm.execution.kv_offload_store import build_offload_store
 from backend_lib.llm.execution.kv_pool import KVCacheSpec, KVPool, resolve_kv_cache_dtype
 from backend_lib.llm.execution.kv_sizing import allocate_kv_pool, measure_peak, worst_case_step
+from backend_lib.llm.execution.kv_tier_files import checkpoint_fingerprint
 from backend_lib.llm.execution.loader import (
     CheckpointInfo,
     as_checkpoint_info,
@@ -58,6 +60,7 @@ from backend_lib.llm.execution.step_input import BlockMoves, StepMessage
 from backend_lib.llm.execution.step_sampling import ModelOutput, sample_step
 from backend_lib.llm.execution.tensor_parallel import TensorParallel
 from backend_lib.llm.execution.workers import WorkerGroup
+from backend_lib.llm.kv_offload_config import DISK_STAGING_STEPS, KVOffloadConfig
 from backend_lib.llm.structured.manager import StructuredOutputManager
 from backend_lib.quantization import check_quantization, resolve_quantization
 from kernels import KernelOps
@@ -118,11 +121,13 @@ class ModelRunner:
         device: torch.device,
         checkpoint: CheckpointInfo | str | Path,
         draft_loader: DraftLoader | None = None,
+        offload: KVOffloadConfig | None = None,
     ):
         """`checkpoint`: the loader's CheckpointInfo, or the directory to read it from. With
         several ranks (`LLMConfig.world_size` > 1) and no torch.distributed group yet, this is
         rank 0: it starts the other ranks' worker processes (execution/workers.py) and drives
-        them. `draft_loader`: loads speculative decoding's draft model (rank 0 only)."""
+        them. `draft_loader`: loads speculative decoding's draft model (rank 0 only). `offload`:
+        the offload tier's resolved settings (default: `KVOffloadConfig.of(config)`)."""
         self.config, self.device = config, device
         self.checkpoint = as_checkpoint_info(checkpoint)
         self.workers: WorkerGroup | None = None
@@ -133,7 +138,7 @@ class ModelRunner:
         if config.world_size > 1 and (workers.driving() or not _in_process_group()):
             self.workers = WorkerGroup(config, self.checkpoint.model_dir, device)
         try:
-            self._build(config, device, draft_loader)
+            self._build(config, device, draft_loader, offload or KVOffloadConfig.of(config))
         except BaseException as exc:
             if self.workers is not None:
                 died = self.workers.failed_start()
@@ -143,7 +148,11 @@ class ModelRunner:
             raise
 
     def _build(
-        self, config: LLMConfig, device: torch.device, draft_loader: DraftLoader | None
+        self,
+        config: LLMConfig,
+        device: torch.device,
+        draft_loader: DraftLoader | None,
+        offload: KVOffloadConfig | None,
     ) -> None:
         self.settings = settings = self._resolve_settings(config, device)
         self.dtype, self.ops = settings.dtype, settings.ops
@@ -175,9 +184,31 @@ class ModelRunner:
         )
         if self.draft is not None:
             self.draft.allocate(self.kv_pool.num_blocks)
+        self.offload = build_offload_store(
+            offload,
+            self.kv_pool,
+            self._tier_identity(config),
+            dist.get_rank() if _in_process_group() else 0,
+            DISK_STAGING_STEPS * -(-config.max_num_batched_tokens // config.block_size),
+        )
+        """The prefix cache's offload tier on this rank (None: kv_offloading_backend none)."""
         self.batcher = StepBatcher(
             device, self.block_size, self.ops, self.lora, self.kv_pool.layer_caches[0][0]
         )
+
+    def _tier_identity(self, config: LLMConfig) -> dict:
+        """What block files on disk must have been computed with to be reused."""
+        spec = self.kv_spec
+        return {
+            "model": checkpoint_fingerprint(self.checkpoint.model_dir),
+            "dtype": str(spec.dtype),
+            "quantization": config.quantization,
+            "block_size": spec.block_size,
+            "num_layers": spec.num_layers,
+            "num_kv_heads": spec.num_kv_heads,
+            "head_dim": spec.head_dim,
+            "world_size": [config.tensor_parallel_size, config.pipeline_parallel_size],
+        }
 
     def _resolve_settings(self, config: LLMConfig, device: torch.device) -> ModelSettings:
         dtype = resolve_dtype(config.dtype, device)
@@ -218,7 +249,9 @@ class ModelRunner:
         return self.lora.slots
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers this rank started (none: nothing to do)."""
+        """Stop the tier's threads and the tensor-parallel workers this rank started."""
+        if self.offload is not None:
+            self.offload.close()
         if self.workers is not None:
             self.workers.close()
             self.workers = None
@@ -281,9 +314,15 @@ class ModelRunner:
             self.compute_logits(self.batcher.device_input(message.step))
 
     def apply_block_moves(self, moves: BlockMoves) -> None:
-        """Swap out first (frees device blocks that swap-ins or copies may then reuse)."""
+        """Tier stores first (the evicted blocks' K/V before anything overwrites it), swap out
+        (frees device blocks that swap-ins, tier loads or copies may then reuse), swap in, tier
+        loads, copies."""
+        if self.offload is not None:
+            self.offload.store(moves.offload)
         self.kv_pool.swap_out(moves.swap_out)
         self.kv_pool.swap_in(moves.swap_in)
+        if self.offload is not None:
+            self.offload.load(moves.offload)
         self.kv_pool.copy_blocks(moves.copy)
 
     def prepare_input(

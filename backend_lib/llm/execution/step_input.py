@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from backend_lib.llm.core.kv_offload import OffloadMoves
 from backend_lib.llm.execution.prompt_logprobs import PromptScoring
 
 
@@ -24,16 +25,21 @@ class BlockMoves:
     """(host block, device block)."""
     copy: list[tuple[int, int]] = field(default_factory=list)
     """(src device block, dst device block)."""
+    offload: OffloadMoves = field(default_factory=OffloadMoves)
+    """The offload tier's stores and loads (each rank moves its own shard)."""
 
     @classmethod
     def of(cls, sched_out) -> BlockMoves:
         """The moves of a `SchedulerOutput`."""
         return cls(
-            sched_out.blocks_to_swap_out, sched_out.blocks_to_swap_in, sched_out.blocks_to_copy
+            sched_out.blocks_to_swap_out,
+            sched_out.blocks_to_swap_in,
+            sched_out.blocks_to_copy,
+            sched_out.offload,
         )
 
     def __bool__(self) -> bool:
-        return bool(self.swap_out or self.swap_in or self.copy)
+        return bool(self.swap_out or self.swap_in or self.copy or self.offload)
 
 
 @dataclass(frozen=True)

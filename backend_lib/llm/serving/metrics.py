@@ -19,7 +19,9 @@ routing), from load as the empty state at 0, and `llm_lora_requests_total{lora_n
 admitted per adapter, every listed adapter from load at 0).
 
 Per tenant and per priority (`llm_tenant_*`, `llm_priority_*`, labels bounded by
-`max_tenant_labels`): serving/tenant_metrics.py.
+`max_tenant_labels`): serving/tenant_metrics.py. With an offload tier
+(`kv_offloading_backend: native`): vLLM's `vllm:external_prefix_cache_*` and `vllm:kv_offload_*`
+and our per-tier `llm_kv_offload_*`, serving/offload_metrics.py.
 
 With speculative decoding (`speculative_config`): vLLM's `vllm:spec_decode_num_drafts_total`
 (sequence-steps that verified drafts), `vllm:spec_decode_num_draft_tokens_total`,
@@ -39,7 +41,7 @@ from __future__ import annotations
 import time
 
 from backend_lib.llm.core.stats import EngineCounters, EngineStats
-from backend_lib.llm.serving import tenant_metrics
+from backend_lib.llm.serving import offload_metrics, tenant_metrics
 from backend_lib.metrics import Counter, MetricsSink
 
 TTFT_BUCKETS = (
@@ -167,6 +169,7 @@ EXTRA_LABELS = {
     "llm_request_failures_total": ("reason",),
     "vllm:spec_decode_num_accepted_tokens_per_pos_total": ("position",),
     **tenant_metrics.LABELS,
+    **offload_metrics.LABELS,
 }
 """Per-series label names beyond the sink's constant ones (for `PrometheusMetrics(extra_labels=)`)."""
 
@@ -188,11 +191,13 @@ class LLMMetrics:
         max_loras: int = 0,
         num_speculative_tokens: int = 0,
         max_tenant_labels: int = 16,
+        kv_offload: bool = False,
     ):
         """`lora_names`: the servable adapters when LoRA is enabled (None: no LoRA series);
         `num_speculative_tokens`: k of speculative decoding (0: none, no spec-decode series);
         `max_tenant_labels`: distinct tenants and priorities labelled in the per-tenant and
-        per-priority series (serving/tenant_metrics.py)."""
+        per-priority series (serving/tenant_metrics.py); `kv_offload`: whether the engine has an
+        offload tier (its series: serving/offload_metrics.py)."""
         # Kept on self: a pb_utils metric family leaves the metrics port when garbage-collected.
         self.cache_info = sink.gauge(
             "vllm:cache_config_info", "Information of the KV-cache config."
@@ -268,6 +273,7 @@ class LLMMetrics:
         if num_speculative_tokens:
             self.spec_decode = SpecDecodeMetrics(sink, num_speculative_tokens)
         self.tenants = tenant_metrics.TenantMetrics(sink, max_tenant_labels, TTFT_BUCKETS)
+        self.kv_offload = offload_metrics.KVOffloadMetrics(sink) if kv_offload else None
         self._previous = EngineCounters()
         self._export_zeros()
 
@@ -338,6 +344,8 @@ class LLMMetrics:
             self.request_prompt_tokens.observe(record.num_prompt_tokens)
             self.request_generation_tokens.observe(record.num_generation_tokens)
         self.tenants.update(stats)
+        if self.kv_offload is not None and stats.kv_offload is not None:
+            self.kv_offload.update(stats.kv_offload)
         if self.spec_decode is not None:
             self.spec_decode.update(delta)
         if self.lora_info is not None:

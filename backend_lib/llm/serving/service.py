@@ -185,6 +185,7 @@ class LLMService:
                     0 if engine.drafter is None else engine.drafter.config.num_speculative_tokens
                 ),
                 max_tenant_labels=config.max_tenant_labels,
+                kv_offload=engine.runner.offload is not None,
             )
         faults = PromptMarkerFaults.from_environment()
         kv_events = _kv_event_stream(engine, context.device)

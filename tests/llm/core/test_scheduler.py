@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import event, given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from backend_lib.config import ConfigError
@@ -457,8 +457,49 @@ def workloads(draw):
     return config, num_blocks, num_host_blocks, max_model_len, bases, requests
 
 
+def _request(length: int, priority: int, arrival: int = 0, n: int = 1) -> dict:
+    return dict(
+        arrival=arrival,
+        base=0,
+        length=length,
+        tweak=False,
+        max_tokens=None,
+        n=n,
+        abort=None,
+        priority=priority,
+    )
+
+
+# Found by hypothesis: two prefills outranked by a better waiting request that could not displace
+# either (aging made it tie with the last running one) needed a block each, and none was free.
+DEADLOCKED_LATE_PREFILLS = (
+    dict(
+        preemption_mode="recompute",
+        enable_chunked_prefill=True,
+        enable_prefix_caching=False,
+        max_num_seqs=2,
+        max_num_batched_tokens=3,
+        scheduling_policy="priority",
+        priority_aging_rate=0.5,
+    ),
+    4,
+    0,
+    26,
+    [[3] * 26, [3] * 26],
+    [
+        _request(1, 0),
+        _request(1, 0, n=2),
+        _request(25, 3),
+        _request(1, 1, arrival=1),
+        _request(1, 0),
+        _request(1, 2),
+    ],
+)
+
+
 @settings(max_examples=100, deadline=None)
 @given(workload=workloads())
+@example(workload=DEADLOCKED_LATE_PREFILLS)
 def test_random_workloads_keep_invariants(workload):
     config, num_blocks, num_host_blocks, max_model_len, bases, requests = workload
     eos = 50

@@ -134,12 +134,25 @@ def test_a_served_llm_s_events_rebuild_its_prefix_cache():
         ('{"endpoint": "localhost:5557"}', "kv_events_config.endpoint"),
         ('{"buffer_steps": 0}', "kv_events_config.buffer_steps"),
         ('{"colour": "red"}', "kv_events_config.colour"),
+        ('{"topic": "kv@${KV_TEST_UNSET_VARIABLE}@llm"}', "kv_events_config.topic"),
     ],
 )
 def test_a_bad_kv_events_config_names_its_field(value, field):
     with pytest.raises(ConfigError) as info:
         KVEventsConfig.from_json(value)
     assert info.value.key == field
+
+
+def test_endpoints_and_topic_take_environment_variables(monkeypatch):
+    """One config.pbtxt for every pod: each publishes under its own topic (llm-d's form)."""
+    monkeypatch.setenv("POD_IP", "10.1.2.3")
+    monkeypatch.setenv("KV_EVENTS_ENDPOINT", "tcp://epp.serving.svc:5557")
+    config = KVEventsConfig.from_json(
+        '{"enable_kv_cache_events": true, "endpoint": "${KV_EVENTS_ENDPOINT}",'
+        ' "topic": "kv@${POD_IP}@llm"}'
+    )
+    assert config.endpoint == "tcp://epp.serving.svc:5557"
+    assert config.topic == "kv@10.1.2.3@llm"
 
 
 def test_an_endpoint_in_use_fails_the_load_naming_it():

@@ -209,3 +209,26 @@ affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
+
+{{/* The endpoint picker's Deployment and Service (endpointpicker.yaml). */}}
+{{- define "triton-llm.endpointPickerName" -}}
+{{- include "triton-llm.roleName" (dict "root" . "role" "epp") }}
+{{- end }}
+
+{{/* Whether this release renders llm-d's endpoint picker (the llm pods then publish KV events to it). */}}
+{{- define "triton-llm.endpointPicker" -}}
+{{- $x := .Values.gateway.inferenceExtension }}
+{{- if and $x.enabled $x.endpointPicker.enabled }}true{{ end }}
+{{- end }}
+
+{{/* An llm pod's variables for its kv_events_config: its own IP (the topic) and the endpoint
+picker's KV-events address. */}}
+{{- define "triton-llm.kvEventsEnv" -}}
+{{- if include "triton-llm.endpointPicker" . }}
+- name: POD_IP
+  valueFrom:
+    fieldRef: {fieldPath: status.podIP}
+- name: KV_EVENTS_ENDPOINT
+  value: {{ printf "tcp://%s.%s.svc:%v" (include "triton-llm.endpointPickerName" .) .Release.Namespace .Values.gateway.inferenceExtension.endpointPicker.zmqPort | quote }}
+{{- end }}
+{{- end }}
