@@ -164,8 +164,8 @@ class LLMConfig:
     kv_offloading_size: float = 0.0
     """Host memory of the tier, in GiB (vLLM's name; the total over tensor-parallel ranks)."""
     kv_offloading_path: str = ""
-    """A directory for the disk tier (relative to the model directory): one file per block,
-    checked when read, reused after a restart of the same model and cache layout. "": none."""
+    """A directory for the disk tier (relative to the model directory): one file per block and
+    rank, checked when read, reused after a restart of the same model and cache layout. "": none."""
     kv_offloading_disk_size: float = 0.0
     """GiB of block files the disk tier keeps (least recently used removed first)."""
 

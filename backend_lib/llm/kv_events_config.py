@@ -50,6 +50,10 @@ class KVEventsConfig:
     """Batches waiting for the publisher thread; past it a batch is dropped (and counted), never
     the engine step held."""
     topic: str = ""
+    use_int_block_hashes: bool = True
+    """Block hashes on the wire as vLLM sends them by default (its
+    VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1, what llm-d and Dynamo read): the low 64 bits of each
+    32-byte digest as an integer; false: the 32 bytes (msgpack bin)."""
 
     @property
     def enabled(self) -> bool:
@@ -104,6 +108,7 @@ class KVEventsConfig:
             _check_type(name, value, int)
             require(value >= 1, f"{PARAMETER}.{name}", value, "must be >= 1")
         _check_type("topic", self.topic, str)
+        _check_type("use_int_block_hashes", self.use_int_block_hashes, bool)
 
 
 def _expand(name: str, value: str) -> str:

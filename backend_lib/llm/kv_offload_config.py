@@ -112,12 +112,6 @@ def validate(config: OffloadSettings) -> None:
         config.kv_offloading_backend,
         "not yet with speculative_config (a draft model's cache is not offloaded)",
     )
-    require(
-        not config.kv_offloading_path or config.world_size == 1,
-        "kv_offloading_path",
-        config.kv_offloading_path,
-        "the disk tier is not yet supported with more than one rank (the RAM tier is)",
-    )
 
 
 def check_writable(path: Path) -> str | None:

@@ -11,7 +11,8 @@ kind (msgspec's array-like tagged structs, as `vllm.distributed.kv_events`):
 - `["BlockRemoved", block_hashes, medium]`: blocks evicted from it;
 - `["AllBlocksCleared"]`: everything before is void (sent when the engine starts).
 
-Hashes are the pool's own: 32-byte chained SHA-256 digests (msgpack bin). `medium` names the pool
+Hashes are the pool's own: 32-byte chained SHA-256 digests (the publisher sends them as vLLM does
+by default, the low 64 bits as an integer, unless configured otherwise). `medium` names the pool
 ("GPU" for the device pool on CUDA, "CPU" when the engine runs on the CPU). docs/deployment.md has
 the schema; the publisher (serving/kv_event_publisher.py) adds vLLM's framing and replay.
 """

@@ -44,9 +44,11 @@ class OffloadMoves:
     """(RAM slot, device block): a tier hit copied back into the device pool."""
     read: list[tuple[BlockHash, int]] = field(default_factory=list)
     """(block hash, RAM slot): a disk block read back into RAM for a waiting sequence."""
+    flush: list[tuple[int, BlockHash]] = field(default_factory=list)
+    """(device block, block hash): written straight to disk (at shutdown, the pool's blocks)."""
 
     def __bool__(self) -> bool:
-        return bool(self.store or self.write or self.load or self.read)
+        return bool(self.store or self.write or self.load or self.read or self.flush)
 
 
 @dataclass
@@ -178,6 +180,9 @@ class KVOffloader:
         slot = self.ram.reserve(block_hash)
         if slot is None:
             return
+        # Pinned until the step's copies are taken: a second store of this step reusing the slot
+        # would overwrite it before its disk write's snapshot.
+        self.ram.pin(slot)
         self._moves.store.append((device_block, slot))
         self.ram.counters.stores += 1
         if (
@@ -209,16 +214,15 @@ class KVOffloader:
         """The copies queued since the last call, for the runner to apply before the forward."""
         moves, self._moves = self._moves, OffloadMoves()
         self.ram.unpin(slot for slot, _ in moves.load)
+        self.ram.unpin(slot for _, slot in moves.store)
         return moves
 
     def forget(self, moves: OffloadMoves) -> None:
-        """The step carrying `moves` failed before its copies ran: its stored slots hold nothing."""
+        """The step carrying `moves` failed, maybe before its copies ran: its stored slots may
+        hold nothing. Its disk reads were started first thing (the runner's), and are reported."""
         self.ram.drop_slots({slot for _, slot in moves.store})
         for _, block_hash in moves.write:
             self._writing.discard(block_hash)
-        for block_hash, _ in moves.read:  # never started: its sequence may be admitted now
-            self._prefetching.pop(block_hash, None)
-            self.ram.drop(block_hash)
 
     def unwritten(self, cached: Iterable[tuple[int, BlockHash]]) -> list[tuple[int, BlockHash]]:
         """Of the device pool's cached blocks (id, hash), those the disk tier lacks, now counted

@@ -28,6 +28,7 @@ advances by its accepted drafts plus one token.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -106,6 +107,10 @@ class LLMEngine:
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
         draft = draft_model_loader(config.speculative, checkpoint, self.tokenizer, base_dir)
         offload = KVOffloadConfig.of(config, Path(base_dir or "."))  # a bad path fails first
+        if offload is not None and offload.path is not None:  # the workers resolve it alike
+            config = self.config = dataclasses.replace(
+                config, kv_offloading_path=str(offload.path.resolve())
+            )
         self.runner = ModelRunner(config, self.device, checkpoint, draft, offload)
         self.fatal_error: WorkerDied | None = None
         """Set when a step failed in a way no later step recovers from: a worker process (another
@@ -331,8 +336,11 @@ class LLMEngine:
         held requests first. A disk tier first gets the prefix cache's blocks it lacks."""
         self.grammar_compiler.close()
         self.structured.close()
-        if self.runner.offload is not None:
-            flush_to_disk(self.runner.offload, self.scheduler)
+        if self.runner.offload is not None and self.fatal_error is None:
+            try:
+                flush_to_disk(self.runner, self.scheduler)
+            except Exception:  # closing must go on: the tier is a cache
+                logger.exception("writing the prefix cache to the disk tier at close failed")
         self.runner.close()
 
     # --- stepping ----------------------------------------------------------------------------
@@ -369,7 +377,7 @@ class LLMEngine:
 
     def _step(self) -> list[RequestOutput]:
         if self.runner.offload is not None:
-            absorb_tier_report(self.runner.offload, self.scheduler)
+            absorb_tier_report(self.runner, self.scheduler)
         if self.drafter is not None:
             self.drafter.propose(self.scheduler.running, self.structured)
         sched_out = self.scheduler.schedule()

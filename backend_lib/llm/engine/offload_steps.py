@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from backend_lib.llm.core.kv_offload import KVOffloader
-from backend_lib.llm.core.scheduler import Scheduler
+from backend_lib.llm.core.kv_offload import KVOffloader, OffloadMoves
+from backend_lib.llm.core.scheduler import Scheduler, SchedulerOutput
 from backend_lib.llm.core.stats import KVOffloadStats
 from backend_lib.llm.execution.kv_offload_store import OffloadStore
+from backend_lib.llm.execution.model_runner import ModelRunner
 
 IDLE_READ_WAIT_S = 0.01
 """How long a step with nothing running waits for a disk read before scheduling (a sequence
@@ -23,12 +24,17 @@ def offloader_for(store: OffloadStore | None, block_size: int) -> KVOffloader | 
     return KVOffloader(store.num_slots, block_size, store.files is not None, on_disk)
 
 
-def absorb_tier_report(store: OffloadStore, scheduler: Scheduler) -> None:
-    """Before scheduling: what the store's writer and reader threads finished."""
-    offload = scheduler.kv_cache_manager.offload
+def absorb_tier_report(runner: ModelRunner, scheduler: Scheduler) -> None:
+    """Before scheduling: what the store's writer and reader threads finished. A block read back
+    counts only once every rank has read its shard of it intact."""
+    offload, store = scheduler.kv_cache_manager.offload, runner.offload
     if offload.num_prefetching and not scheduler.running:
         store.wait_reads(IDLE_READ_WAIT_S)
-    offload.absorb(store.report())
+    report = store.report()
+    if report.prefetched:
+        failed = runner.unread([(h, slot) for h, slot, _ in report.prefetched])
+        report.prefetched = [(h, slot, ok and h not in failed) for h, slot, ok in report.prefetched]
+    offload.absorb(report)
 
 
 def tier_stats(store: OffloadStore, scheduler: Scheduler) -> KVOffloadStats:
@@ -54,9 +60,11 @@ def tier_stats(store: OffloadStore, scheduler: Scheduler) -> KVOffloadStats:
     )
 
 
-def flush_to_disk(store: OffloadStore, scheduler: Scheduler) -> None:
-    """At shutdown: write the device pool's cached blocks that the disk tier lacks (a restart
-    then finds every prefix the engine held). Nothing without a disk tier."""
+def flush_to_disk(runner: ModelRunner, scheduler: Scheduler) -> None:
+    """At shutdown: every rank writes its shard of the device pool's cached blocks that the disk
+    tier lacks (a restart then finds every prefix the engine held). Nothing without a disk tier."""
     kv = scheduler.kv_cache_manager
-    kv.offload.absorb(store.report())
-    store.write_resident(kv.offload.unwritten(kv.pool.cached_blocks()))
+    kv.offload.absorb(runner.offload.report())
+    blocks = kv.offload.unwritten(kv.pool.cached_blocks())
+    if blocks:
+        runner.execute(SchedulerOutput(offload=OffloadMoves(flush=blocks)))

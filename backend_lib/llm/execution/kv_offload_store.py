@@ -51,7 +51,15 @@ class TierIO:
 class OffloadStore:
     """The RAM slots, the optional disk files, and the threads that write and read them."""
 
-    def __init__(self, pool: KVPool, num_slots: int, files: BlockFiles | None = None) -> None:
+    def __init__(
+        self,
+        pool: KVPool,
+        num_slots: int,
+        files: BlockFiles | None = None,
+        reports: bool = True,
+    ) -> None:
+        """`reports`: whether the threads' outcomes are collected for `report` (rank 0; the other
+        ranks answer `await_reads` only)."""
         spec = pool.spec
         pin = pool.device.type == "cuda"
         self.num_slots, self.files = num_slots, files
@@ -66,6 +74,10 @@ class OffloadStore:
         self.block_bytes = sum(_block_bytes(ram) for _, ram in self._pairs)
         self.io = TierIO()
         self._report = TierReport()
+        self._reports = reports
+        self._read_results: dict[BlockHash, bool] = {}
+        self._requested: set[BlockHash] = set()
+        """Reads asked of this rank whose result `await_reads` has not taken yet."""
         self._lock = threading.Lock()
         self._reads_done = threading.Condition(self._lock)
         self._writes: queue.Queue = queue.Queue()
@@ -93,7 +105,7 @@ class OffloadStore:
             # A copy: the slot may be reused before the writer thread gets to it.
             snapshot = [ram_t.index_select(_BLOCK_DIM, slots) for _, ram_t in self._pairs]
             self._writes.put(([h for _, h in moves.write], snapshot))
-        self.prefetch(moves.read)
+        self.write_resident(moves.flush)
         self.io.copy_seconds += time.perf_counter() - start
 
     def write_resident(self, blocks: list[tuple[int, BlockHash]]) -> None:
@@ -123,7 +135,11 @@ class OffloadStore:
     # --- disk ------------------------------------------------------------------------------------
 
     def prefetch(self, reads: list[tuple[BlockHash, int]]) -> None:
-        """Read these blocks from disk into their RAM slots, on the reader thread."""
+        """Read these blocks from disk into their RAM slots, on the reader thread. The runner
+        starts a step's reads before anything of the step can fail: every read asked for is
+        reported, so no slot is ever freed while a read may still write into it."""
+        with self._lock:
+            self._requested.update(block_hash for block_hash, _ in reads)
         for read in reads:
             self._reads.put(read)
 
@@ -132,6 +148,18 @@ class OffloadStore:
         with self._lock:
             report, self._report = self._report, TierReport()
         return report
+
+    def await_reads(self, reads: list[tuple[BlockHash, int]]) -> set:
+        """Wait until this rank has read each of these blocks it was asked to read; the hashes of
+        those it could not read intact, or was never asked to (its step did not reach it). No
+        timeout: a read that may still write into its slot must be waited for."""
+        with self._reads_done:
+            wanted = {block_hash for block_hash, _ in reads} & self._requested
+            while not wanted <= self._read_results.keys():
+                self._reads_done.wait(1.0)
+            self._requested -= wanted
+            ok = {block_hash for block_hash in wanted if self._read_results.pop(block_hash)}
+        return {block_hash for block_hash, _ in reads} - ok
 
     def wait_reads(self, timeout_s: float) -> None:
         """Sleep until a read finishes (or `timeout_s` passes)."""
@@ -156,7 +184,7 @@ class OffloadStore:
                 payload = b"".join(_block_payload(t, index) for t in snapshot)
                 try:
                     removed = self.files.write(block_hash, payload)
-                except OSError as exc:
+                except Exception as exc:  # disk full, path gone or read-only (OSError), or a bug
                     logger.error(
                         "KV offload disk tier at %s turned off: writing a block failed: %s",
                         self.files.root,
@@ -164,19 +192,26 @@ class OffloadStore:
                     )
                     self.files = None
                     with self._lock:
-                        self._report.disk_failed = True
+                        self._report.disk_failed = self._reports
                     break
                 self.io.disk_bytes_written += len(payload)
-                with self._lock:
-                    self._report.written.append(block_hash)
-                    self._report.removed.extend(removed)
+                if self._reports:
+                    with self._lock:
+                        self._report.written.append(block_hash)
+                        self._report.removed.extend(removed)
 
     def _read_loop(self) -> None:
         while (job := self._reads.get()) is not None:
             block_hash, slot = job
-            ok = self._read_into(block_hash, slot)
+            try:
+                ok = self._read_into(block_hash, slot)
+            except Exception:  # the thread must answer every read (a rank waits for it)
+                logger.exception("KV offload: reading a block file failed; recomputing it")
+                ok = False
             with self._reads_done:
-                self._report.prefetched.append((block_hash, slot, ok))
+                self._read_results[block_hash] = ok
+                if self._reports:
+                    self._report.prefetched.append((block_hash, slot, ok))
                 self._reads_done.notify_all()
 
     def _read_into(self, block_hash: BlockHash, slot: int) -> bool:
@@ -229,7 +264,8 @@ def build_offload_store(
 ) -> OffloadStore | None:
     """This rank's tier for the resolved settings (None: no tier). `identity`: what the disk
     tier's manifest must match to reuse files; `staging_blocks`: RAM slots a disk-only tier reads
-    and writes through."""
+    and writes through. Rank 0 collects the threads' reports for the scheduler; every rank keeps
+    its own files (`rank<r>/`) and answers for its own reads."""
     if config is None:
         return None
     num_slots = blocks_in(config.ram_bytes, pool.spec) if config.ram_bytes else staging_blocks
@@ -242,4 +278,4 @@ def build_offload_store(
             len(files.hashes()),
             "reused" if files.reused else "(a new or different engine's directory: emptied)",
         )
-    return OffloadStore(pool, max(1, num_slots), files)
+    return OffloadStore(pool, max(1, num_slots), files, reports=rank == 0)

@@ -2,9 +2,9 @@
 bounded in total size (least recently used removed first), under a manifest naming what they
 were computed for.
 
-Layout under `kv_offloading_path`:
-    manifest.json          {"format_version", "model", "dtype", "block_size", "num_layers", ...}
-    rank<r>/<hash hex>.kvb one block of rank r's K/V shard
+Layout under `kv_offloading_path`, one directory per rank (each rank keeps its own K/V shard):
+    rank<r>/manifest.json     {"format_version", "model", "dtype", "block_size", "num_layers", ...}
+    rank<r>/<hash hex>.kvb    one block of rank r's shard
 
 A file is a header (`HEADER`: magic, format version, the block hash, payload length, CRC-32 of the
 payload) then the payload: the block's K/V bytes across all layers, then (8-bit caches) its
@@ -69,13 +69,13 @@ class BlockFiles:
 
     def _open(self, identity: dict) -> bool:
         manifest = {"format_version": FORMAT_VERSION, **identity}
-        path = self.root / MANIFEST
+        path = self.dir / MANIFEST
         try:
             matches = json.loads(path.read_text()) == manifest
         except (OSError, ValueError):
             matches = False
         if not matches:
-            for stale in self.dir.iterdir():
+            for stale in self.dir.glob(f"*{SUFFIX}"):
                 stale.unlink(missing_ok=True)
             _write_atomic(path, json.dumps(manifest, indent=1, sort_keys=True).encode())
             return False

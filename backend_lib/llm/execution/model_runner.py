@@ -291,6 +291,8 @@ class ModelRunner:
         constraints: StructuredOutputManager | None,
     ) -> ModelOutput:
         moves = BlockMoves.of(sched_out)
+        if self.offload is not None:  # first: a read asked for is always started (and reported)
+            self.offload.prefetch(moves.offload.read)
         batch = None
         if sched_out.scheduled:
             batch = self.prepare_input(sched_out.scheduled, num_samples)
@@ -309,9 +311,19 @@ class ModelRunner:
     def run_step(self, message: StepMessage) -> None:
         """A tensor-parallel worker's share of rank 0's step: the same block moves and forward
         (its collectives included), no sampling."""
+        if self.offload is not None:
+            self.offload.prefetch(message.moves.offload.read)
         self.apply_block_moves(message.moves)
         if message.step is not None:
             self.compute_logits(self.batcher.device_input(message.step))
+
+    def unread(self, reads: list[tuple[bytes, int]]) -> set:
+        """Of these disk reads (block hash, RAM slot), the blocks some rank could not read
+        intact: each rank reads its own shard's file (every rank, when there are several)."""
+        failed = self.offload.await_reads(reads)
+        if self.workers is not None:
+            failed = self.workers.check_reads(reads, failed)
+        return failed
 
     def apply_block_moves(self, moves: BlockMoves) -> None:
         """Tier stores first (the evicted blocks' K/V before anything overwrites it), swap out

@@ -76,7 +76,11 @@ class StepInput:
 
 @dataclass(frozen=True)
 class StepMessage:
-    """What rank 0 sends the other ranks each step: the moves, and the batch (None: none)."""
+    """What rank 0 sends the other ranks each step: the moves, and the batch (None: none); or,
+    with `read_check`, a question instead of a step."""
 
     moves: BlockMoves
     step: StepInput | None
+    read_check: list[tuple[bytes, int]] | None = None
+    """Disk reads (block hash, RAM slot) rank 0 saw finish: each rank answers, through a gather,
+    which of them it could not read intact (its own shard's file)."""

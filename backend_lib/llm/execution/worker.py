@@ -68,6 +68,10 @@ def serve(config: LLMConfig, checkpoint: str, device: torch.device, timeout: tim
             dist.broadcast_object_list(box, src=0, group=channel)
             if box[0] is None:
                 break
+            if box[0].read_check is not None:  # rank 0 asks about this rank's disk reads
+                failed = runner.unread(box[0].read_check)
+                dist.gather_object(failed, None, dst=0, group=channel)
+                continue
             runner.run_step(box[0])
     finally:
         dist.destroy_process_group()

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from backend_lib.config import ConfigError
 from backend_lib.llm.config import LLMConfig
-from backend_lib.llm.execution.step_input import StepMessage
+from backend_lib.llm.execution.step_input import BlockMoves, StepMessage
 
 WORKER_MODULE = "backend_lib.llm.execution.worker"
 """What each worker process runs (`python -m`)."""
@@ -199,6 +199,14 @@ class WorkerGroup:
             dist.broadcast_object_list([message], src=0, group=self.channel)
         except RuntimeError as exc:  # a peer gone mid-broadcast
             raise self.died() or exc from exc
+
+    def check_reads(self, reads: list[tuple[bytes, int]], failed: set) -> set:
+        """Ask every worker which of these disk reads it could not do (each reads its own
+        shard's file); the union with rank 0's own `failed`."""
+        self.send(StepMessage(BlockMoves(), None, read_check=reads))
+        gathered: list = [None] * dist.get_world_size(self.channel)
+        dist.gather_object(failed, gathered, dst=0, group=self.channel)
+        return set().union(*gathered)
 
     def failed_start(self) -> WorkerDied | None:
         """The error to report when rank 0's load failed after the rendezvous: a worker's own

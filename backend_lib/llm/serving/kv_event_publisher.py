@@ -3,7 +3,8 @@ so that vLLM's subscribers and routers read them unchanged.
 
 - PUB socket (`endpoint`): each batch is a 3-frame message `[topic, seq, payload]`: the topic as
   UTF-8, the batch's sequence number as 8 bytes big-endian (0, 1, 2, ... from the engine's start),
-  the msgpack-encoded batch.
+  the msgpack-encoded batch, its block hashes as vLLM's default 64-bit integers
+  (`use_int_block_hashes`) or the engine's 32-byte digests.
 - ROUTER socket (`replay_endpoint`): a subscriber that sees a gap in the sequence numbers sends the
   first one it missed (8 bytes big-endian) and gets every buffered batch from there as
   `[seq, payload]` messages, then `[-1 as 8 signed bytes, b""]` to end. Ask from a DEALER socket
@@ -26,12 +27,13 @@ import zmq
 
 from backend_lib.config import ConfigError
 from backend_lib.llm.core.kv_cache_manager import KVCacheManager
-from backend_lib.llm.core.kv_events import KVEventBatch, KVEventLog
+from backend_lib.llm.core.kv_events import BlockRemoved, BlockStored, KVEventBatch, KVEventLog
 from backend_lib.llm.kv_events_config import PARAMETER, KVEventsConfig
 
 logger = logging.getLogger(__name__)
 
 END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
+_LOW_64_BITS = (1 << 64) - 1
 POLL_SECONDS = 0.05
 
 
@@ -88,6 +90,8 @@ class ZmqKVEventPublisher:
                     continue
                 if batch is None:
                     return
+                if self.config.use_int_block_hashes:
+                    batch = with_int_hashes(batch)
                 seq, payload = next(self._seq), encoder.encode(batch)
                 self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
                 self._buffer.append((seq, payload))
@@ -112,6 +116,30 @@ class ZmqKVEventPublisher:
         self._pub.close(linger=0)
         if self._replay is not None:
             self._replay.close(linger=0)
+
+
+def int_hash(block_hash: bytes) -> int:
+    """vLLM's 64-bit form of a block hash: the big-endian integer of its bytes, low 64 bits."""
+    return int.from_bytes(block_hash, "big") & _LOW_64_BITS
+
+
+def with_int_hashes(batch: KVEventBatch) -> KVEventBatch:
+    """The batch with every block hash in vLLM's default wire form (`int_hash`)."""
+    events = []
+    for event in batch.events:
+        if isinstance(event, BlockStored):
+            parent = event.parent_block_hash
+            event = msgspec.structs.replace(
+                event,
+                block_hashes=[int_hash(h) for h in event.block_hashes],
+                parent_block_hash=None if parent is None else int_hash(parent),
+            )
+        elif isinstance(event, BlockRemoved):
+            event = msgspec.structs.replace(
+                event, block_hashes=[int_hash(h) for h in event.block_hashes]
+            )
+        events.append(event)
+    return KVEventBatch(batch.ts, events)
 
 
 class KVEventStream:

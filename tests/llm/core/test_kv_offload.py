@@ -136,3 +136,15 @@ def test_a_failed_write_turns_the_disk_tier_off():
     computed(kv, seq(2, list(range(300, 309))))
     moves = kv.take_offload_moves()
     assert moves.store and not moves.write  # RAM goes on
+
+
+def test_a_slot_stored_in_a_step_is_not_reused_by_that_step():
+    """Two evictions of one step into a one-slot tier: the second is dropped, not stored over the
+    first (whose disk write snapshots the slot after the step's stores)."""
+    offload = KVOffloader(num_slots=1, block_size=BS, disk=True)
+    offload.evicted(0, b"a" * 32)
+    offload.evicted(1, b"b" * 32)
+    moves = offload.take_moves()
+    assert moves.store == [(0, 0)] and moves.write == [(0, b"a" * 32)]
+    offload.evicted(2, b"c" * 32)  # a later step may reuse it
+    assert offload.take_moves().store == [(2, 0)]

@@ -225,6 +225,36 @@ def test_restart_reuses_the_disk_tier_only_for_the_same_layout(tmp_path):
     other.close()
 
 
+def test_two_ranks_keep_their_own_shards_on_disk_and_any_rank_s_bad_file_is_a_miss(tmp_path):
+    """Each tensor-parallel rank writes its shard under the block's hash in its own directory;
+    a block comes back only if every rank read its shard intact (rank 1's damaged files alone
+    make those blocks misses, recomputed)."""
+    model_dir, hf = engine_checkpoint(ARCH)
+    first, second = conversations(seed=29)
+    engine = disk_engine(model_dir, tmp_path, tensor_parallel_size=2)
+    run(engine, first)
+    engine.close()
+    shards = [sorted(p.name for p in (tmp_path / f"rank{r}").glob(f"*{SUFFIX}")) for r in (0, 1)]
+    assert shards[0] == shards[1] and len(shards[0]) >= 6 * 4
+    damaged = sorted((tmp_path / "rank1").glob(f"*{SUFFIX}"))[::3]
+    for file in damaged:
+        data = bytearray(file.read_bytes())
+        data[-1] ^= 0x01
+        file.write_bytes(bytes(data))
+
+    engine = disk_engine(model_dir, tmp_path, tensor_parallel_size=2)
+    try:
+        outs = run(engine, second)
+        for prompt, out in zip(second, outs, strict=True):
+            assert out.outputs[0].token_ids == hf_greedy(hf, prompt, NUM_TOKENS)
+        stats = engine.stats().kv_offload
+        assert stats.disk.hits > 0 and stats.disk.errors > 0
+        assert sum(out.num_offloaded_cached_tokens for out in outs) > 0
+        assert_pool_released(engine)
+    finally:
+        engine.close()
+
+
 def test_corrupt_and_truncated_files_are_recomputed_never_served(tmp_path):
     model_dir, hf = engine_checkpoint(ARCH)
     first, second = conversations(seed=13)

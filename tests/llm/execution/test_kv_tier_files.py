@@ -1,6 +1,7 @@
 """The disk tier's block files: what is written reads back; a file altered or cut short after
 the write fails its check, is removed and is never returned; the directory stays within its size
-by dropping the least recently used files; a manifest from another engine empties it."""
+by dropping the least recently used files; a manifest from another engine empties it (each rank
+its own directory and manifest)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def test_a_written_block_reads_back_and_leaves_no_temporary_file(tmp_path):
     files = BlockFiles(tmp_path, 0, IDENTITY, 1 << 20)
     files.write(h(1), b"kv" * 50)
     assert files.read(h(1), 100) == b"kv" * 50
-    assert [p.name for p in (tmp_path / "rank0").iterdir()] == [f"{h(1).hex()}.kvb"]
+    names = sorted(p.name for p in (tmp_path / "rank0").iterdir())
+    assert names == sorted([f"{h(1).hex()}.kvb", MANIFEST])
 
 
 @pytest.mark.parametrize(
@@ -77,5 +79,5 @@ def test_a_restart_keeps_files_of_the_same_engine_and_empties_another_engines(tm
     assert again.reused and again.hashes() == [h(1)]
     other = BlockFiles(tmp_path, 0, IDENTITY | {"block_size": 16}, 1 << 20)
     assert not other.reused and other.hashes() == []
-    assert not any((tmp_path / "rank0").iterdir())
-    assert json.loads((tmp_path / MANIFEST).read_text())["block_size"] == 16
+    assert not list((tmp_path / "rank0").glob("*.kvb"))
+    assert json.loads((tmp_path / "rank0" / MANIFEST).read_text())["block_size"] == 16

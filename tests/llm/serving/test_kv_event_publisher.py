@@ -15,7 +15,7 @@ import torch
 import zmq
 
 from backend_lib.config import ConfigError
-from backend_lib.llm.core.kv_events import AllBlocksCleared, KVEventBatch
+from backend_lib.llm.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from backend_lib.llm.kv_events_config import KVEventsConfig
 from backend_lib.llm.serving.kv_event_publisher import ZmqKVEventPublisher
 from backend_lib.llm.serving.service import LLMService
@@ -89,6 +89,39 @@ def test_batches_are_framed_numbered_and_replayed_as_vllm_does():
         publisher.close()
 
 
+@pytest.mark.parametrize("as_int", [True, False], ids=["int64", "bytes"])
+def test_block_hashes_go_out_as_vllm_s_64_bit_integers_unless_asked_for_bytes(as_int):
+    config, pub_address, _ = endpoints()
+    publisher = ZmqKVEventPublisher(
+        KVEventsConfig(True, "zmq", use_int_block_hashes=as_int, **config)
+    )
+    digest, parent = bytes(range(32)), bytes(range(32, 64))
+    try:
+        sub = subscriber(pub_address, b"")
+        batch = KVEventBatch(
+            1.0,
+            [
+                BlockStored([digest], parent, [5] * 16, 16, None, "CPU"),
+                BlockRemoved([digest], "CPU"),
+            ],
+        )
+        payload = None
+        for _ in range(50):  # the subscription needs a moment to reach the publisher
+            publisher.publish(batch)
+            if sub.poll(100):
+                payload = sub.recv_multipart()[2]
+                break
+        stored, removed = DECODER.decode(payload).events
+        want = int.from_bytes(digest[24:], "big") if as_int else digest
+        assert stored.block_hashes == [want] and removed.block_hashes == [want]
+        assert stored.parent_block_hash == (
+            int.from_bytes(parent[24:], "big") if as_int else parent
+        )
+        sub.close(linger=0)
+    finally:
+        publisher.close()
+
+
 def test_a_served_llm_s_events_rebuild_its_prefix_cache():
     model_dir, _ = engine_checkpoint("LlamaForCausalLM")
     config, pub_address, replay_address = endpoints()
@@ -111,7 +144,10 @@ def test_a_served_llm_s_events_rebuild_its_prefix_cache():
             )
             assert not any(isinstance(r, Exception) for r, _ in service.responses(job))
         deadline = time.monotonic() + 10
-        cached = service.engine.scheduler.kv_cache_manager.pool.cached_hashes()
+        pool = service.engine.scheduler.kv_cache_manager.pool
+        # vLLM's default wire form (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1): the digest as a
+        # big-endian integer, its low 64 bits.
+        cached = {int.from_bytes(h, "big") & (2**64 - 1) for h in pool.cached_hashes()}
         # Every batch from the first: replayed, then what the live socket got past it.
         for _, payload in replay(replay_address, 0):
             view.apply(payload)
