@@ -11,7 +11,7 @@ METRICS_PORT ?= 8002
 OPENAI_PORT ?= 9000
 PYTEST_ARGS ?=
 
-.PHONY: setup prometheus serve test test-all test-fast lint format bench clean
+.PHONY: setup prometheus serve test test-all test-fast lint format bench gpu-check clean
 
 CPU_KERNELS := .cache/kernels/llm_cpu.so
 setup: $(STAMP) prometheus $(CPU_KERNELS)
@@ -76,6 +76,12 @@ format: setup
 BENCH_ARGS ?=
 bench: setup
 	$(PY) -m bench $(BENCH_ARGS)
+
+# What only a CUDA GPU can check (kernels on CUDA, the engine vs transformers on CUDA, a short GPU
+# bench), at most 8 minutes, one JSON summary (gpu_check.json); without a GPU it says so and
+# exits 0. docs/testing.md.
+gpu-check: setup
+	$(PY) -m tooling.gpu_check $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-peers .cache/bench-peers .cache/kernels .pytest_cache .ruff_cache

@@ -21,7 +21,7 @@ clock: the time its own steps took between the request's arrival and its first t
 would be on hardware of its own). The hit ratio is the replicas' prefix-cache hit tokens over
 looked-up tokens. Greedy outputs must be identical under both policies.
 
-    python -m bench.kv_routing [--quick] [--threads 1] [--repeats 1]
+    python -m bench.kv_routing [--quick] [--threads 1] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from tooling.checkpoints import Sizes, build_random_llama
 
 NAME = "kv_routing"
 HEADING = "Cache-aware routing on KV events: 3 replicas, longest prefix vs round robin"
-DEFAULTS = cli.Defaults(cli.DEFAULT_DTYPE, threads=1, repeats=1)
+DEFAULTS = cli.Defaults(cli.DEFAULT_DTYPE, threads=1, repeats=3)
 POLICIES = ("round_robin", "longest_prefix")
 BLOCK_SIZE = 16
 REPLICAS = 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import random
 import shutil
 import tempfile
@@ -92,9 +93,17 @@ def engine_checkpoint(arch: str) -> tuple[Path, transformers.PreTrainedModel]:
     return _BUILT[arch]
 
 
+TEST_DEVICE = torch.device(os.environ.get("LLM_TEST_DEVICE", "cpu"))
+"""Where the engine tests run: the CPU, or with LLM_TEST_DEVICE=cuda (make gpu-check) the GPU
+with the Triton kernels; the transformers references stay on the CPU."""
+
+
 def make_engine(model_dir: Path, **overrides: Any) -> LLMEngine:
-    """Engine on CPU, float32, PyTorch kernels, block 8, 64 blocks, max_model_len 128."""
-    return LLMEngine(llm_config(model_dir, **overrides), model_dir, torch.device("cpu"))
+    """Engine on TEST_DEVICE (the CPU: PyTorch kernels), float32, block 8, 64 blocks,
+    max_model_len 128."""
+    if TEST_DEVICE.type == "cuda":
+        overrides.setdefault("kernel_backend", "triton")
+    return LLMEngine(llm_config(model_dir, **overrides), model_dir, TEST_DEVICE)
 
 
 def random_prompt(length: int, seed: int) -> list[int]:
