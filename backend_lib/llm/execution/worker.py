@@ -73,6 +73,7 @@ def serve(config: LLMConfig, checkpoint: str, device: torch.device, timeout: tim
                 dist.gather_object(failed, None, dst=0, group=channel)
                 continue
             runner.run_step(box[0])
+        runner.close()  # its offload tier's queued disk writes finish before the process ends
     finally:
         dist.destroy_process_group()
 
