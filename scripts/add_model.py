@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Add a model to a Triton model repository from a local Hugging Face checkpoint directory.
+"""Add a model to a Triton model repository from a local Hugging Face checkpoint directory, or
+an LLM from a GGUF file with float tensors (llama.cpp's format; backend_lib/gguf_checkpoint.py).
 
 The kind (llm, embedding, rerank) is detected from the checkpoint's architecture (a SPLADE
 SparseEncoder is an embedding model with `mode: sparse`); `config.pbtxt` and the versioned `model.py`
@@ -7,6 +8,7 @@ wrapper are rendered from config_templates/ (tooling/repository.py).
 
     python scripts/add_model.py /models/bge-small --name bge --repository model_repository
     python scripts/add_model.py /models/my-reranker --name my_rerank --param max_batch_tokens=8192
+    python scripts/add_model.py /models/llama-3.2-1b-f16.gguf --name llama
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import argparse
 import json
 from pathlib import Path
 
+from backend_lib import gguf_checkpoint
+from backend_lib.config import ConfigError
 from backend_lib.contract import MODEL_KINDS
 from tooling.repository import ModelSpec, detect_kind, is_sparse_checkpoint, write_model
 
@@ -36,7 +40,9 @@ def unsupported_llm_reason(checkpoint: Path) -> str | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", type=Path, help="local HF checkpoint directory")
+    parser.add_argument(
+        "checkpoint", type=Path, help="local HF checkpoint directory, or an LLM's .gguf file"
+    )
     parser.add_argument("--name", required=True, help="model name in the repository")
     parser.add_argument("--repository", type=Path, default=Path("model_repository"))
     parser.add_argument("--kind", choices=list(MODEL_KINDS), help="override the detected kind")
@@ -54,9 +60,18 @@ def main() -> None:
     args = parser.parse_args()
 
     checkpoint = args.checkpoint.resolve()
-    kind = args.kind or detect_kind(checkpoint)
-    if kind == "llm" and (reason := unsupported_llm_reason(checkpoint)) is not None:
-        parser.error(f"{checkpoint}: {reason}")
+    if gguf_checkpoint.is_gguf(checkpoint):
+        kind = (
+            "llm"  # a GGUF file is a causal LM; its tensor types are checked now, the rest at load
+        )
+        try:
+            gguf_checkpoint.check_tensor_types(checkpoint, str(checkpoint))
+        except ConfigError as exc:
+            parser.error(f"{checkpoint}: {exc.reason}")
+    else:
+        kind = args.kind or detect_kind(checkpoint)
+        if kind == "llm" and (reason := unsupported_llm_reason(checkpoint)) is not None:
+            parser.error(f"{checkpoint}: {reason}")
     parameters = {"model": str(checkpoint)}
     if kind == "embedding" and is_sparse_checkpoint(checkpoint):
         parameters["mode"] = "sparse"  # its config.pbtxt declares the sparse outputs
