@@ -23,6 +23,7 @@ GGML_TYPES = {
     "BF16": gguf.GGMLQuantizationType.BF16,
     "Q8_0": gguf.GGMLQuantizationType.Q8_0,
     "Q4_0": gguf.GGMLQuantizationType.Q4_0,
+    "Q4_1": gguf.GGMLQuantizationType.Q4_1,
 }
 LAYER_TENSORS = {
     "input_layernorm": "attn_norm",
@@ -47,10 +48,12 @@ def permute_rotary(weight: np.ndarray, num_heads: int) -> np.ndarray:
     )
 
 
-def write_gguf(hf_dir: Path, out: Path, tensor_type: str = "F32") -> Path:
+def write_gguf(
+    hf_dir: Path, out: Path, tensor_type: str = "F32", embedding_type: str = "F32"
+) -> Path:
     """Write the checkpoint in `hf_dir` as a GGUF file at `out`; its 2-D projection weights in
-    `tensor_type` (F32, F16, BF16, Q8_0, Q4_0), norms and embeddings in F32 as llama.cpp keeps
-    them."""
+    `tensor_type` (F32, F16, BF16, Q8_0, Q4_0, Q4_1), norms and embeddings in F32 (the
+    embedding in `embedding_type`)."""
     config = json.loads((hf_dir / "config.json").read_text())
     state = {}
     for file in sorted(hf_dir.glob("*.safetensors")):
@@ -74,8 +77,10 @@ def write_gguf(hf_dir: Path, out: Path, tensor_type: str = "F32") -> Path:
             weight = permute_rotary(weight, heads)
         elif gguf_name.endswith("attn_k.weight"):
             weight = permute_rotary(weight, kv_heads)
-        projection = weight.ndim == 2 and gguf_name != "token_embd.weight"
-        _add(writer, gguf_name, weight, tensor_type if projection else "F32")
+        if gguf_name == "token_embd.weight":
+            _add(writer, gguf_name, weight, embedding_type)
+        else:
+            _add(writer, gguf_name, weight, tensor_type if weight.ndim == 2 else "F32")
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

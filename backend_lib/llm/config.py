@@ -20,8 +20,9 @@ class LLMConfig:
     """Engine settings. Names follow vLLM's engine arguments where one exists."""
 
     model: str = ""
-    """Checkpoint directory (config.json, *.safetensors, tokenizer.json), or a `.gguf` file with
-    float tensors (backend_lib/gguf_checkpoint.py); relative to the model dir."""
+    """Checkpoint directory (config.json, *.safetensors, tokenizer.json), or a `.gguf` file
+    (float tensors, Q8_0 and Q4_0 projections: backend_lib/gguf_checkpoint.py); relative to the
+    model dir."""
     dtype: str = "auto"
     """auto, float32, bfloat16 or float16. auto: bfloat16 on CUDA and on CPUs with native
     bfloat16 (AVX512-BF16 or AMX), float32 on other CPUs (see `backend_lib.device.resolve_dtype`)."""

@@ -1,6 +1,6 @@
-"""End to end: an llm whose `model` is a GGUF file (F16 tensors, the Shakespeare model written by
-tooling/gguf_checkpoints.py) served by a real tritonserver gives the greedy text of transformers
-on the same file (`gguf_file=`)."""
+"""End to end: an llm whose `model` is a GGUF file (the Shakespeare model written by
+tooling/gguf_checkpoints.py, Q4_0 projections loaded as stored) served by a real tritonserver
+gives the greedy text of transformers on the same file (`gguf_file=`)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ NUM_TOKENS = 16
 
 
 def test_a_gguf_llm_serves_transformers_greedy_text(tmp_path, make_server):
-    path = write_gguf(SHAKESPEARE, tmp_path / "shakespeare-f16.gguf", "F16")
+    path = write_gguf(SHAKESPEARE, tmp_path / "shakespeare-q4_0.gguf", "Q4_0")
     parameters = {
         "model": str(path),
         "dtype": "float32",

@@ -61,7 +61,7 @@ def test_a_splade_checkpoint_is_added_in_sparse_mode(tmp_path):
     assert is_sparse_embedding(config)
 
 
-def test_a_gguf_file_is_added_as_an_llm_and_a_quantized_one_refused(tmp_path):
+def test_a_gguf_file_is_added_as_an_llm_and_an_unsupported_one_refused(tmp_path):
     from tests.llm.shakespeare_helpers import SHAKESPEARE
     from tooling.gguf_checkpoints import write_gguf
 
@@ -71,8 +71,8 @@ def test_a_gguf_file_is_added_as_an_llm_and_a_quantized_one_refused(tmp_path):
     config = read_config((tmp_path / "repo" / "m" / "config.pbtxt").read_text())
     assert config["parameters"]["model"]["string_value"] == str(f16)
     assert config["backend"] == "python" and "text_input" in str(config["input"])
-    q8 = write_gguf(SHAKESPEARE, tmp_path / "shakespeare-q8.gguf", "Q8_0")
-    result = _add_model(q8, tmp_path / "other")
+    q4_1 = write_gguf(SHAKESPEARE, tmp_path / "shakespeare-q4_1.gguf", "Q4_1")
+    result = _add_model(q4_1, tmp_path / "other")
     assert result.returncode != 0
-    assert "blk.0.attn_q.weight is Q8_0" in result.stderr
+    assert "blk.0.attn_q.weight is Q4_1" in result.stderr
     assert not (tmp_path / "other").exists()

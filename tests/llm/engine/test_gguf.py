@@ -1,8 +1,9 @@
 """GGUF checkpoints: the default Shakespeare model written as GGUF with the `gguf` package (as
 llama.cpp's converter lays it out, tooling/gguf_checkpoints.py) loads with `model: <file>.gguf`,
 and greedy tokens equal transformers' on the same file (`gguf_file=`) for F32, F16 and BF16
-tensors, and the original checkpoint's; quantized tensor types and a cut-short file are refused
-at load, naming the tensor and its type."""
+tensors (and the original checkpoint's for F32) and for Q8_0 and Q4_0 projections, loaded as
+stored (W8A16 / W4A16 group 32) with weights bit-identical to `gguf.quants.dequantize`; other
+tensor types and a cut-short file are refused at load, naming the tensor and its type."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tests.llm.engine_helpers import greedy
 from tests.llm.shakespeare_helpers import SHAKESPEARE
 from tooling.gguf_checkpoints import write_gguf
 from tooling.hf_reference import hf_greedy
+from tooling.quantized_checkpoints import reference_dequantized_weights
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -41,7 +43,7 @@ def engine_on(path: Path) -> LLMEngine:
     return LLMEngine.from_config(config, path.parent, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("tensor_type", ["F32", "F16", "BF16"])
+@pytest.mark.parametrize("tensor_type", ["F32", "F16", "BF16", "Q8_0", "Q4_0"])
 def test_a_float_gguf_gives_transformers_tokens_on_the_same_file(tensor_type, tmp_path, cache):
     path = write_gguf(SHAKESPEARE, tmp_path / f"shakespeare-{tensor_type}.gguf", tensor_type)
     engine = engine_on(path)
@@ -72,12 +74,39 @@ def test_a_second_load_reuses_the_converted_checkpoint(tmp_path, cache):
 
 
 @pytest.mark.parametrize("tensor_type", ["Q8_0", "Q4_0"])
-def test_a_quantized_gguf_is_refused_naming_the_tensor_and_its_type(tensor_type, tmp_path, cache):
+def test_q8_0_and_q4_0_load_as_stored_and_dequantize_as_gguf_does(tensor_type, tmp_path, cache):
+    """The converted checkpoint is compressed-tensors W8A16 / W4A16 group 32, and its weights as
+    compressed-tensors itself decompresses them equal, bit for bit, gguf's dequantization of the
+    file (through transformers, which also undoes llama.cpp's rotary row order)."""
     path = write_gguf(SHAKESPEARE, tmp_path / "shakespeare.gguf", tensor_type)
+    engine = engine_on(path)
+    bits = {"Q8_0": 8, "Q4_0": 4}[tensor_type]
+    assert engine.runner.checkpoint.quantization.describe() == (
+        f"compressed-tensors pack-quantized W{bits}A16 group 32 symmetric"
+    )
+    engine.close()
+    (converted,) = cache.iterdir()
+    ours = reference_dequantized_weights(converted)
+    source = {"pretrained_model_name_or_path": tmp_path, "gguf_file": path.name}
+    gguf_values = AutoModelForCausalLM.from_pretrained(**source, dtype=torch.float32).state_dict()
+    assert len(ours) == 7 * 6  # every projection of the 6 layers
+    for name, weight in ours.items():
+        assert torch.equal(weight.to(torch.float32), gguf_values[name]), name
+
+
+@pytest.mark.parametrize(
+    ("settings", "tensor"),
+    [
+        ({"tensor_type": "Q4_1"}, "blk.0.attn_q.weight is Q4_1"),
+        ({"embedding_type": "Q8_0"}, "token_embd.weight is Q8_0"),
+    ],
+)
+def test_another_tensor_type_is_refused_naming_the_tensor(settings, tensor, tmp_path, cache):
+    path = write_gguf(SHAKESPEARE, tmp_path / "shakespeare.gguf", **settings)
     with pytest.raises(ConfigError) as info:
         engine_on(path)
     assert info.value.key == "model"
-    assert f"blk.0.attn_q.weight is {tensor_type}" in info.value.reason
+    assert tensor in info.value.reason
     assert not cache.exists() or not any(cache.iterdir())
 
 
