@@ -25,9 +25,6 @@ from pathlib import Path
 
 from backend_lib.config import ConfigError
 
-HF_OFFLINE_KWARGS = {"local_files_only": True, "trust_remote_code": False}
-"""As backend_lib.checkpoint's (which imports this module): nothing downloaded, no remote code."""
-
 SUFFIX = ".gguf"
 FLOAT_TYPES = ("F32", "F16", "BF16")
 PACKED_TYPES = {"Q8_0": 8, "Q4_0": 4}
@@ -104,6 +101,9 @@ def _convert(path: Path, out: Path) -> None:
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    # Here: backend_lib.checkpoint imports this module.
+    from backend_lib.checkpoint import HF_OFFLINE_KWARGS
 
     source = {
         "pretrained_model_name_or_path": str(path.parent),

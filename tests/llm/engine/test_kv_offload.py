@@ -202,13 +202,20 @@ def disk_engine(model_dir: Path, path: Path, **settings: Any) -> LLMEngine:
     return make_engine(model_dir, **POOL, **tier_settings("disk", path), **settings)
 
 
+def first_round_on_disk(
+    model_dir: Path, path: Path, prompts: list[list[int]], **settings: Any
+) -> list[Path]:
+    """Run `prompts` on a disk-tier engine and close it; rank 0's block files it left."""
+    engine = disk_engine(model_dir, path, **settings)
+    run(engine, prompts)
+    engine.close()
+    return sorted((path / "rank0").glob(f"*{SUFFIX}"))
+
+
 def test_restart_reuses_the_disk_tier_only_for_the_same_layout(tmp_path):
     model_dir, hf = engine_checkpoint(ARCH)
     first, second = conversations(seed=11)
-    engine = disk_engine(model_dir, tmp_path)
-    run(engine, first)
-    engine.close()
-    files = sorted((tmp_path / "rank0").glob(f"*{SUFFIX}"))
+    files = first_round_on_disk(model_dir, tmp_path, first)
     assert len(files) >= 6 * 4
 
     engine = disk_engine(model_dir, tmp_path)
@@ -231,11 +238,11 @@ def test_two_ranks_keep_their_own_shards_on_disk_and_any_rank_s_bad_file_is_a_mi
     make those blocks misses, recomputed)."""
     model_dir, hf = engine_checkpoint(ARCH)
     first, second = conversations(seed=29)
-    engine = disk_engine(model_dir, tmp_path, tensor_parallel_size=2)
-    run(engine, first)
-    engine.close()
-    shards = [sorted(p.name for p in (tmp_path / f"rank{r}").glob(f"*{SUFFIX}")) for r in (0, 1)]
-    assert shards[0] == shards[1] and len(shards[0]) >= 6 * 4
+    rank0 = [
+        p.name for p in first_round_on_disk(model_dir, tmp_path, first, tensor_parallel_size=2)
+    ]
+    rank1 = sorted(p.name for p in (tmp_path / "rank1").glob(f"*{SUFFIX}"))
+    assert rank0 == rank1 and len(rank0) >= 6 * 4
     damaged = sorted((tmp_path / "rank1").glob(f"*{SUFFIX}"))[::3]
     for file in damaged:
         data = bytearray(file.read_bytes())
@@ -258,10 +265,7 @@ def test_two_ranks_keep_their_own_shards_on_disk_and_any_rank_s_bad_file_is_a_mi
 def test_corrupt_and_truncated_files_are_recomputed_never_served(tmp_path):
     model_dir, hf = engine_checkpoint(ARCH)
     first, second = conversations(seed=13)
-    engine = disk_engine(model_dir, tmp_path)
-    run(engine, first)
-    engine.close()
-    files = sorted((tmp_path / "rank0").glob(f"*{SUFFIX}"))
+    files = first_round_on_disk(model_dir, tmp_path, first)
     for index, file in enumerate(files):
         data = bytearray(file.read_bytes())
         if index % 2:
