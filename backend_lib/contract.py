@@ -39,6 +39,11 @@ INPUT_IDS = "input_ids"
 """The embedding model's items as token ids instead of texts: INT64 [N, L], N items of L tokens
 each, taken as they are (special tokens are the caller's). Items of other lengths go in other
 requests; the input is ragged-batched, so Triton still gives them to one `execute`."""
+IMAGE = "image"
+"""The embedding model's items as encoded images instead of texts: STRING (bytes) [N, 1], one PNG,
+JPEG or WebP file per row (the name Triton's vLLM backend gives its image input). Only an
+image-text checkpoint (CLIP, SigLIP) embeds them; a request sends one of `text_input`,
+`input_ids` and `image`."""
 
 # llm (decoupled), as Triton's vLLM backend.
 STREAM = "stream"
@@ -240,12 +245,16 @@ class ModelFacts:
     `max_model_len`: the engine's limit of prompt plus output tokens (None: not published).
     `lora_adapters`: the adapter names its LoRA registry serves (empty when LoRA is off).
     `tool_call_parser`: one of `TOOL_CALL_PARSERS`, the format of its tool calls (None: none).
-    `reasoning_parser`: one of `REASONING_PARSERS`, the format of its reasoning (None: none)."""
+    `reasoning_parser`: one of `REASONING_PARSERS`, the format of its reasoning (None: none).
+    `max_images`: images one prompt may hold (0: the model takes none).
+    `max_image_bytes`: encoded size one image may have (0: the model takes none)."""
 
     max_model_len: int | None = None
     lora_adapters: tuple[str, ...] = ()
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    max_images: int = 0
+    max_image_bytes: int = 0
 
     def to_json(self) -> str:
         return json.dumps(
@@ -254,6 +263,8 @@ class ModelFacts:
                 "lora_adapters": list(self.lora_adapters),
                 "tool_call_parser": self.tool_call_parser,
                 "reasoning_parser": self.reasoning_parser,
+                "max_images": self.max_images,
+                "max_image_bytes": self.max_image_bytes,
             }
         )
 
@@ -271,7 +282,16 @@ class ModelFacts:
             raise ValueError(f"lora_adapters must be a list of names, got {adapters!r}")
         tool_call_parser = _known(data, "tool_call_parser", TOOL_CALL_PARSERS)
         reasoning_parser = _known(data, "reasoning_parser", REASONING_PARSERS)
-        return cls(length, tuple(adapters), tool_call_parser, reasoning_parser)
+        images = [_count(data, key) for key in ("max_images", "max_image_bytes")]
+        return cls(length, tuple(adapters), tool_call_parser, reasoning_parser, *images)
+
+
+def _count(data: Mapping[str, Any], key: str) -> int:
+    """`data[key]`: an integer >= 0 (0 when absent)."""
+    value = data.get(key, 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{key} must be an integer >= 0, got {value!r}")
+    return value
 
 
 def _known(data: Mapping[str, Any], key: str, names: tuple[str, ...]) -> str | None:

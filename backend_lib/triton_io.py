@@ -28,14 +28,15 @@ def _rows(inputs: Inputs, name: str) -> np.ndarray:
     raise InputError(f"input '{name}' must have shape [N, 1] or [N], got {list(array.shape)}")
 
 
-def read_strings(inputs: Inputs, name: str, *, max_bytes: int | None = None) -> list[str]:
-    """Decode a TYPE_STRING input as UTF-8 strings, one per row. Requires the input."""
+def read_blobs(inputs: Inputs, name: str, *, max_bytes: int | None = None) -> list[bytes]:
+    """A TYPE_STRING (BYTES) input's rows as raw bytes, one per row (e.g. encoded images).
+    Requires the input."""
     if name not in inputs:
         raise InputError(f"missing required input '{name}'")
     rows = _rows(inputs, name)
     if rows.size == 0:
         raise InputError(f"input '{name}' is empty: send at least one row")
-    texts = []
+    blobs = []
     for index, value in enumerate(rows):
         if isinstance(value, str):
             raw = value.encode("utf-8", "surrogatepass")
@@ -49,6 +50,14 @@ def read_strings(inputs: Inputs, name: str, *, max_bytes: int | None = None) -> 
             raise InputError(
                 f"input '{name}'[{index}] is {len(raw)} bytes, over the limit of {max_bytes} bytes"
             )
+        blobs.append(raw)
+    return blobs
+
+
+def read_strings(inputs: Inputs, name: str, *, max_bytes: int | None = None) -> list[str]:
+    """Decode a TYPE_STRING input as UTF-8 strings, one per row. Requires the input."""
+    texts = []
+    for index, raw in enumerate(read_blobs(inputs, name, max_bytes=max_bytes)):
         try:
             texts.append(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:

@@ -92,6 +92,7 @@ BENCHMARKS = (
     SuiteEntry("openai_frontend", "OpenAI frontend vs gRPC"),
     SuiteEntry("structured_outputs", "Structured outputs: constrained vs free"),
     SuiteEntry("spec_decode", "Speculative decoding: n-gram vs plain"),
+    SuiteEntry("multimodal", "Images: a vision-language model vs transformers generate"),
 )
 
 

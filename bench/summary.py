@@ -94,6 +94,12 @@ TARGETS = (
         "time-to-first-token cut by prefix caching (shared system prompt)",
     ),
     Target(
+        "vlm_vs_hf_generate",
+        3.0,
+        "vision-language output tokens/s, engine (16 requests at once) vs transformers' batched "
+        "generate, same Llava checkpoint, prompts and images",
+    ),
+    Target(
         "kv_offload_ttft_p50_ratio",
         3.0,
         "median time to first token, offload tier off over on, multi-turn agents sharing a system "

@@ -51,6 +51,16 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
         type=Path,
         help='JSON {"splits": {"llm": {"1": 90, "2": 10}}}, re-read when it changes',
     )
+    parser.add_argument(
+        "--allowed-local-media-path",
+        type=Path,
+        help="file:// image URLs are read below this directory only (default: none are)",
+    )
+    parser.add_argument(
+        "--allow-remote-media",
+        action="store_true",
+        help="read http(s) image URLs (default: refused; send data: URLs)",
+    )
     args = parser.parse_args(argv)
     return FrontendConfig.with_env_defaults(
         triton_url=args.triton_url,
@@ -66,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
         responses_store_size=args.responses_store_size,
         traffic_splits=tuple(args.traffic_split),
         traffic_split_file=args.traffic_split_file,
+        allowed_local_media_path=args.allowed_local_media_path,
+        allow_remote_media=args.allow_remote_media,
     )
 
 

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from backend_lib.multimodal.image_sources import ImageFetchPolicy
 from openai_frontend.tenant import NamedKeyError, read_named_keys
 from openai_frontend.traffic import SplitError, VersionSplit, parse_split_flag, read_split_file
 
@@ -47,6 +48,11 @@ class FrontendConfig:
     traffic_splits: tuple[str, ...] = ()
     # A JSON split file, re-read when it changes; it replaces the flags' splits when read.
     traffic_split_file: Path | None = None
+    # Image URLs (backend_lib/multimodal/image_sources.py): file:// ones are read below this
+    # directory only (vLLM's --allowed-local-media-path; None: refused), http(s) ones only when
+    # remote media are allowed (a deployment with network).
+    allowed_local_media_path: Path | None = None
+    allow_remote_media: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -70,6 +76,13 @@ class FrontendConfig:
             raise FrontendConfigError(
                 "responses_store_size", self.responses_store_size, "must be >= 0"
             )
+        if (
+            self.allowed_local_media_path is not None
+            and not Path(self.allowed_local_media_path).is_dir()
+        ):
+            raise FrontendConfigError(
+                "allowed_local_media_path", self.allowed_local_media_path, "not a directory"
+            )
         if self.api_keys_file is not None:
             self.named_keys()
         self.split_flags()  # raises naming traffic_splits
@@ -80,6 +93,10 @@ class FrontendConfig:
                 raise FrontendConfigError(
                     "traffic_split_file", str(self.traffic_split_file), str(exc)
                 ) from None
+
+    def image_fetch_policy(self) -> ImageFetchPolicy:
+        """Which image URLs requests may name."""
+        return ImageFetchPolicy(self.allowed_local_media_path, self.allow_remote_media)
 
     def named_keys(self) -> dict[str, str]:
         """The named API keys (name -> key; empty without `api_keys_file`)."""

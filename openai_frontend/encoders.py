@@ -15,9 +15,16 @@ from openai_frontend import deadline
 from openai_frontend.discovery import ModelInfo
 from openai_frontend.triton import TritonClient
 
+EmbeddingItems = list[str] | list[list[int]] | list[bytes]
+"""What an embedding model embeds: texts, token-id items, or encoded images (an image-text
+checkpoint's)."""
 
-def _column(texts: list[str]) -> np.ndarray:
-    return np.array([[t.encode("utf-8")] for t in texts], dtype=object)
+
+def _column(values: list[str] | list[bytes]) -> np.ndarray:
+    """[N, 1] BYTES rows: texts as UTF-8, bytes (encoded images) as they are."""
+    return np.array(
+        [[v.encode("utf-8") if isinstance(v, str) else v] for v in values], dtype=object
+    )
 
 
 def _batches(count: int, size: int) -> list[slice]:
@@ -46,16 +53,15 @@ def _per_request(inputs: dict[str, np.ndarray], options: dict[str, str | int | b
 
 
 def _embedding_requests(
-    items: list[str] | list[list[int]], max_batch_size: int, options: dict[str, str | int | bool]
+    items: EmbeddingItems, max_batch_size: int, options: dict[str, str | int | bool]
 ) -> list[tuple[list[int], dict[str, np.ndarray]]]:
-    """(item positions, inputs) of each Triton request: texts in batches, token-id items grouped
-    by length (one request holds [N, L] ids); `options` go to every request."""
-    if isinstance(items[0], str):
+    """(item positions, inputs) of each Triton request: texts (`text_input`) or encoded images
+    (`image`) in batches, token-id items grouped by length (one request holds [N, L] ids);
+    `options` go to every request."""
+    if isinstance(items[0], (str, bytes)):
+        name = contract.TEXT_INPUT if isinstance(items[0], str) else contract.IMAGE
         return [
-            (
-                list(range(len(items)))[s],
-                _per_request({contract.TEXT_INPUT: _column(items[s])}, options),
-            )
+            (list(range(len(items)))[s], _per_request({name: _column(items[s])}, options))
             for s in _batches(len(items), max_batch_size)
         ]
     by_length: dict[int, list[int]] = {}
@@ -73,7 +79,7 @@ def _embedding_requests(
 async def embed(
     triton: TritonClient,
     info: ModelInfo,
-    items: list[str] | list[list[int]],
+    items: EmbeddingItems,
     prompt_name: str | None = None,
     dimensions: int | None = None,
     *,
@@ -81,8 +87,8 @@ async def embed(
     truncate: bool | None = None,
     priority: int = 0,
 ) -> tuple[np.ndarray, int]:
-    """[len(items), dim] float32 vectors of texts or token-id items, in input order, and the
-    tokens embedded; `prompt_name` and `dimensions` go to the model as they are (it checks them);
+    """[len(items), dim] float32 vectors of texts, token-id items or encoded images, in input
+    order, and the tokens embedded; `prompt_name` and `dimensions` go to the model as they are (it checks them);
     `normalize` and `truncate` (texts only) as the model's BOOL inputs, None: the model's default."""
     outputs = [contract.EMBEDDING, contract.NUM_INPUT_TOKENS]
     options = _options(
@@ -128,7 +134,7 @@ def _options(values: dict[str, str | int | bool | None]) -> dict[str, str | int 
 async def _infer_items(
     triton: TritonClient,
     info: ModelInfo,
-    items: list[str] | list[list[int]],
+    items: EmbeddingItems,
     options: dict[str, str | int | bool],
     outputs: list[str],
 ) -> tuple[list[dict[str, np.ndarray]], np.ndarray]:

@@ -88,6 +88,8 @@ class Generation:
     reroute: Reroute | None = None
     """For a request its traffic split routed (not pinned): another ready version, asked when the
     chosen one turns out gone (unloaded since the registry last read the index)."""
+    images: list[bytes] = field(default_factory=list)
+    """The prompt's images, encoded, in the order of its placeholders (the llm's `image` input)."""
 
     @property
     def model_id(self) -> str:
@@ -137,6 +139,7 @@ class Generation:
                 stream=stream,
                 logprobs=self.logprobs,
                 version=self.version,
+                images=self.images,
             )
             async with contextlib.aclosing(responses):
                 try:

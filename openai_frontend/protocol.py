@@ -28,17 +28,51 @@ class TextPart(BaseModel):
     text: str
 
 
+class ImageURL(BaseModel):
+    url: str
+    """A data: URL (base64), a file:// URL under the frontend's allowed directory, or an http(s)
+    URL where remote media are allowed (backend_lib/multimodal/image_sources.py)."""
+    detail: str | None = None
+    """Accepted and unused (the model's processor decides the resolution)."""
+
+
+class ImagePart(BaseModel):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
 
     def text(self) -> str:
+        """The text parts, joined (image parts left out)."""
         if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
+            return "".join(part.text for part in self.content if isinstance(part, TextPart))
         return self.content or ""
+
+    def image_urls(self) -> list[str]:
+        """The URLs of its image parts, in order."""
+        if not isinstance(self.content, list):
+            return []
+        return [part.image_url.url for part in self.content if isinstance(part, ImagePart)]
+
+    def template_content(self) -> str | list[dict[str, str]]:
+        """The content as the chat template takes it: the text, or for a message with images
+        transformers' parts, each image part `{"type": "image"}` where the template places the
+        model's image placeholder."""
+        if not self.image_urls():
+            return self.text()
+        return [
+            {"type": "text", "text": part.text} if isinstance(part, TextPart) else {"type": "image"}
+            for part in self.content
+        ]
 
 
 class StreamOptions(BaseModel):
@@ -189,9 +223,30 @@ EncoderPriority = Annotated[StrictInt, Field(ge=-(2**31), le=2**31 - 1)]
 """An encoder request's `priority`: the model's INT32 input."""
 
 
+EmbeddingInput = str | Annotated[list[str], Field(min_length=1)] | list[int] | list[list[int]]
+"""`/v1/embeddings` `input`: texts, or token-id items."""
+
+
+class EmbeddingMessage(BaseModel):
+    """A message of vLLM's multimodal `/v1/embeddings` form: a text, or text and image parts."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | Annotated[list[ContentPart], Field(min_length=1)]
+
+    def parts(self) -> list[TextPart | ImagePart]:
+        if isinstance(self.content, str):
+            return [TextPart(type="text", text=self.content)]
+        return list(self.content)
+
+
 class EmbeddingRequest(_Body):
     model: str | None = None
-    input: str | Annotated[list[str], Field(min_length=1)] | list[int] | list[list[int]]
+    input: EmbeddingInput | None = None
+    messages: Annotated[list[EmbeddingMessage], Field(min_length=1)] | None = None
+    """vLLM's multimodal form instead of `input`: one item, a text or an image
+    (`message_item`)."""
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Field(ge=1)] | None = None
     """The vector size: one of the model's Matryoshka sizes or its full size (the model checks)."""
@@ -219,6 +274,8 @@ class EmbeddingRequest(_Body):
     def items(self) -> list[str] | list[list[int]]:
         """The texts, or the token-id items (checked against the vocabulary and max_seq_length
         by the model)."""
+        if self.input is None:
+            raise invalid_request("send `input` (texts or token ids) or `messages`", "input")
         if isinstance(self.input, str):
             return [self.input]
         if not self.input:
@@ -228,6 +285,29 @@ class EmbeddingRequest(_Body):
         if any(isinstance(item, list) and not item for item in self.input):
             raise invalid_request("`input` must not hold an empty list of token ids", "input")
         return list(self.input)
+
+    def message_item(self) -> str | ImageURL | None:
+        """The one item `messages` holds, as vLLM embeds a CLIP or SigLIP model's: its image,
+        or its text (each message's text parts joined, the messages joined by newlines); None
+        without `messages`. A 400 for `input` beside it, text and image parts together, or
+        more than one image."""
+        if self.messages is None:
+            return None
+        if self.input is not None:
+            raise invalid_request("send `input` or `messages`, not both", "messages")
+        parts = [part for message in self.messages for part in message.parts()]
+        images = [part.image_url for part in parts if isinstance(part, ImagePart)]
+        if images and len(images) < len(parts):
+            raise invalid_request(
+                "`messages` hold text and an image: one embedding is of a text or of an image, "
+                "not both; send them in separate requests",
+                "messages",
+            )
+        if len(images) > 1:
+            raise invalid_request(f"`messages` hold {len(images)} images; send one", "messages")
+        if images:
+            return images[0]
+        return "\n".join("".join(p.text for p in message.parts()) for message in self.messages)
 
 
 class TEIEmbedSparseRequest(_Body):

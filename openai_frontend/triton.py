@@ -222,8 +222,10 @@ class TritonClient:
         stream: bool,
         logprobs: bool = False,
         version: str = "",
+        images: list[bytes] | None = None,
     ) -> AsyncIterator[LLMResponse]:
-        """The llm's responses for one prompt (a text or token ids). Leaving the loop early (a
+        """The llm's responses for one prompt (a text or token ids) and its `images` (encoded
+        files, the llm's `image` input). Leaving the loop early (a
         client gone, an exception) cancels the gRPC stream, which aborts the engine request."""
         text = prompt if isinstance(prompt, str) else ""
         inputs = [
@@ -234,6 +236,8 @@ class TritonClient:
         ]
         if not isinstance(prompt, str):
             inputs.append(_tensor(contract.PROMPT_TOKEN_IDS, np.array(prompt, dtype=np.int64)))
+        if images:
+            inputs.append(_tensor(contract.IMAGE, np.array(images, dtype=object)))
         flags = LLM_FLAGS + (("return_logprobs",) if logprobs else ())
         inputs += [_tensor(flag, np.array([True])) for flag in flags]
         request = {"model_name": model, "model_version": version, "inputs": inputs}

@@ -202,6 +202,7 @@ def detect_kind(checkpoint: Path) -> ModelKind:
         return "llm"
     if architecture.endswith("ForSequenceClassification"):
         return "rerank"
+    # A bare encoder (BertModel) or an image-text one (CLIPModel, SiglipModel: texts and images).
     if architecture.endswith("Model") or (checkpoint / "modules.json").is_file():
         return "embedding"
     raise ValueError(

@@ -11,4 +11,6 @@ attention.py and the weights read by weights.py) computes the hidden states, and
 turns them into vectors or scores, returned to each request in order. config.py holds the
 settings of both models. An embedding model in sparse mode (SPLADE) puts a masked-LM head and
 vocabulary-wide pooling (sparse.py) where pooling.py would be, and answers nonzero ids and weights.
+An embedding model on a CLIP or SigLIP checkpoint (image_text.py) embeds texts and images into one
+space with the checkpoint's own transformers towers, images preprocessed as their request arrives.
 """

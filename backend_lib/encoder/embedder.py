@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -112,7 +112,7 @@ class EmbedderInputs:
     """What the dense (`Embedder`) and sparse (`backend_lib.encoder.sparse.SparseEmbedder`)
     embedders do before the model: texts, with the checkpoint's prompts, or token-id items to
     token ids. A subclass sets `tokenizer`, `layout` (its `prompts`, `default_prompt_name`),
-    `truncate_default`, `max_seq_length` and `encoder`.
+    `truncate_default`, `max_seq_length` and `encoder` (or overrides `vocab_size`).
 
     Tokenizing and computing are separate so a server can tokenize each request on its own
     (a bad request fails alone) and then compute the items of many requests together.
@@ -152,11 +152,16 @@ class EmbedderInputs:
             )
         return prompts[name]
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids are in [0, vocab_size)."""
+        return self.encoder.arch.vocab_size
+
     def check_token_ids(self, items: Sequence[Sequence[int]]) -> list[list[int]]:
         """Token-id items a caller sent, as they are: each id must be in the vocabulary and each
         item 1..max_seq_length tokens long (never truncated: which end to cut is the caller's
         choice, and cutting drops the special tokens it chose). `InputError` names the item."""
-        vocab = self.encoder.arch.vocab_size
+        vocab = self.vocab_size
         for i, ids in enumerate(items):
             if not 0 < len(ids) <= self.max_seq_length:
                 raise InputError(
@@ -169,7 +174,27 @@ class EmbedderInputs:
         return [list(ids) for ids in items]
 
 
-class Embedder(EmbedderInputs):
+class VectorSizes:
+    """The sizes a dense embedder's vectors may be asked for. A subclass sets `dim` (the full
+    size) and `dimensions` (the sizes allowed, ascending, `dim` among them)."""
+
+    dim: int
+    dimensions: tuple[int, ...]
+
+    def check_dimensions(self, dimensions: int | None) -> int:
+        """The vector size of a request: `dimensions` if it is one of `self.dimensions`, the
+        full size for None; `InputError` lists the allowed sizes."""
+        if dimensions is None:
+            return self.dim
+        if dimensions not in self.dimensions:
+            allowed = ", ".join(str(d) for d in self.dimensions)
+            raise InputError(
+                f"'dimensions' {dimensions} is not one of this model's sizes: {allowed}"
+            )
+        return dimensions
+
+
+class Embedder(EmbedderInputs, VectorSizes):
     """Embeds texts: tokenize -> packed encoder -> pooling -> optional L2 normalisation."""
 
     def __init__(
@@ -236,18 +261,6 @@ class Embedder(EmbedderInputs):
             self._prompt_skips[prompt] = len(ids) - (1 if ids and ids[-1] in special else 0)
         return self._prompt_skips[prompt]
 
-    def check_dimensions(self, dimensions: int | None) -> int:
-        """The vector size of a request: `dimensions` if it is one of `self.dimensions`, the
-        full size for None; `InputError` lists the allowed sizes."""
-        if dimensions is None:
-            return self.dim
-        if dimensions not in self.dimensions:
-            allowed = ", ".join(str(d) for d in self.dimensions)
-            raise InputError(
-                f"'dimensions' {dimensions} is not one of this model's sizes: {allowed}"
-            )
-        return dimensions
-
     def embed(
         self,
         token_ids: Sequence[Sequence[int]],
@@ -264,10 +277,8 @@ class Embedder(EmbedderInputs):
         if skip is not None and any(skip):
             skips = [min(s, length - 1) for s, length in zip(skip, lengths, strict=True)]
         unit = self.normalize_default if normalize is None else normalize
-        out = np.empty((len(token_ids), self.dim), dtype=np.float32)
 
-        @torch.inference_mode()
-        def compute(indices: list[int]) -> np.ndarray:
+        def vectors(indices: list[int]) -> torch.Tensor:
             tokens = pack([token_ids[i] for i in indices], self.encoder.device)
             cut = None
             if skips is not None:
@@ -275,17 +286,11 @@ class Embedder(EmbedderInputs):
                 cut = cut.to(self.encoder.device)
             if self._last_token_only:
                 # Only the last tokens' states are needed: the decoder's last layer runs on those.
-                vectors = self.encoder(tokens, tokens.starts + tokens.lengths_t - 1).float()
-            else:
-                vectors = pool(self.encoder(tokens), tokens, self.layout.pooling_modes, cut)
-            if unit:
-                vectors = F.normalize(vectors, p=2, dim=1)
-            return vectors.cpu().numpy()
+                return self.encoder(tokens, tokens.starts + tokens.lengths_t - 1)
+            return pool(self.encoder(tokens), tokens, self.layout.pooling_modes, cut)
 
-        batches = run_micro_batches(
-            lengths, self.max_batch_tokens, self.max_batch_size, compute, out
-        )
-        return out, batches
+        budget = (self.max_batch_tokens, self.max_batch_size)
+        return embed_in_micro_batches(lengths, budget, self.dim, vectors, unit)
 
     def encode(
         self,
@@ -303,6 +308,29 @@ class Embedder(EmbedderInputs):
         vectors = self.embed(tokens, normalize, [self.pool_skip(prompt)] * len(tokens))[0]
         unit = self.normalize_default if normalize is None else normalize
         return reduce(vectors, size, [unit] * len(vectors))
+
+
+def embed_in_micro_batches(
+    lengths: Sequence[int],
+    budget: tuple[int, int],
+    dim: int,
+    vectors: Callable[[list[int]], torch.Tensor],
+    unit: bool,
+) -> tuple[np.ndarray, list[MicroBatch]]:
+    """[len(lengths), dim] float32 rows in input order, and what each micro-batch did: items of
+    `lengths` tokens planned into micro-batches within `budget` (max_batch_tokens,
+    max_batch_size), each computed by `vectors(indices)` ([len(indices), dim], any float dtype)
+    under inference mode, rows L2-normalised when `unit`."""
+    out = np.empty((len(lengths), dim), dtype=np.float32)
+
+    @torch.inference_mode()
+    def compute(indices: list[int]) -> np.ndarray:
+        rows = vectors(indices).float()
+        if unit:
+            rows = F.normalize(rows, p=2, dim=1)
+        return rows.cpu().numpy()
+
+    return out, run_micro_batches(lengths, *budget, compute, out)
 
 
 def reduce(vectors: np.ndarray, dimensions: int, unit: Sequence[bool]) -> np.ndarray:

@@ -8,6 +8,7 @@ item was computed on (`num_input_tokens`, after truncation: what an API reports 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import threading
 import time
@@ -21,6 +22,7 @@ from backend_lib.config import ConfigError, from_parameters
 from backend_lib.contract import (
     DIMENSIONS,
     EMBEDDING,
+    IMAGE,
     INDICES,
     INPUT_IDS,
     NORMALIZE,
@@ -37,14 +39,17 @@ from backend_lib.contract import (
 from backend_lib.encoder.batching import MicroBatch
 from backend_lib.encoder.config import EmbeddingConfig, RerankConfig
 from backend_lib.encoder.embedder import Embedder, EmbedderInputs, reduce
+from backend_lib.encoder.image_text import FAMILIES, ImageTextEmbedder, serves_image_text
 from backend_lib.encoder.reranker import load_reranker
 from backend_lib.encoder.scheduler import EncoderJob, EncoderScheduler
 from backend_lib.encoder.sparse import SparseEmbedder, pad_rows, serves_sparse
 from backend_lib.errors import InputError, error_code
 from backend_lib.metrics import MetricsSink
 from backend_lib.model_context import ModelContext
+from backend_lib.multimodal.image_sources import image_input_bytes
 from backend_lib.triton_io import (
     Inputs,
+    read_blobs,
     read_bools,
     read_shared,
     read_strings,
@@ -312,7 +317,13 @@ def _read_token_items(
 ) -> tuple[list[list[int]], str | None]:
     """A request's items as token ids, and the prompt prepended to its texts: `text_input` texts
     with the prompt `prompt_name` names (default: the checkpoint's), tokenized as their `truncate`
-    says, or `input_ids` as sent (no prompt: None)."""
+    says, or `input_ids` as sent (no prompt: None). `image` is refused: these models embed
+    texts only (`ImageTextEmbeddingService` reads images)."""
+    if IMAGE in inputs:
+        raise InputError(
+            f"input '{IMAGE}': this is a text-only embedding model; images need an image-text "
+            f"checkpoint ({', '.join(FAMILIES)})"
+        )
     if (TEXT_INPUT in inputs) == (INPUT_IDS in inputs):
         raise InputError(
             f"send exactly one of '{TEXT_INPUT}' (texts) and '{INPUT_IDS}' (token ids)"
@@ -361,9 +372,14 @@ class EmbeddingService(_EncoderService):
         cls, context: ModelContext, sink: MetricsSink | None
     ) -> EmbeddingService | SparseEmbeddingService:
         """Load from the model's config.pbtxt parameters (raises ConfigError naming a bad key); a
-        model serving sparse vectors (`EmbeddingConfig.mode`) is a `SparseEmbeddingService`."""
+        model serving sparse vectors (`EmbeddingConfig.mode`) is a `SparseEmbeddingService`, one
+        on a CLIP or SigLIP checkpoint an `ImageTextEmbeddingService`."""
         config = from_parameters(EmbeddingConfig, context.parameters)
         metrics = EncoderMetrics(sink) if sink else None
+        if serves_image_text(config, context.model_dir):
+            _check_declared_outputs(context.model_config, False, config.mode)
+            embedder = ImageTextEmbedder.from_config(config, context.device, context.model_dir)
+            return ImageTextEmbeddingService(embedder, metrics)
         sparse = serves_sparse(config, context.model_dir)
         _check_declared_outputs(context.model_config, sparse, config.mode)
         if sparse:
@@ -376,14 +392,19 @@ class EmbeddingService(_EncoderService):
     def _tokenize_request(self, inputs: Inputs) -> list:
         tokens, prompt = _read_token_items(inputs, self.embedder)
         skip = self.embedder.pool_skip(prompt)
-        size = read_shared(inputs, DIMENSIONS, len(tokens))
-        if size is not None and not np.issubdtype(size.dtype, np.integer):
-            raise InputError(f"input '{DIMENSIONS}' must be TYPE_INT32, got {size.dtype}")
-        dimensions = self.embedder.check_dimensions(None if size is None else int(size[0]))
-        normalize = read_bools(inputs, NORMALIZE, len(tokens), None)
+        dimensions, normalize = self._vector_options(inputs, len(tokens))
         return [
             _EmbeddingItem(t, n, skip, dimensions) for t, n in zip(tokens, normalize, strict=True)
         ]
+
+    def _vector_options(self, inputs: Inputs, count: int) -> tuple[int, list[bool | None]]:
+        """A request's vector size (`dimensions`, shared by its `count` rows) and each row's
+        `normalize` (None: the model's default)."""
+        size = read_shared(inputs, DIMENSIONS, count)
+        if size is not None and not np.issubdtype(size.dtype, np.integer):
+            raise InputError(f"input '{DIMENSIONS}' must be TYPE_INT32, got {size.dtype}")
+        dimensions = self.embedder.check_dimensions(None if size is None else int(size[0]))
+        return dimensions, read_bools(inputs, NORMALIZE, count, None)
 
     def _num_tokens(self, item) -> int:
         return len(item.tokens)
@@ -397,10 +418,19 @@ class EmbeddingService(_EncoderService):
     def _compute(self, items: list) -> tuple[np.ndarray, list[MicroBatch]]:
         tokens = [item.tokens for item in items]
         skip = [item.skip for item in items]
+        return self._embed_by_norm(
+            items, lambda normalize: self.embedder.embed(tokens, normalize=normalize, skip=skip)
+        )
+
+    def _embed_by_norm(
+        self, items: list, embed: Callable[[bool | None], tuple[np.ndarray, list[MicroBatch]]]
+    ) -> tuple[np.ndarray, list[MicroBatch]]:
+        """`embed(normalize)` of items whose rows may normalise differently: once with the
+        `normalize` they all share, or raw, then each row made unit length as its item says."""
         normalize = [item.normalize for item in items]
         if len(set(normalize)) == 1:
-            return self.embedder.embed(tokens, normalize=normalize[0], skip=skip)
-        raw, batches = self.embedder.embed(tokens, normalize=False, skip=skip)
+            return embed(normalize[0])
+        raw, batches = embed(False)
         for i, item in enumerate(items):
             if self._unit(item):
                 raw[i] = raw[i] / max(float(np.linalg.norm(raw[i])), 1e-12)
@@ -409,6 +439,76 @@ class EmbeddingService(_EncoderService):
     def _request_outputs(self, values: np.ndarray, items: list) -> dict[str, np.ndarray]:
         unit = [self._unit(item) for item in items]
         return {EMBEDDING: reduce(values, items[0].dimensions, unit)}
+
+
+class _ImageItem(NamedTuple):
+    pixels: torch.Tensor  # [3, H, W] float32: the checkpoint's image processor's output
+    normalize: bool | None  # None: the model's default
+    dimensions: int  # the request's vector size
+    num_tokens: int  # the vision tower's tokens: the scheduler's length, num_input_tokens
+
+
+class ImageTextEmbeddingService(EmbeddingService):
+    """A CLIP or SigLIP checkpoint's requests (`ImageTextEmbedder`): `EmbeddingService`'s texts or
+    token ids, or `image` [N, 1] encoded images (PNG, JPEG or WebP files, raw or as base64 text
+    as Triton's vLLM backend takes them; with `normalize` and `dimensions`, no `prompt_name` or
+    `truncate`), exactly one of the three -> `embedding` [N, dim] float32 in the shared space and
+    `num_input_tokens` [N, 1] (an image: its vision tower's tokens). Images are decoded and
+    preprocessed as the request arrives; a micro-batch's images and texts are computed apart."""
+
+    embedder: ImageTextEmbedder
+
+    def _tokenize_request(self, inputs: Inputs) -> list:
+        sent = [name for name in (TEXT_INPUT, INPUT_IDS, IMAGE) if name in inputs]
+        if len(sent) != 1:
+            raise InputError(
+                f"send exactly one of '{TEXT_INPUT}' (texts), '{INPUT_IDS}' (token ids) and "
+                f"'{IMAGE}' (encoded images); got {', '.join(sent) or 'none'}"
+            )
+        return self._read_images(inputs) if sent == [IMAGE] else super()._tokenize_request(inputs)
+
+    def _read_images(self, inputs: Inputs) -> list[_ImageItem]:
+        for name in (PROMPT_NAME, TRUNCATE):
+            if name in inputs:
+                raise InputError(f"'{name}' applies to texts only, not to '{IMAGE}'")
+        images = read_blobs(inputs, IMAGE)
+        dimensions, normalize = self._vector_options(inputs, len(images))
+        max_bytes = self.embedder.limits.max_image_bytes
+        items = []
+        for index, (value, unit) in enumerate(zip(images, normalize, strict=True)):
+            try:
+                pixels = self.embedder.preprocess_image(image_input_bytes(value, max_bytes))
+            except InputError as exc:
+                raise InputError(f"input '{IMAGE}'[{index}]: {exc}") from None
+            items.append(_ImageItem(pixels, unit, dimensions, self.embedder.image_tokens))
+        return items
+
+    def _num_tokens(self, item) -> int:
+        return item.num_tokens if isinstance(item, _ImageItem) else len(item.tokens)
+
+    def _compute(self, items: list) -> tuple[np.ndarray, list[MicroBatch]]:
+        """Texts and images of one scheduler micro-batch, each kind on its own tower."""
+        images = [i for i, item in enumerate(items) if isinstance(item, _ImageItem)]
+        texts = [i for i, item in enumerate(items) if not isinstance(item, _ImageItem)]
+        out = np.empty((len(items), self.embedder.dim), dtype=np.float32)
+        reports: list[MicroBatch] = []
+        for indices, compute in ((texts, super()._compute), (images, self._compute_images)):
+            if indices:
+                values, batches = compute([items[i] for i in indices])
+                out[indices] = values
+                reports += [_renumbered(batch, indices) for batch in batches]
+        return out, reports
+
+    def _compute_images(self, items: list[_ImageItem]) -> tuple[np.ndarray, list[MicroBatch]]:
+        pixels = [item.pixels for item in items]
+        return self._embed_by_norm(
+            items, lambda normalize: self.embedder.embed_images(pixels, normalize)
+        )
+
+
+def _renumbered(batch: MicroBatch, indices: list[int]) -> MicroBatch:
+    """A micro-batch report over a subset of items (`indices`), in the whole list's numbering."""
+    return dataclasses.replace(batch, indices=[indices[i] for i in batch.indices])
 
 
 class SparseEmbeddingService(_EncoderService):

@@ -9,7 +9,9 @@ from backend_lib import contract
 from backend_lib.config import require
 from backend_lib.llm import kv_offload_config
 from backend_lib.llm.kv_events_config import KVEventsConfig
+from backend_lib.llm.multimodal_config import MultiModalConfig
 from backend_lib.llm.speculative_config import SpeculativeConfig
+from backend_lib.multimodal.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
 from backend_lib.quantization import QUANTIZATION_SETTINGS
 
 W4A16_ACTIVATIONS = ("auto", "bfloat16", "int8")
@@ -181,6 +183,12 @@ class LLMConfig:
     max_cpu_loras: int = 0
     """Adapters cached in host memory (0: max_loras, as vLLM); at least max_loras."""
 
+    # Images, checked in multimodal_config.py (vLLM's limit_mm_per_prompt, encoder_cache_size).
+    limit_mm_per_prompt: str = ""
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
+    encoder_cache_size: int = 0
+
     @property
     def speculative(self) -> SpeculativeConfig | None:
         """`speculative_config` parsed (None: no speculation)."""
@@ -197,6 +205,7 @@ class LLMConfig:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
     def validate(self) -> None:
+        MultiModalConfig.of(self)  # the image settings: parsing is the check
         require(
             self.tensor_parallel_size >= 1,
             "tensor_parallel_size",

@@ -48,9 +48,37 @@ class ToolResultBlock(_Body):
         return self.content or ""
 
 
-Block = TextBlock | ToolUseBlock | ToolResultBlock
+class ImageSource(_Body):
+    """An image block's source: base64 data with its media type, or a URL (read under the
+    frontend's fetch policy, as chat's image_url)."""
+
+    type: Literal["base64", "url"]
+    media_type: Literal["image/png", "image/jpeg", "image/webp"] | None = None
+    data: str | None = None
+    url: str | None = None
+
+    def data_url(self) -> str:
+        """The source as chat's image_url: a data: URL, or its URL."""
+        if self.type == "url":
+            if not self.url:
+                raise ValueError('an image source of type "url" needs `url`')
+            return self.url
+        if not self.data or not self.media_type:
+            raise ValueError('an image source of type "base64" needs `media_type` and `data`')
+        return f"data:{self.media_type};base64,{self.data}"
+
+
+class ImageBlock(_Body):
+    """A user turn's image."""
+
+    type: Literal["image"]
+    source: ImageSource
+
+
+Block = TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock
 BLOCKS: dict[str, type[Block]] = {
     "text": TextBlock,
+    "image": ImageBlock,
     "tool_use": ToolUseBlock,
     "tool_result": ToolResultBlock,
 }

@@ -1,7 +1,8 @@
 """Messages API <-> chat completions: a Messages request as a ChatCompletionRequest (chat renders,
 constrains and generates it), and chat's answer as a Message object or Anthropic's stream events.
 
-Request: `system` -> a system message; a user turn's text blocks -> a user message and each
+Request: `system` -> a system message; a user turn's text and image blocks -> a user message
+(images as chat's image_url parts: base64 sources as data: URLs) and each
 `tool_result` -> a `tool` message (`tool_call_id`: its `tool_use_id`), in their order; an
 assistant turn's text -> its content and each `tool_use` -> one of its `tool_calls` (`arguments`:
 the input as JSON). `tools` -> functions (`parameters`: `input_schema`); `tool_choice` auto, any,
@@ -30,6 +31,7 @@ from openai_frontend.anthropic.protocol import (
     BLOCKS,
     Block,
     CountTokensRequest,
+    ImageBlock,
     MessagesRequest,
     TextBlock,
     ToolChoice,
@@ -40,7 +42,7 @@ from openai_frontend.errors import APIError, internal, invalid_request
 from openai_frontend.protocol import ChatCompletionRequest
 
 log = logging.getLogger(__name__)
-_TURN_BLOCKS = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use")}
+_TURN_BLOCKS = {"user": ("text", "image", "tool_result"), "assistant": ("text", "tool_use")}
 
 
 def _problems(exc: ValidationError) -> str:
@@ -142,27 +144,43 @@ def _block(raw: dict[str, Any], role: str, where: str) -> Block:
             f"{where}.type",
         )
     try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        raise invalid_request(f"`{where}`: {_problems(exc)}", where) from None
+        block = model.model_validate(raw)
+        if isinstance(block, ImageBlock):
+            block.source.data_url()  # raises naming the missing field
+        return block
+    except (ValidationError, ValueError) as exc:
+        problems = _problems(exc) if isinstance(exc, ValidationError) else str(exc)
+        raise invalid_request(f"`{where}`: {problems}", where) from None
 
 
 def _user_turn(blocks: list[Block]) -> list[dict[str, Any]]:
     chat: list[dict[str, Any]] = []
-    text: list[str] = []
+    parts: list[TextBlock | ImageBlock] = []
     for block in blocks:
         if isinstance(block, ToolResultBlock):
-            if text:
-                chat.append({"role": "user", "content": "".join(text)})
-                text = []
+            if parts:
+                chat.append({"role": "user", "content": _user_content(parts)})
+                parts = []
             chat.append(
                 {"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text()}
             )
-        elif isinstance(block, TextBlock):
-            text.append(block.text)
-    if text or not chat:
-        chat.append({"role": "user", "content": "".join(text)})
+        elif isinstance(block, TextBlock | ImageBlock):
+            parts.append(block)
+    if parts or not chat:
+        chat.append({"role": "user", "content": _user_content(parts)})
     return chat
+
+
+def _user_content(parts: list[TextBlock | ImageBlock]) -> str | list[dict[str, Any]]:
+    """A user message's text, or with images chat's text and image_url parts."""
+    if not any(isinstance(part, ImageBlock) for part in parts):
+        return "".join(part.text for part in parts)
+    return [
+        {"type": "image_url", "image_url": {"url": part.source.data_url()}}
+        if isinstance(part, ImageBlock)
+        else {"type": "text", "text": part.text}
+        for part in parts
+    ]
 
 
 def _assistant_turn(blocks: list[Block]) -> list[dict[str, Any]]:

@@ -37,6 +37,8 @@ from openai_frontend.responses.protocol import ResponsesRequest
 log = logging.getLogger(__name__)
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text")
+IMAGE_PART = "input_image"
+"""An image content part of a message (`image_url`: a data:, file:// or http(s) URL)."""
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 TOOL_MODES = ("auto", "none", "required")
 _TOOL_CHOICE_SHAPE = (
@@ -72,7 +74,7 @@ def _checked_item(where: str, item: dict[str, Any]) -> dict[str, Any]:
             raise invalid_request(
                 f"a message's `role` must be one of {', '.join(ROLES)}", f"{where}.role"
             )
-        _check_text(item.get("content"), f"{where}.content")
+        _check_text(item.get("content"), f"{where}.content", images=True)
     elif kind == "function_call":
         for key in ("call_id", "name", "arguments"):
             if not isinstance(item.get(key), str):
@@ -88,25 +90,44 @@ def _checked_item(where: str, item: dict[str, Any]) -> dict[str, Any]:
     return item
 
 
-def _check_text(content: Any, where: str) -> None:
+def _check_text(content: Any, where: str, images: bool = False) -> None:
+    """Text, or a list of text parts (and, where `images`, input_image parts with an
+    `image_url`)."""
     if isinstance(content, str):
         return
     if not isinstance(content, list):
         raise invalid_request("expected a string or a list of text parts", where)
+    allowed = TEXT_PARTS + (IMAGE_PART,) if images else TEXT_PARTS
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in TEXT_PARTS:
+        if kind not in allowed:
             raise invalid_request(
-                f"content part type {kind!r} is not supported: send input_text or output_text "
-                "parts (no images, files or audio)",
+                f"content part type {kind!r} is not supported: send {', '.join(allowed)} parts "
+                "(no files or audio)",
                 f"{where}.{j}.type",
             )
-        if not isinstance(part.get("text"), str):
-            raise invalid_request("a text part needs `text` (a string)", f"{where}.{j}.text")
+        key = "image_url" if kind == IMAGE_PART else "text"
+        if not isinstance(part.get(key), str):
+            raise invalid_request(
+                f"a {kind} part needs `{key}` (a string; file_id is not supported)",
+                f"{where}.{j}.{key}",
+            )
 
 
 def _text(content: str | list[dict[str, Any]]) -> str:
     return content if isinstance(content, str) else "".join(part["text"] for part in content)
+
+
+def _chat_content(content: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """A message's content as chat's: its text, or with input_image parts chat's parts."""
+    if isinstance(content, str) or all(part["type"] != IMAGE_PART for part in content):
+        return _text(content)
+    return [
+        {"type": "image_url", "image_url": {"url": part["image_url"]}}
+        if part["type"] == IMAGE_PART
+        else {"type": "text", "text": part["text"]}
+        for part in content
+    ]
 
 
 def chat_messages(items: list[dict[str, Any]], instructions: str | None) -> list[dict[str, Any]]:
@@ -117,7 +138,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None) -> list
     for item in items:
         kind = item["type"]
         if kind == "message":
-            messages.append({"role": item["role"], "content": _text(item["content"])})
+            messages.append({"role": item["role"], "content": _chat_content(item["content"])})
         elif kind == "function_call":
             call = {
                 "id": item["call_id"],

@@ -19,6 +19,7 @@ from openai_frontend.generation import (
     new_id,
     now,
 )
+from openai_frontend.images import read_images
 from openai_frontend.protocol import ChatCompletionRequest
 from openai_frontend.sampling import requested_logprobs, sampling_parameters
 from openai_frontend.state import FrontendState, State
@@ -38,7 +39,11 @@ async def prepare(
     forced = plan if isinstance(plan, tools.ToolPlan) else None
     constraint = output_constraint(body, forced.schema if forced else None)
     tokenizer = state.registry.tokenizer(info)
-    messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in body.messages]
+    messages = [
+        {**m.model_dump(exclude_none=True), "content": m.template_content()} for m in body.messages
+    ]
+    urls = [url for m in body.messages for url in m.image_urls()]
+    images = await read_images(urls, info, state.config.image_fetch_policy())
     listed = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     prompt = tokenizer.render_chat(messages, info.name, listed)
     params = sampling_parameters(body, constraint, info.lora_name)
@@ -54,6 +59,7 @@ async def prepare(
         info.served_id,
         version=info.version,
         reroute=state.registry.rerouter(body.model, "llm", body.user),
+        images=images,
     )
     return generation, OutputPlan(plan, info.reasoning_parser, constraint is not None)
 

@@ -1,8 +1,11 @@
-"""`POST /v1/embeddings`, and Hugging Face TEI's `POST /embed` (answer: a bare list of vectors) and
-`POST /embed_sparse` (a sparse embedding model's: per text, its nonzero `{"index", "value"}`)."""
+"""`POST /v1/embeddings` (texts, token ids, or vLLM's multimodal `messages` form: one text or one
+image of a CLIP or SigLIP model), and Hugging Face TEI's `POST /embed` (answer: a bare list of
+vectors) and `POST /embed_sparse` (a sparse embedding model's: per text, its nonzero
+`{"index", "value"}`)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from typing import Any
 
@@ -10,8 +13,11 @@ import numpy as np
 from fastapi import APIRouter
 
 from backend_lib import contract
-from openai_frontend.encoders import embed, embed_sparse
-from openai_frontend.errors import APIError
+from backend_lib.errors import InputError
+from backend_lib.multimodal.image_sources import ImageFetchPolicy, read_image_url
+from backend_lib.multimodal.images import DEFAULT_MAX_IMAGE_BYTES
+from openai_frontend.encoders import EmbeddingItems, embed, embed_sparse
+from openai_frontend.errors import APIError, invalid_request
 from openai_frontend.protocol import EmbeddingRequest, TEIEmbedRequest, TEIEmbedSparseRequest
 from openai_frontend.state import State
 
@@ -26,7 +32,7 @@ def _encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:
 
 @router.post("/v1/embeddings")
 async def embeddings(body: EmbeddingRequest, state: State) -> dict[str, Any]:
-    items = body.items()
+    items = await _items(body, state.config.image_fetch_policy())
     prompt_name = body.resolved_prompt_name()
     info = await state.registry.get(body.model, "embedding", key=body.user, sparse=False)
     try:
@@ -44,6 +50,21 @@ async def embeddings(body: EmbeddingRequest, state: State) -> dict[str, Any]:
         ],
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+async def _items(body: EmbeddingRequest, policy: ImageFetchPolicy) -> EmbeddingItems:
+    """The request's items: `input`'s texts or token ids, or the one item of `messages` (an
+    image URL `policy` allows, read as the encoded image's bytes off the event loop)."""
+    item = body.message_item()
+    if item is None:
+        return body.items()
+    if isinstance(item, str):
+        return [item]
+    try:
+        data = await asyncio.to_thread(read_image_url, item.url, policy, DEFAULT_MAX_IMAGE_BYTES)
+    except InputError as exc:
+        raise invalid_request(f"`image_url`: {exc}", "messages") from None
+    return [data]
 
 
 @router.post("/embed")

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from backend_lib.errors import InputError
-from backend_lib.triton_io import read_bools, read_scalar, read_strings
+from backend_lib.triton_io import read_blobs, read_bools, read_scalar, read_strings
 
 
 def strings(*values: bytes) -> np.ndarray:
@@ -29,6 +29,14 @@ def test_read_strings_errors_say_what_is_wrong(inputs, fragment):
     with pytest.raises(InputError) as info:
         read_strings(inputs, "t", max_bytes=10)
     assert fragment in str(info.value)
+
+
+def test_read_blobs_keeps_each_rows_bytes_as_sent():
+    """Encoded images are not UTF-8: the bytes come back untouched, row by row."""
+    png_head = b"\x89PNG\r\n\x1a\n\x00\xff"
+    assert read_blobs({"i": strings(png_head, b"")}, "i") == [png_head, b""]
+    with pytest.raises(InputError, match="'i'\\[0\\] is 10 bytes, over the limit of 4"):
+        read_blobs({"i": strings(png_head)}, "i", max_bytes=4)
 
 
 def test_read_bools_broadcasts_and_checks_type():

@@ -1,5 +1,6 @@
 """Encoder test fixtures: sentence-transformers' all-MiniLM-L6-v2 and our Embedder on it, a tiny
-random-weight BERT written with `save_pretrained`, and `enc`, which hands tests encoder_helpers.py."""
+random-weight BERT written with `save_pretrained`, `enc`, which hands tests encoder_helpers.py, and
+random CLIP and SigLIP checkpoints."""
 
 from __future__ import annotations
 
@@ -71,3 +72,19 @@ def splade_dir(tmp_path_factory) -> Path:
     return build_splade(
         tmp_path_factory.mktemp("splade"), max_seq_length=MAX_SEQ_LENGTH, prompts=PROMPTS
     )
+
+
+@pytest.fixture(scope="session")
+def clip_dir(tmp_path_factory) -> Path:
+    """A random CLIPModel with its tokenizer and image processor (tooling.vision_checkpoints)."""
+    from tooling.vision_checkpoints import build_clip
+
+    return build_clip(tmp_path_factory.mktemp("clip"))
+
+
+@pytest.fixture(scope="session")
+def siglip_dir(tmp_path_factory) -> Path:
+    """A random SiglipModel with its tokenizer and image processor."""
+    from tooling.vision_checkpoints import build_siglip
+
+    return build_siglip(tmp_path_factory.mktemp("siglip"))

@@ -55,6 +55,9 @@ def test_parameters_fill_the_dataclasses():
         (EmbeddingConfig, {"max_seq_length": "-5"}, "max_seq_length"),
         (EmbeddingConfig, {"max_seq_length": "512", "max_batch_tokens": "256"}, "max_seq_length"),
         (EmbeddingConfig, {"max_text_bytes": "10"}, "max_text_bytes"),
+        (EmbeddingConfig, {"max_image_bytes": "100"}, "max_image_bytes"),
+        (EmbeddingConfig, {"max_image_pixels": "0"}, "max_image_pixels"),
+        (RerankConfig, {"max_image_bytes": "4096"}, "max_image_bytes"),  # embedding-only
         (EmbeddingConfig, {"dtype": "int8"}, "dtype"),
         (EmbeddingConfig, {"model": " "}, "model"),
         (RerankConfig, {"mode": "colbert"}, "mode"),

@@ -44,7 +44,7 @@ class FakeTriton:
         return self.facts[(name, version)]
 
     async def generate(
-        self, model, prompt, sampling_parameters, *, stream, logprobs=False, version=""
+        self, model, prompt, sampling_parameters, *, stream, logprobs=False, version="", images=None
     ):
         self.generated.append(dict(sampling_parameters))
         self.versions_asked.append((model, version))

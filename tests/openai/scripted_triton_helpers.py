@@ -65,7 +65,7 @@ class ScriptedTriton:
         return self.facts[name]
 
     async def generate(
-        self, model, prompt, sampling_parameters, *, stream, logprobs=False, version=""
+        self, model, prompt, sampling_parameters, *, stream, logprobs=False, version="", images=None
     ):
         self.requests.append({"model": model, "prompt": prompt, "params": sampling_parameters})
         outputs = list(self.outputs)

@@ -248,7 +248,7 @@ BAD_REQUESTS = [
     (
         {**ASK, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
         400,
-        "image",
+        "source.type",
     ),
     ({**ASK, "messages": [{"role": "system", "content": "hi"}]}, 400, "role"),
     ({**ASK, "model": "no-such-model"}, 404, "no-such-model"),

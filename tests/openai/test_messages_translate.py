@@ -106,7 +106,7 @@ def test_count_tokens_body_has_no_sampling():
     ("fields", "param"),
     [
         (
-            {"messages": [{"role": "user", "content": [{"type": "image"}]}]},
+            {"messages": [{"role": "user", "content": [{"type": "document"}]}]},
             "messages.0.content.0.type",
         ),
         (
@@ -330,3 +330,28 @@ def test_error_types_by_status(status, kind):
 def test_only_the_messages_paths_get_anthropic_errors():
     assert errors.serves("/v1/messages") and errors.serves("/v1/messages/count_tokens")
     assert not errors.serves("/v1/messagesx") and not errors.serves("/v1/chat/completions")
+
+
+def test_image_blocks_become_chat_image_parts():
+    data = "iVBORw0KGgo="
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+    url_image = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
+    body = _request(
+        messages=[
+            {"role": "user", "content": [image, {"type": "text", "text": "What?"}, url_image]}
+        ]
+    )
+    (message,) = translate.chat_request(body).messages
+    assert message.image_urls() == [f"data:image/png;base64,{data}", "https://example.com/a.png"]
+    assert message.template_content() == [
+        {"type": "image"},
+        {"type": "text", "text": "What?"},
+        {"type": "image"},
+    ]
+    missing = {"type": "image", "source": {"type": "base64", "media_type": "image/png"}}
+    with pytest.raises(APIError, match="needs `media_type` and `data`"):
+        translate.chat_request(_request(messages=[{"role": "user", "content": [missing]}]))
+    with pytest.raises(
+        APIError, match="not supported in a assistant turn|not supported in an assistant"
+    ):
+        translate.chat_request(_request(messages=[{"role": "assistant", "content": [image]}]))

@@ -318,10 +318,14 @@ def test_the_llm_answers_describe_with_its_facts_json():
     class Registry:
         names = ["b", "a"]
 
+    class Inputs:
+        images = None  # a text model
+
     class Engine:
         max_model_len = 2048
         lora_registry = Registry()
         config = LLMConfig(tool_call_parser="hermes")
+        inputs = Inputs()
 
     service = LLMService.__new__(LLMService)
     service.engine, service.metrics = Engine(), None
@@ -338,6 +342,8 @@ def test_the_llm_answers_describe_with_its_facts_json():
         "lora_adapters": ["b", "a"],
         "tool_call_parser": "hermes",
         "reasoning_parser": None,
+        "max_images": 0,
+        "max_image_bytes": 0,
     }
     Engine.lora_registry = None  # LoRA off: no adapters
     sent.clear()

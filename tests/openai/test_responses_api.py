@@ -246,7 +246,11 @@ def test_forced_function_call_and_its_output_sent_back(sdk):
 
 BAD_REQUESTS = [
     ({"input": [{"type": "computer_call_output", "call_id": "x"}]}, "input.0.type"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input.0.content.0.type"),
+    (
+        {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+        "input.0.content.0.image_url",
+    ),
+    ({"input": [{"role": "user", "content": [{"type": "input_file"}]}]}, "input.0.content.0.type"),
     ({"previous_response_id": "resp_nope"}, "previous_response_id"),
     ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
     ({"tools": [{"type": "function", "name": "bad name!"}], "tool_choice": "none"}, "tools.0.name"),
@@ -282,7 +286,7 @@ def test_bad_requests_get_400s_while_a_good_one_is_served(frontend, sdk):
         assert set(error) == {"message", "type", "param", "code"}, error
         assert error["type"] == "invalid_request_error" and error["param"] == param, (fields, error)
         assert error["message"]
-    missing = replies[2].json()["error"]
+    missing = replies[3].json()["error"]
     assert missing["code"] == "previous_response_not_found"
     assert missing["message"] == "Previous response with id 'resp_nope' not found."
 

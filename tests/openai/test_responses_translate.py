@@ -117,7 +117,7 @@ def test_settings_map_to_chat_fields():
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0.type"),
         ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role"),
         (
-            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}]},
             "input.0.content.0.type",
         ),
         ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input.0.call_id"),
@@ -523,3 +523,32 @@ def test_auto_without_a_parser_is_a_400_naming_tool_choice(scripted, triton):
     reply = scripted.post("/v1/responses", json={"model": "plain", "input": "hi", "tools": [TOOL]})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "tool_choice"
     assert triton.prompts == []
+
+
+def test_input_image_parts_become_chat_image_parts():
+    url = "data:image/png;base64,iVBORw0KGgo="
+    items = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "What is it?"},
+                {"type": "input_image", "image_url": url, "detail": "auto"},
+            ],
+        }
+    ]
+    (message,) = chat_of(input=items).messages
+    assert message.text() == "What is it?" and message.image_urls() == [url]
+    assert message.template_content() == [
+        {"type": "text", "text": "What is it?"},
+        {"type": "image"},
+    ]
+    no_url = [{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}]
+    assert param_of(input=no_url) == "input.0.content.0.image_url"
+    tool_image = [
+        {
+            "type": "function_call_output",
+            "call_id": "c",
+            "output": [{"type": "input_image", "image_url": url}],
+        }
+    ]
+    assert param_of(input=tool_image) == "input.0.output.0.type"

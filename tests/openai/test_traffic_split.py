@@ -274,7 +274,7 @@ class UnloadingTriton(FakeTriton):
     """Version 2 is unloaded just as a request reaches it (Triton's refusal, then the index)."""
 
     async def generate(
-        self, model, prompt, sampling_parameters, *, stream, logprobs=False, version=""
+        self, model, prompt, sampling_parameters, *, stream, logprobs=False, version="", images=None
     ):
         if version == "2":
             self.ready.discard(("llm", "2"))

@@ -1,5 +1,7 @@
 """scripts/add_model.py refuses an LLM checkpoint whose architecture the engine does not serve,
-before writing anything, naming the supported ones (the loader's table)."""
+before writing anything, naming the supported ones (the loader's table); it adds a SPLADE
+checkpoint in sparse mode, a GGUF file as an llm, and an image-text (SigLIP) checkpoint as an
+embedding model whose config declares the `image` input."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from backend_lib.contract import is_sparse_embedding
+from backend_lib.contract import is_sparse_embedding, model_kind
 from backend_lib.llm.execution.models import supported_architectures
 from tooling.repository import REPO_ROOT, read_config
 
@@ -76,3 +78,16 @@ def test_a_gguf_file_is_added_as_an_llm_and_an_unsupported_one_refused(tmp_path)
     assert result.returncode != 0
     assert "blk.0.attn_q.weight is Q4_1" in result.stderr
     assert not (tmp_path / "other").exists()
+
+
+def test_a_siglip_checkpoint_is_added_as_an_embedding_model_with_images(tmp_path):
+    """(A CLIP one: tests/e2e/test_image_embeddings.py adds and serves it.)"""
+    from tooling.vision_checkpoints import build_siglip
+
+    result = _add_model(build_siglip(tmp_path / "siglip"), tmp_path / "repo")
+    assert result.returncode == 0, result.stderr
+    assert "added embedding model 'm'" in result.stdout
+    config = read_config((tmp_path / "repo" / "m" / "config.pbtxt").read_text())
+    assert model_kind(config) == "embedding" and not is_sparse_embedding(config)
+    inputs = {item["name"]: item for item in config["input"]}
+    assert inputs["image"]["data_type"] == "TYPE_STRING" and inputs["image"]["optional"]

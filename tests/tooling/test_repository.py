@@ -48,6 +48,8 @@ def test_render_config_parameters_and_policy():
         ("LlamaForCausalLM", "llm"),
         ("BertForSequenceClassification", "rerank"),
         ("BertModel", "embedding"),
+        ("CLIPModel", "embedding"),
+        ("SiglipModel", "embedding"),
     ],
 )
 def test_detect_kind(tmp_path: Path, architecture, kind):

@@ -17,14 +17,19 @@ from dataclasses import dataclass
 BlockHash = bytes
 
 
-def hash_block(parent_hash: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
-    """Chained SHA-256 of a full block: it identifies the block's tokens and every token before it.
+def hash_block(
+    parent_hash: BlockHash | None, token_ids: Sequence[int], extra_key: bytes = b""
+) -> BlockHash:
+    """Chained SHA-256 of a full block: it identifies the block's tokens and every token before it,
+    and `extra_key`, what else its positions hold (the images behind placeholder tokens:
+    core/multimodal.py's `block_extra_key`).
 
     A cryptographic hash (not Python's `hash`) so that clients cannot craft colliding prompts to
     read each other's cached K/V; lookups additionally compare the block's own tokens.
     """
     digest = hashlib.sha256(parent_hash or b"")
     digest.update(array("q", token_ids).tobytes())
+    digest.update(extra_key)
     return digest.digest()
 
 

@@ -7,7 +7,9 @@ or queued for the scheduler to collect (`take_copies`), and the runner performs 
 forward pass that depends on them.
 
 A sequence's hash chain starts from its adapter's `cache_salt` (the base model's from nothing), so
-blocks computed under one LoRA adapter are never reused by another or by the base model.
+blocks computed under one LoRA adapter are never reused by another or by the base model; and a
+block overlapping an image's placeholder tokens hashes that image's digest (core/multimodal.py), so
+blocks of different images are never reused for each other.
 
 With an offload tier (core/kv_offload.py), cached blocks the pool evicts are kept there, and a
 prefix lookup continues there after the pool's last hit: those blocks get fresh device blocks,
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from backend_lib.llm.core.block_pool import BlockHash, BlockPool, hash_block
 from backend_lib.llm.core.kv_events import KVEventLog
 from backend_lib.llm.core.kv_offload import KVOffloader, OffloadMoves
+from backend_lib.llm.core.multimodal import block_extra_key
 from backend_lib.llm.core.sequence import Sequence
 
 
@@ -306,8 +309,12 @@ class KVCacheManager:
     def _hashes(self, seq: Sequence, num_blocks: int) -> list[BlockHash]:
         """Chained hashes of the sequence's first `num_blocks` full blocks (computed once)."""
         hashes = self._block_hashes.setdefault(seq.seq_id, [])
+        features = () if seq.request is None else seq.request.mm_features
         for index in range(len(hashes), num_blocks):
-            hashes.append(hash_block(_parent(seq, hashes, index), self._block_tokens(seq, index)))
+            start = index * self.block_size
+            extra = block_extra_key(features, start, start + self.block_size) if features else b""
+            tokens = self._block_tokens(seq, index)
+            hashes.append(hash_block(_parent(seq, hashes, index), tokens, extra))
         return hashes[:num_blocks]
 
 

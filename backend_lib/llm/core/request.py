@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
+from backend_lib.llm.core.multimodal import MultiModalFeature
 from backend_lib.llm.core.sampling_params import SamplingParams
+from backend_lib.multimodal.images import DecodedImage
 
 DEFAULT_TENANT = "default"
 """The tenant of a request that names none and runs on the base model."""
@@ -37,6 +39,12 @@ class EngineRequest:
     tenant: str | None = None
     """Who it is served for, as the frontend passes it through (the API key's name, or the
     request's `user`); None: its LoRA adapter's, else the default tenant (`tenant_key`)."""
+    images: Seq[DecodedImage] = ()
+    """The images of the prompt, in the order of its image placeholders (decoded and bounded by
+    the caller: backend_lib/multimodal/images.py); only a vision-language model takes any."""
+    mm_features: Seq[MultiModalFeature] = ()
+    """Filled by the input processor from `images`: each image's placeholder range in the
+    tokenized prompt, its digest and its processed tensors (core/multimodal.py)."""
 
     @property
     def tenant_key(self) -> str:

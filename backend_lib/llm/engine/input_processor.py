@@ -28,6 +28,7 @@ from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.request import EngineRequest
 from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.core.scheduler import check_prompt_fits
+from backend_lib.llm.engine.mm_processor import MultiModalProcessor
 from backend_lib.llm.lora.registry import LORA_DISABLED_ERROR, LoRARegistry
 from backend_lib.llm.lora.request import LoRARequest
 from backend_lib.llm.structured.compiler import GrammarCompiler, GrammarJob
@@ -97,8 +98,11 @@ class InputProcessor:
         max_model_len: int,
         grammar_compiler: GrammarCompiler,
         lora_registry: LoRARegistry | None,
+        images: MultiModalProcessor | None = None,
     ) -> None:
+        """`images`: a vision-language model's image processing (None: the model takes none)."""
         self.config = config
+        self.images = images
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -132,6 +136,8 @@ class InputProcessor:
         _check_tenant(request.tenant)
         self._check_token_ids("stop_token_ids", params.stop_token_ids or [])
         ids = self._prompt_ids(request.prompt, request.prompt_token_ids)
+        if request.images or self.images is not None:
+            ids, request = self._with_images(request, ids)
         check_prompt_fits(len(ids), self.max_model_len)
         lora_request = self.resolve_lora(request.lora_name)
         grammar, job = None, None
@@ -140,6 +146,22 @@ class InputProcessor:
             if job.wait(grammar_wait):
                 grammar, job = job.result(), None
         return PreparedRequest(request, ids, grammar, lora_request, job)
+
+    def _with_images(
+        self, request: EngineRequest, ids: list[int]
+    ) -> tuple[list[int], EngineRequest]:
+        """The prompt's ids with its images' placeholders expanded, and the request with their
+        features (`mm_features`)."""
+        if self.images is None:
+            raise InputError("this model takes no images (it is not a vision-language model)")
+        if not request.images:
+            self.images.check_text_only(ids)
+            return ids, request
+        if request.prompt_token_ids is not None:
+            raise InputError("a prompt with images must be text (prompt_token_ids take none)")
+        ids, features = self.images.process(request.prompt, request.images)
+        # The decoded pictures are dropped here: the request keeps only the processed tensors.
+        return ids, dataclasses.replace(request, mm_features=tuple(features), images=())
 
     def resolve_lora(self, lora_name: str | None) -> LoRARequest | None:
         """The loaded adapter `lora_name` (None: the base model); InputError with the vLLM

@@ -32,7 +32,12 @@ from backend_lib.llm.execution.checkpoint_quantization.layers import (
     install_staging_layers,
     take_input_permutations,
 )
-from backend_lib.llm.execution.models import MODEL_REGISTRY, supported_architectures
+from backend_lib.llm.execution.models import (
+    MODEL_REGISTRY,
+    decoder_config,
+    resolve_model_class,
+    supported_architectures,
+)
 from backend_lib.llm.execution.models.llama import DEFAULT_MAX_POSITION_EMBEDDINGS
 from backend_lib.llm.execution.pipeline_parallel import NO_PIPELINE, PipelineStage
 from backend_lib.llm.execution.tensor_parallel import NO_TENSOR_PARALLEL, TensorParallel
@@ -74,12 +79,14 @@ def read_checkpoint_info(model_dir: str | Path) -> CheckpointInfo:
         quantization = read_checkpoint_quantization(cfg)
     except CheckpointFormatError as e:
         raise ConfigError("model", str(root), str(e)) from e
+    model_class = model_class_for(cfg, root)
+    decoder = decoder_config(model_class, cfg)
     return CheckpointInfo(
         model_dir=root,
         hf_config=MappingProxyType(cfg),
-        model_class=model_class_for(cfg, root),
+        model_class=model_class,
         max_position_embeddings=int(
-            cfg.get("max_position_embeddings", DEFAULT_MAX_POSITION_EMBEDDINGS)
+            decoder.get("max_position_embeddings", DEFAULT_MAX_POSITION_EMBEDDINGS)
         ),
         eos_token_ids=_eos_token_ids(root, cfg),
         weight_files=tuple(safetensors_files(root)),
@@ -120,7 +127,10 @@ def model_class_for(cfg: Mapping[str, Any], model_dir: str | Path = "") -> type[
             str(model_dir),
             f"unsupported architecture {arch!r}; supported: {', '.join(supported_architectures())}",
         )
-    return MODEL_REGISTRY[arch]
+    try:
+        return resolve_model_class(arch, cfg)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError("model", str(model_dir), f"bad config.json for {arch}: {e}") from e
 
 
 def iter_safetensors(

@@ -51,6 +51,7 @@ from backend_lib.llm.execution.loader import (
     check_parallelism,
     load_model,
 )
+from backend_lib.llm.execution.mm_embeds import EncoderCache, step_embeds
 from backend_lib.llm.execution.pipeline_parallel import NO_PIPELINE, PipelineStage
 from backend_lib.llm.execution.prompt_logprobs import score_prompts
 from backend_lib.llm.execution.runner_lora import RunnerLoRA
@@ -61,6 +62,7 @@ from backend_lib.llm.execution.step_sampling import ModelOutput, sample_step
 from backend_lib.llm.execution.tensor_parallel import TensorParallel
 from backend_lib.llm.execution.workers import WorkerGroup
 from backend_lib.llm.kv_offload_config import DISK_STAGING_STEPS, KVOffloadConfig
+from backend_lib.llm.multimodal_config import MultiModalConfig
 from backend_lib.llm.structured.manager import StructuredOutputManager
 from backend_lib.quantization import check_quantization, resolve_quantization
 from kernels import KernelOps
@@ -195,6 +197,10 @@ class ModelRunner:
         self.batcher = StepBatcher(
             device, self.block_size, self.ops, self.lora, self.kv_pool.layer_caches[0][0]
         )
+        self.encoder_cache = None
+        """Image encoder outputs by digest (None: a text-only model)."""
+        if hasattr(self.model, "encode_images"):
+            self.encoder_cache = EncoderCache(MultiModalConfig.of(config).encoder_cache_size)
 
     def _tier_identity(self, config: LLMConfig) -> dict:
         """What block files on disk must have been computed with to be reused."""
@@ -351,6 +357,11 @@ class ModelRunner:
         if batch.prompt_rows is not None:
             rows = torch.cat((rows, batch.prompt_rows))
         with torch.inference_mode():
+            extra = {}
+            if batch.image_slices:
+                extra["mm_embeds"] = step_embeds(
+                    batch.image_slices, self.model.encode_images, self.encoder_cache, self.device
+                )
             hidden = self.model(
                 batch.input_ids,
                 batch.positions,
@@ -358,6 +369,7 @@ class ModelRunner:
                 self.kv_pool.layer_caches,
                 batch.lora,
                 output_rows=rows,
+                **extra,
             )
             if not self.pp.first:
                 return None

@@ -19,6 +19,7 @@ from backend_lib.llm.core.scheduler import ScheduledSequence
 from backend_lib.llm.core.sequence import Sequence
 from backend_lib.llm.execution.attention import AttentionMetadata
 from backend_lib.llm.execution.flat_batch import flat_batch
+from backend_lib.llm.execution.mm_embeds import ImageSlice, image_slices
 from backend_lib.llm.execution.prompt_logprobs import (
     PromptLogprobsChunk,
     PromptScoring,
@@ -78,6 +79,8 @@ class ModelInput:
     """Filled by `ModelRunner.compute_logits`: seq_id -> its chunk's prompt-token scores."""
     step: StepInput | None = None
     """The host data this batch was built from (what the other tensor-parallel ranks get)."""
+    image_slices: list[ImageSlice] = field(default_factory=list)
+    """The image placeholder rows of the step, by image (execution/mm_embeds.py)."""
 
 
 def row_layout(
@@ -160,6 +163,9 @@ class StepBatcher:
             step = replace(step, lora=LoRAStep(adapters, [s.seq.lora_int_id for s in layout]))
         batch = self.device_input(step, plan.rows, plan.seq_ids, slot_of)
         batch.drafted = plan.drafted
+        features = [() if s.seq.request is None else s.seq.request.mm_features for s in layout]
+        if any(features):
+            batch.image_slices = image_slices(features, step.starts.tolist(), step.q_lens.tolist())
         return batch
 
     def _host_step(

@@ -40,6 +40,7 @@ from backend_lib.llm.engine.fault_injection import PromptMarkerFaults
 from backend_lib.llm.engine.llm_engine import LLMEngine
 from backend_lib.llm.execution.workers import WorkerDied
 from backend_lib.llm.lora.registry import read_multi_lora
+from backend_lib.llm.multimodal_config import MultiModalConfig
 from backend_lib.llm.serving.engine_loop import EngineLoop, OutputStream
 from backend_lib.llm.serving.kv_event_publisher import KVEventStream
 from backend_lib.llm.serving.metrics import LLMMetrics
@@ -203,19 +204,17 @@ class LLMService:
             max_prompt_bytes=self.config.max_prompt_bytes,
             max_logprobs=self.config.max_logprobs,
             max_n=self.config.max_n,
+            multimodal=MultiModalConfig.of(self.config),
         )
         params = request.params
-        if params.max_tokens is not None and params.max_tokens > self.engine.max_model_len:
-            raise InputError(
-                f"max_tokens must be <= max_model_len ({self.engine.max_model_len}), "
-                f"got {params.max_tokens}"
-            )
+        _check_max_tokens(params.max_tokens, self.engine.max_model_len)
         if request.return_flags["return_cumulative_logprob"] and params.logprobs is None:
             params.logprobs = 0  # the sampled token's logprob is needed for the running sum
         request_id = uuid.uuid4().hex
         if self.faults is not None:  # TEST-ONLY: marked prompts fail inside a step
             request_id = self.faults.request_id(request.prompt, request_id)
         prompt = None if request.prompt_token_ids is not None else request.prompt
+        images, request.images = request.images, ()  # the job keeps no decoded picture
         stream = self.loop.submit(
             EngineRequest(
                 request_id,
@@ -227,20 +226,13 @@ class LLMService:
                 deadline=_deadline(arrival, timeout_us, request.deadline_ms),
                 priority=request.priority,
                 tenant=request.tenant,
+                images=images,
             )
         )
         return Job(request_id, request, stream)
 
     def facts(self) -> contract.ModelFacts:
-        """What this model publishes about itself: the engine's max_model_len, the adapters its
-        LoRA registry serves (none when LoRA is off) and its config's output parsers."""
-        registry = self.engine.lora_registry
-        return contract.ModelFacts(
-            max_model_len=self.engine.max_model_len,
-            lora_adapters=tuple(registry.names) if registry is not None else (),
-            tool_call_parser=self.engine.config.tool_call_parser,
-            reasoning_parser=self.engine.config.reasoning_parser,
-        )
+        return published_facts(self.engine)
 
     def facts_tensors(self) -> Tensors:
         return {contract.MODEL_FACTS: np.array([self.facts().to_json().encode()], dtype=object)}
@@ -546,6 +538,26 @@ class Responder:
                 cancelled = True
             if cancelled:
                 self._service.cancel(item.job)
+
+
+def published_facts(engine: LLMEngine) -> contract.ModelFacts:
+    """What a model publishes about itself: the engine's max_model_len, the adapters its LoRA
+    registry serves (none when LoRA is off), its config's output parsers, and the images a prompt
+    may hold (none for a text model) and their size limit."""
+    registry, images = engine.lora_registry, engine.inputs.images
+    return contract.ModelFacts(
+        max_model_len=engine.max_model_len,
+        lora_adapters=tuple(registry.names) if registry is not None else (),
+        tool_call_parser=engine.config.tool_call_parser,
+        reasoning_parser=engine.config.reasoning_parser,
+        max_images=0 if images is None else images.config.max_images,
+        max_image_bytes=0 if images is None else images.config.limits.max_image_bytes,
+    )
+
+
+def _check_max_tokens(max_tokens: int | None, max_model_len: int) -> None:
+    if max_tokens is not None and max_tokens > max_model_len:
+        raise InputError(f"max_tokens must be <= max_model_len ({max_model_len}), got {max_tokens}")
 
 
 def _deadline(arrival: float, timeout_us: int, deadline_ms: float | None) -> float | None:

@@ -22,6 +22,7 @@ import numpy as np
 
 from backend_lib.contract import (
     EXCLUDE_INPUT_IN_OUTPUT,
+    IMAGE,
     PROMPT_TOKEN_IDS,
     RETURN_FLAGS,
     SAMPLING_PARAMETERS,
@@ -29,7 +30,11 @@ from backend_lib.contract import (
     TEXT_INPUT,
 )
 from backend_lib.errors import InputError
+from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.sampling_params import SamplingParams, parse_float, parse_int
+from backend_lib.llm.multimodal_config import MultiModalConfig
+from backend_lib.multimodal.image_sources import image_input_bytes
+from backend_lib.multimodal.images import DecodedImage, decode_image
 from backend_lib.triton_io import Inputs, read_scalar, read_strings
 
 # RETURN_FLAGS, the llm's `return_*` inputs, are backend_lib.contract's (shared with the frontend).
@@ -77,12 +82,21 @@ class GenerateRequest:
     tenant: str | None = None
     """The `tenant` in sampling_parameters: who it is served for (fair share, per-tenant limits
     and metrics; None: its adapter's, else the default tenant)."""
+    images: tuple[DecodedImage, ...] = ()
+    """The `image` input's images, decoded within the model's limits: each element one PNG, JPEG
+    or WebP file, as base64 text (what Triton's vLLM backend clients send) or raw bytes."""
 
 
 def parse_generate_request(
-    inputs: Inputs, *, max_prompt_bytes: int, max_logprobs: int, max_n: int
+    inputs: Inputs,
+    *,
+    max_prompt_bytes: int,
+    max_logprobs: int,
+    max_n: int,
+    multimodal: MultiModalConfig | None = None,
 ) -> GenerateRequest:
-    """Read one request's tensors; InputError names the offending input or field."""
+    """Read one request's tensors; InputError names the offending input or field. `multimodal`:
+    the image limits (None: the defaults)."""
     (prompt,) = _single(read_strings(inputs, TEXT_INPUT, max_bytes=max_prompt_bytes), TEXT_INPUT)
     token_ids = _prompt_token_ids(inputs)
     if token_ids is not None and prompt:
@@ -127,6 +141,23 @@ def parse_generate_request(
         priority,
         deadline_ms,
         tenant,
+        _images(inputs, multimodal or MultiModalConfig.of(LLMConfig())),
+    )
+
+
+def _images(inputs: Inputs, settings: MultiModalConfig) -> tuple[DecodedImage, ...]:
+    """The `image` input's images, counted before any is decoded."""
+    if IMAGE not in inputs:
+        return ()
+    values = np.asarray(inputs[IMAGE], dtype=object).reshape(-1)
+    if len(values) > settings.max_images:
+        raise InputError(
+            f"the request has {len(values)} images; at most {settings.max_images} are allowed "
+            "(limit_mm_per_prompt)"
+        )
+    limits = settings.limits
+    return tuple(
+        decode_image(image_input_bytes(value, limits.max_image_bytes), limits) for value in values
     )
 
 

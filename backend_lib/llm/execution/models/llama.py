@@ -27,6 +27,7 @@ from torch import nn
 
 from backend_lib.linear import PackedLinear
 from backend_lib.llm.execution.attention import AttentionMetadata, KVCache
+from backend_lib.llm.execution.mm_embeds import MultiModalEmbeds
 from backend_lib.llm.execution.models.step_kernels import (
     CppKernels,
     CppOps,
@@ -432,9 +433,11 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[KVCache],
         lora: LoRABatch | None = None,
         output_rows: torch.Tensor | None = None,
+        mm_embeds: MultiModalEmbeds | None = None,
     ) -> torch.Tensor:
         """input_ids, positions: [T] -> final-normed hidden states [T, hidden_size]; `lora`
-        maps rows to adapters (None: the base model for every row).
+        maps rows to adapters (None: the base model for every row); `mm_embeds`: rows whose
+        input embedding is an image's encoder output instead of their token's (placeholders).
 
         `output_rows` (int64 [R], may repeat): return only these rows' states [R, hidden_size], in
         this order. The last layer's MLP then runs on them alone: a prompt token's state past its
@@ -450,6 +453,8 @@ class LlamaForCausalLM(nn.Module):
         # The residual stream is carried separately so each norm fuses the residual add.
         if pp.first:
             hidden, residual = self.embed(input_ids), None
+            if mm_embeds is not None:
+                hidden.index_copy_(0, mm_embeds.rows, mm_embeds.values.to(hidden.dtype))
         else:
             hidden, residual = pp.recv_forward(len(input_ids), width, *self._activations())
         # With LoRA rows the MLP's adapters follow the full row layout: select at the end instead.

@@ -1,0 +1,142 @@
+"""A vision-language model (Llava: CLIP tower, projector, Llama decoder) on the engine against
+transformers' greedy `generate` on the same checkpoint and images: 1-3 images per prompt batched
+with text-only prompts, an image split across prefill chunks, prefix hits on a repeated image,
+preemption by recompute; two different images never share a prefix block."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend_lib.errors import InputError
+from backend_lib.llm.core.request import EngineRequest
+from backend_lib.multimodal.images import ImageLimits, decode_image
+from tests.llm.engine_helpers import assert_pool_released, greedy, make_engine
+from tests.llm.vlm_helpers import (
+    hf_image_greedy,
+    image,
+    image_request,
+    llava_checkpoint,
+    run_all,
+)
+from tests.multimodal.image_helpers import encoded
+
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
+PROMPTS = [
+    ("USER: <image> What is this?\nASSISTANT:", 1),
+    ("USER: <image> and <image> side by side\nASSISTANT:", 2),
+    ("USER: <image><image> then <image>\nASSISTANT:", 3),
+    ("USER: No picture here, good sir.\nASSISTANT:", 0),
+    ("ROMEO: But soft, what light", 0),
+]
+
+
+def _engine(**overrides):
+    model_dir, _, _ = llava_checkpoint()
+    return make_engine(model_dir, **{"max_model_len": 256, **overrides})
+
+
+def _requests(seed: int = 0, max_tokens: int = 8):
+    requests, expected = [], {}
+    for i, (prompt, count) in enumerate(PROMPTS):
+        images = [image(seed + 10 * i + j) for j in range(count)]
+        requests.append(image_request(f"r{i}", prompt, images, max_tokens))
+        expected[f"r{i}"] = hf_image_greedy(prompt, images, max_tokens)
+    return requests, expected
+
+
+def _tokens(outputs) -> dict:
+    return {rid: out.outputs[0].token_ids for rid, out in outputs.items()}
+
+
+def test_images_batched_with_text_match_generate():
+    engine = _engine()
+    requests, expected = _requests()
+    assert _tokens(run_all(engine, requests)) == expected
+    assert engine.runner.encoder_cache.misses == 6  # every image encoded once
+    assert_pool_released(engine)
+
+
+def test_image_split_across_prefill_chunks_and_preempted():
+    # 8-token chunks split each 16-token image; a pool of 12 blocks of 8 cannot hold every
+    # prompt with its output, so some are preempted and computed again.
+    engine = _engine(max_num_batched_tokens=8, num_blocks=12, max_model_len=96)
+    requests, expected = _requests(seed=100)
+    assert _tokens(run_all(engine, requests)) == expected
+    assert engine.stats().counters.num_preemptions > 0
+    assert_pool_released(engine)
+
+
+def test_repeated_image_hits_the_prefix_and_encoder_caches():
+    engine = _engine()
+    prompt, pictures = "USER: <image> and <image> again\nASSISTANT:", [image(7), image(8)]
+    expected = hf_image_greedy(prompt, pictures, 8)
+    first = run_all(engine, [image_request("a", prompt, pictures, 8)])["a"]
+    encoded = engine.runner.encoder_cache.misses
+    second = run_all(engine, [image_request("b", prompt, pictures, 8)])["b"]
+    assert first.outputs[0].token_ids == second.outputs[0].token_ids == expected
+    assert second.num_cached_tokens >= len(second.prompt_token_ids) - 8  # all full blocks
+    assert engine.runner.encoder_cache.misses == encoded  # nothing encoded again
+    assert_pool_released(engine)
+
+
+def test_different_images_with_equal_text_share_no_image_block():
+    # Both prompts tokenize to the same ids (the placeholders are equal); only the image hash
+    # tells their blocks apart. Were it ignored, the second would reuse the first's K/V.
+    engine = _engine()
+    prompt = "USER: <image> Tell me of it.\nASSISTANT:"
+    first = run_all(engine, [image_request("a", prompt, [image(1)], 8)])["a"]
+    second = run_all(engine, [image_request("b", prompt, [image(2)], 8)])["b"]
+    assert first.prompt_token_ids == second.prompt_token_ids
+    assert second.outputs[0].token_ids == hf_image_greedy(prompt, [image(2)], 8)
+    assert first.outputs[0].token_ids != second.outputs[0].token_ids
+    image_start = second.prompt_token_ids.index(llava_checkpoint()[1].config.image_token_id)
+    assert second.num_cached_tokens == image_start // 8 * 8  # text blocks before the image only
+    assert_pool_released(engine)
+
+
+@pytest.mark.parametrize(
+    "prompt, count, message",
+    [
+        ("USER: <image> <image>\nASSISTANT:", 1, "2 <image> tokens and 1 images"),
+        ("USER: <image>\nASSISTANT:", 2, "1 <image> tokens and 2 images"),
+        ("USER: <image>\nASSISTANT:", 0, "image placeholders .* but no images"),
+        ("USER: <image>" * 3, 3, r"at most 2 are allowed \(limit_mm_per_prompt\)"),
+    ],
+    ids=["too-few-images", "too-many-placeholders", "no-images", "over-limit"],
+)
+def test_bad_image_prompts_fail_alone(prompt, count, message):
+    engine = _engine(limit_mm_per_prompt='{"image": 2}')
+    with pytest.raises(InputError, match=message):
+        engine.add(image_request("bad", prompt, [image(i) for i in range(count)], 4))
+    good = run_all(engine, [image_request("ok", "USER: <image>\nASSISTANT:", [image(5)], 4)])
+    assert good["ok"].outputs[0].token_ids == hf_image_greedy(
+        "USER: <image>\nASSISTANT:", [image(5)], 4
+    )
+    assert_pool_released(engine)
+
+
+def test_a_thin_strip_is_refused_before_it_is_resized():
+    # 2 x 60000 pixels pass the pixel limit as they are; resized to a 28-pixel short side they
+    # would be 28 x 840000.
+    engine = _engine()
+    strip = decode_image(encoded(60000, 2), ImageLimits())
+    with pytest.raises(InputError, match="aspect ratio is too extreme"):
+        engine.add(image_request("strip", "USER: <image>\nASSISTANT:", [strip], 4))
+    assert_pool_released(engine)
+
+
+def test_token_id_prompts_take_no_images():
+    engine = _engine()
+    with pytest.raises(InputError, match="must be text"):
+        engine.add(
+            EngineRequest("t", None, greedy(4), prompt_token_ids=[1, 5, 6], images=(image(1),))
+        )
+
+
+def test_a_text_model_refuses_images():
+    from tests.llm.engine_helpers import engine_checkpoint
+
+    engine = make_engine(engine_checkpoint("LlamaForCausalLM")[0])
+    with pytest.raises(InputError, match="takes no images"):
+        engine.add(image_request("t", "hello", [image(1)], 4))
