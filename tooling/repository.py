@@ -198,7 +198,8 @@ def detect_kind(checkpoint: Path) -> ModelKind:
     # LogitScore module scores the last token's yes/no logits.
     if _has_module(checkpoint, "LogitScore"):
         return "rerank"
-    if architecture.endswith("ForCausalLM"):
+    # A vision-language LLM (LlavaForConditionalGeneration) generates text too.
+    if architecture.endswith(("ForCausalLM", "ForConditionalGeneration")):
         return "llm"
     if architecture.endswith("ForSequenceClassification"):
         return "rerank"
@@ -206,6 +207,7 @@ def detect_kind(checkpoint: Path) -> ModelKind:
     if architecture.endswith("Model") or (checkpoint / "modules.json").is_file():
         return "embedding"
     raise ValueError(
-        f"cannot tell the model kind of architecture {architecture!r}: expected *ForCausalLM (llm), "
+        f"cannot tell the model kind of architecture {architecture!r}: expected *ForCausalLM or "
+        "*ForConditionalGeneration (llm), "
         "*ForSequenceClassification (rerank) or an encoder *Model / sentence-transformers dir (embedding)"
     )

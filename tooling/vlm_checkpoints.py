@@ -107,3 +107,87 @@ def build_llava(
     )
     processor.save_pretrained(out_dir)
     return out_dir
+
+
+QWEN2_VL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+QWEN2_VL_CHAT_TEMPLATE = """\
+{%- for message in messages -%}
+<|im_start|>{{ message['role'] }}
+{% if message['content'] is string -%}
+{{ message['content'] }}
+{%- else -%}
+{%- for part in message['content'] -%}
+{%- if part['type'] == 'text' -%}{{ part['text'] }}
+{%- elif part['type'] in ('image', 'image_url') -%}<|vision_start|><|image_pad|><|vision_end|>
+{%- endif -%}
+{%- endfor -%}
+{%- endif %}<|im_end|>
+{% endfor -%}
+{%- if add_generation_prompt -%}<|im_start|>assistant
+{% endif -%}
+"""
+"""Qwen2-VL's chat form: each image part is <|vision_start|><|image_pad|><|vision_end|>."""
+
+
+def build_qwen2_vl(out_dir: Path, seed: int = 0, version: str = "2") -> Path:
+    """A tiny random `Qwen2VLForConditionalGeneration` (version "2") or
+    `Qwen2_5_VLForConditionalGeneration` ("2.5": window attention in the tower) with M-RoPE
+    (sections 2, 3, 3 of 8 frequencies) over the Shakespeare tokenizer (Qwen2-VL's vision tokens
+    added), its image processor (14-pixel patches, 2 x 2 merge, 56^2 to 28^2 x 64 pixels) and
+    chat template, saved to `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(SHAKESPEARE_DIR)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN2_VL_TOKENS)})
+    start, end, image, video = tokenizer.convert_tokens_to_ids(list(QWEN2_VL_TOKENS))
+    vision = dict(
+        depth=2,
+        hidden_size=32 if version == "2.5" else 64,
+        num_heads=4,
+        patch_size=14,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        in_channels=3,
+    )
+    if version == "2.5":
+        vision |= dict(out_hidden_size=64, intermediate_size=64, window_size=56)
+        vision |= dict(fullatt_block_indexes=[1])
+    else:
+        vision |= dict(embed_dim=32, mlp_ratio=2)
+    text = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    family = {
+        "2": (transformers.Qwen2VLConfig, transformers.Qwen2VLForConditionalGeneration),
+        "2.5": (transformers.Qwen2_5_VLConfig, transformers.Qwen2_5_VLForConditionalGeneration),
+    }
+    config_class, model_class = family[version]
+    config = config_class(
+        vision_config=vision,
+        text_config=text,
+        image_token_id=image,
+        video_token_id=video,
+        vision_start_token_id=start,
+        vision_end_token_id=end,
+    )
+    torch.manual_seed(seed)
+    model = model_class(config)
+    randomize_(model, seed)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "chat_template.jinja").write_text(QWEN2_VL_CHAT_TEMPLATE, encoding="utf-8")
+    image_processor = transformers.Qwen2VLImageProcessor(
+        min_pixels=56 * 56, max_pixels=28 * 28 * 64
+    )
+    image_processor.save_pretrained(out_dir)
+    return out_dir

@@ -22,8 +22,16 @@ def resized_size(image_processor: Any, width: int, height: int) -> tuple[int, in
     return int(_field(size, "width")), int(_field(size, "height"))
 
 
+def resizes_by_area(image_processor: Any) -> bool:
+    """Whether the processor resizes to an area between two bounds (Qwen2-VL's smart resize:
+    `size.shortest_edge` and `size.longest_edge` are pixel counts there), whatever the aspect."""
+    return hasattr(image_processor, "merge_size")
+
+
 def check_resized(image_processor: Any, width: int, height: int, limits: ImageLimits) -> None:
     """`InputError` when the resized picture would exceed `limits.max_image_pixels`."""
+    if resizes_by_area(image_processor):
+        return  # at most size.longest_edge pixels, checked at load
     new_width, new_height = resized_size(image_processor, width, height)
     if new_width * new_height > limits.max_image_pixels:
         raise InputError(
@@ -36,6 +44,15 @@ def check_resized(image_processor: Any, width: int, height: int, limits: ImageLi
 def check_processor_fits(image_processor: Any, limits: ImageLimits) -> None:
     """At load: a square image must fit the limit once resized, or every image would be
     refused (ConfigError naming max_image_pixels)."""
+    if resizes_by_area(image_processor):
+        most = int(_field(image_processor.size, "longest_edge"))
+        require(
+            most <= limits.max_image_pixels,
+            "max_image_pixels",
+            limits.max_image_pixels,
+            f"the image processor resizes images to up to {most} pixels",
+        )
+        return
     width, height = resized_size(image_processor, 1, 1)
     require(
         width * height <= limits.max_image_pixels,

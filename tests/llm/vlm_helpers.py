@@ -1,11 +1,15 @@
-"""A tiny Llava checkpoint (built once per process), its transformers reference, test images,
-and greedy runs of image prompts through the engine and through transformers' `generate`."""
+"""Tiny vision-language checkpoints (Llava, Qwen2-VL, Qwen2.5-VL; built once per process), their
+transformers references, test images, and greedy runs of image prompts through the engine and
+through transformers' `generate`."""
 
 from __future__ import annotations
 
 import atexit
+import functools
 import shutil
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,23 +20,43 @@ from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.engine.llm_engine import LLMEngine
 from backend_lib.multimodal.images import DecodedImage, ImageLimits, decode_image
 from tests.multimodal.image_helpers import encoded
-from tooling.vlm_checkpoints import build_llava
-
-_BUILT: dict[str, tuple[Path, transformers.PreTrainedModel, transformers.ProcessorMixin]] = {}
-
-IMAGE_TOKENS = 16
-"""Placeholder tokens per image of the tiny Llava: (28 / 7)^2."""
+from tooling.vlm_checkpoints import build_llava, build_qwen2_vl
 
 
-def llava_checkpoint() -> tuple[Path, transformers.PreTrainedModel, transformers.ProcessorMixin]:
-    """(dir, transformers model, processor) of the tiny Llava."""
-    if "llava" not in _BUILT:
-        out = Path(tempfile.mkdtemp(prefix="engine-llava-"))
+@dataclass(frozen=True)
+class VisionFamily:
+    build: Callable[[Path], Path]
+    model_class: type
+    placeholder: str
+    """What the prompt holds where an image goes."""
+
+
+FAMILIES = {
+    "llava": VisionFamily(build_llava, transformers.LlavaForConditionalGeneration, "<image>"),
+    "qwen2_vl": VisionFamily(
+        functools.partial(build_qwen2_vl, version="2"),
+        transformers.Qwen2VLForConditionalGeneration,
+        "<|vision_start|><|image_pad|><|vision_end|>",
+    ),
+    "qwen2_5_vl": VisionFamily(
+        functools.partial(build_qwen2_vl, version="2.5"),
+        transformers.Qwen2_5_VLForConditionalGeneration,
+        "<|vision_start|><|image_pad|><|vision_end|>",
+    ),
+}
+
+_BUILT: dict[str, tuple[Path, transformers.PreTrainedModel]] = {}
+
+
+def vlm_checkpoint(family: str = "llava") -> tuple[Path, transformers.PreTrainedModel]:
+    """(dir, transformers model) of the tiny checkpoint of `family`."""
+    if family not in _BUILT:
+        out = Path(tempfile.mkdtemp(prefix=f"engine-{family}-"))
         atexit.register(shutil.rmtree, out, ignore_errors=True)
-        build_llava(out)
-        model = transformers.LlavaForConditionalGeneration.from_pretrained(out, dtype=torch.float32)
-        _BUILT["llava"] = (out, model.eval(), transformers.AutoProcessor.from_pretrained(out))
-    return _BUILT["llava"]
+        FAMILIES[family].build(out)
+        model = FAMILIES[family].model_class.from_pretrained(out, dtype=torch.float32)
+        _BUILT[family] = (out, model.eval())
+    return _BUILT[family]
 
 
 def image(seed: int, width: int = 40, height: int = 30) -> DecodedImage:
@@ -40,13 +64,38 @@ def image(seed: int, width: int = 40, height: int = 30) -> DecodedImage:
     return decode_image(encoded(width, height, "PNG", seed=seed), ImageLimits())
 
 
-def hf_image_greedy(prompt: str, images: list[DecodedImage], max_tokens: int) -> list[int]:
-    """transformers' greedy tokens for `prompt` with `images`, its processor's inputs."""
-    _, model, processor = llava_checkpoint()
-    inputs = processor(text=prompt, images=[i.image for i in images] or None, return_tensors="pt")
+def hf_image_greedy(
+    prompt: str, images: list[DecodedImage], max_tokens: int, family: str = "llava"
+) -> list[int]:
+    """transformers' greedy tokens for `prompt` with `images` (the checkpoint's own processing:
+    Llava's processor; for Qwen2-VL, whose processor class needs torchvision, what it does: its
+    image processor, each <|image_pad|> repeated grid_t x grid_h x grid_w / 4 times)."""
+    model_dir, model = vlm_checkpoint(family)
+    pictures = [i.image for i in images] or None
+    if family == "llava":
+        processor = transformers.AutoProcessor.from_pretrained(model_dir)
+        inputs = dict(processor(text=prompt, images=pictures, return_tensors="pt"))
+    else:
+        inputs = _qwen_inputs(model_dir, model, prompt, pictures)
     with torch.inference_mode():
         out = model.generate(**inputs, max_new_tokens=max_tokens, do_sample=False)
     return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+def _qwen_inputs(model_dir: Path, model, prompt: str, pictures) -> dict:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    inputs = {}
+    if pictures:
+        image_processor = transformers.AutoImageProcessor.from_pretrained(model_dir, backend="pil")
+        inputs = dict(image_processor(images=pictures, return_tensors="pt"))
+        counts = (inputs["image_grid_thw"].prod(-1) // 4).tolist()
+        head, *rest = prompt.split("<|image_pad|>")
+        prompt = head + "".join(
+            "<|image_pad|>" * n + text for n, text in zip(counts, rest, strict=True)
+        )
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    inputs["mm_token_type_ids"] = (ids == model.config.image_token_id).int()
+    return {**inputs, "input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
 def image_request(

@@ -1,7 +1,8 @@
 """scripts/add_model.py refuses an LLM checkpoint whose architecture the engine does not serve,
 before writing anything, naming the supported ones (the loader's table); it adds a SPLADE
-checkpoint in sparse mode, a GGUF file as an llm, and an image-text (SigLIP) checkpoint as an
-embedding model whose config declares the `image` input."""
+checkpoint in sparse mode, a GGUF file as an llm, an image-text (SigLIP) checkpoint as an
+embedding model whose config declares the `image` input, and a vision-language (Llava) one as an
+llm."""
 
 from __future__ import annotations
 
@@ -89,5 +90,17 @@ def test_a_siglip_checkpoint_is_added_as_an_embedding_model_with_images(tmp_path
     assert "added embedding model 'm'" in result.stdout
     config = read_config((tmp_path / "repo" / "m" / "config.pbtxt").read_text())
     assert model_kind(config) == "embedding" and not is_sparse_embedding(config)
+    inputs = {item["name"]: item for item in config["input"]}
+    assert inputs["image"]["data_type"] == "TYPE_STRING" and inputs["image"]["optional"]
+
+
+def test_a_llava_checkpoint_is_added_as_an_llm_taking_images(tmp_path):
+    from tooling.vlm_checkpoints import build_llava
+
+    result = _add_model(build_llava(tmp_path / "llava"), tmp_path / "repo")
+    assert result.returncode == 0, result.stderr
+    assert "added llm model 'm'" in result.stdout
+    config = read_config((tmp_path / "repo" / "m" / "config.pbtxt").read_text())
+    assert model_kind(config) == "llm"
     inputs = {item["name"]: item for item in config["input"]}
     assert inputs["image"]["data_type"] == "TYPE_STRING" and inputs["image"]["optional"]

@@ -62,7 +62,7 @@ from backend_lib.llm.engine.grammar_step import (
 )
 from backend_lib.llm.engine.grammar_wait import GrammarWait
 from backend_lib.llm.engine.input_processor import InputProcessor, PreparedRequest
-from backend_lib.llm.engine.mm_processor import MultiModalProcessor
+from backend_lib.llm.engine.mm_processor import image_processor_for
 from backend_lib.llm.engine.offload_steps import (
     absorb_tier_report,
     flush_to_disk,
@@ -77,7 +77,6 @@ from backend_lib.llm.execution.workers import WorkerDied
 from backend_lib.llm.kv_offload_config import KVOffloadConfig
 from backend_lib.llm.lora.registry import LoRARegistry
 from backend_lib.llm.lora.request import LoRARequest
-from backend_lib.llm.multimodal_config import MultiModalConfig
 from backend_lib.llm.spec_decode.draft_model import draft_model_loader
 from backend_lib.llm.structured.compiler import GrammarCompiler
 from backend_lib.llm.structured.manager import StructuredOutputManager
@@ -152,7 +151,7 @@ class LLMEngine:
             self.max_model_len,
             self.grammar_compiler,
             self.lora_registry,
-            self._image_processor(checkpoint.model_dir),
+            image_processor_for(self.runner.model, checkpoint.model_dir, self.tokenizer, config),
         )
         self.outputs = OutputProcessor(self.tokenizer, self.scheduler, self.structured, self._stats)
         self._seq_ids = itertools.count()
@@ -177,18 +176,6 @@ class LLMEngine:
         """Engine on the checkpoint `config.model` (resolved against `base_dir`)."""
         model_dir = resolve_model_path(config.model, Path(base_dir))
         return cls(config, model_dir, device, lora_modules=lora_modules, base_dir=base_dir)
-
-    def _image_processor(self, model_dir: Path) -> MultiModalProcessor | None:
-        """A vision-language model's image processing (None: a text model)."""
-        image_token_id = getattr(self.runner.model, "image_token_id", None)
-        if image_token_id is None:
-            return None
-        for key, on in (
-            ("enable_lora", self.config.enable_lora),
-            ("speculative_config", self.config.speculative is not None),
-        ):
-            require(not on, key, getattr(self.config, key), "not served with images yet")
-        return MultiModalProcessor(model_dir, image_token_id, MultiModalConfig.of(self.config))
 
     def _lora_registry(self, lora_modules: Mapping[str, str | Path] | None) -> LoRARegistry | None:
         config = self.config

@@ -1,40 +1,62 @@
-"""A vision-language model's prompt processing: prompt text with image placeholders, and decoded
-images, in; token ids with each placeholder expanded to its image's tokens, and one
-`MultiModalFeature` per image, out.
+"""A vision-language model's prompt processing: prompt text with one image placeholder token per
+image, and decoded images, in; token ids with each placeholder expanded to its image's tokens, and
+one `MultiModalFeature` per image, out.
 
-The checkpoint's own transformers processor does the work (its image processor config: resize,
-crop, normalisation; its placeholder expansion), so the prompt the model sees is the one
-transformers' `generate` sees. Runs on the caller's thread (input_processor.py); every problem is
-an InputError for that request.
+The images go through the checkpoint's own image processor (preprocessor_config.json: resize,
+crop, normalisation; transformers' PIL backend), one at a time, and the model says how many
+tokens each one takes (`image_tokens`). Expanding each placeholder token to that many copies is
+what the checkpoint's transformers processor does to the text, so the engine sees the ids
+`generate` sees; it needs no processor class of its own (Qwen2-VL's needs torchvision for its
+video half). Runs on the caller's thread (input_processor.py); every problem is an InputError for
+that request.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import transformers
+from transformers import PreTrainedTokenizerBase
 
+from backend_lib.checkpoint import HF_OFFLINE_KWARGS
+from backend_lib.config import require
 from backend_lib.errors import InputError
+from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.multimodal import MultiModalFeature
 from backend_lib.llm.multimodal_config import MultiModalConfig
 from backend_lib.multimodal.images import DecodedImage
 from backend_lib.multimodal.resize import check_processor_fits, check_resized
 
+ImageTokens = Callable[[Mapping[str, Any]], int]
+"""The model's placeholder tokens for one processed image (its image processor's tensors)."""
+
 
 class MultiModalProcessor:
     """The image side of one vision-language model's input processing (thread-safe)."""
 
-    def __init__(self, model_dir: Path, image_token_id: int, config: MultiModalConfig):
-        self.processor = transformers.AutoProcessor.from_pretrained(
-            model_dir, local_files_only=True
+    def __init__(
+        self,
+        model_dir: Path,
+        tokenizer: PreTrainedTokenizerBase,
+        image_token_id: int,
+        image_tokens: ImageTokens,
+        config: MultiModalConfig,
+    ):
+        self.image_processor = transformers.AutoImageProcessor.from_pretrained(
+            str(model_dir), backend="pil", **HF_OFFLINE_KWARGS
         )
-        self.image_token_id = image_token_id
-        self.image_token = self.processor.tokenizer.convert_ids_to_tokens(image_token_id)
+        self.tokenizer, self.image_token_id, self.image_tokens = (
+            tokenizer,
+            image_token_id,
+            image_tokens,
+        )
+        self.image_token = tokenizer.convert_ids_to_tokens(image_token_id)
         self.config = config
-        check_processor_fits(self.processor.image_processor, config.limits)
-        self._lock = threading.Lock()  # the processor's tokenizer is not reentrant
+        check_processor_fits(self.image_processor, config.limits)
+        self._lock = threading.Lock()  # the tokenizer is not reentrant
 
     def process(
         self, prompt: str, images: Sequence[DecodedImage]
@@ -46,29 +68,16 @@ class MultiModalProcessor:
                 f"the prompt has {len(images)} images; at most {self.config.max_images} are "
                 "allowed (limit_mm_per_prompt)"
             )
-        pictures = [image.image for image in images]
-        for picture in pictures:
-            check_resized(self.processor.image_processor, *picture.size, self.config.limits)
-        try:
-            with self._lock:
-                encoded = self.processor(
-                    text=[prompt], images=pictures or None, return_tensors="pt"
-                )
-                sizes = [(p.height, p.width) for p in pictures]
-                counts = self.processor._get_num_multimodal_tokens(image_sizes=sizes)
-        except (ValueError, TypeError) as exc:
-            raise InputError(f"the prompt and its images do not match: {exc}") from None
-        ids = encoded["input_ids"][0].tolist()
-        offsets = self._offsets(ids, counts.num_image_tokens)
-        features = [
-            MultiModalFeature(
-                image.digest, offset, length, {"pixel_values": encoded["pixel_values"][i : i + 1]}
+        with self._lock:
+            ids = self.tokenizer(prompt)["input_ids"]
+        placeholders = [p for p, token in enumerate(ids) if token == self.image_token_id]
+        if len(placeholders) != len(images):
+            raise InputError(
+                f"the prompt has {len(placeholders)} image placeholders ({self.image_token}) "
+                f"for {len(images)} images: put one where each image goes"
             )
-            for i, (image, offset, length) in enumerate(
-                zip(images, offsets, counts.num_image_tokens, strict=True)
-            )
-        ]
-        return ids, features
+        datas = [self._preprocess(image) for image in images]
+        return _expand(ids, placeholders, images, datas, [self.image_tokens(d) for d in datas])
 
     def check_text_only(self, ids: Sequence[int]) -> None:
         """A prompt without images must not hold image placeholder tokens (they would be
@@ -78,19 +87,47 @@ class MultiModalProcessor:
                 f"the prompt holds image placeholders ({self.image_token}) but no images"
             )
 
-    def _offsets(self, ids: list[int], lengths: list[int]) -> list[int]:
-        """Where each image's run of placeholder tokens starts."""
-        positions = [p for p, token in enumerate(ids) if token == self.image_token_id]
-        if len(positions) != sum(lengths):
-            raise InputError(
-                f"the prompt has {len(positions)} image placeholder tokens where its "
-                f"{len(lengths)} images take {sum(lengths)} (one {self.image_token} per image)"
-            )
-        offsets, cursor = [], 0
-        for length in lengths:
-            run = positions[cursor : cursor + length]
-            if run[-1] - run[0] != length - 1:
-                raise InputError(f"an image's {length} placeholder tokens are not consecutive")
-            offsets.append(run[0])
-            cursor += length
-        return offsets
+    def _preprocess(self, image: DecodedImage) -> dict[str, Any]:
+        """The image processor's tensors for one image (pixel_values, and e.g. image_grid_thw)."""
+        check_resized(self.image_processor, *image.size, self.config.limits)
+        try:
+            return dict(self.image_processor(images=[image.image], return_tensors="pt"))
+        except (ValueError, TypeError) as exc:
+            raise InputError(f"the image cannot be processed for this model: {exc}") from None
+
+
+def image_processor_for(
+    model, model_dir: Path, tokenizer: PreTrainedTokenizerBase, config: LLMConfig
+) -> MultiModalProcessor | None:
+    """The image processing of an engine's model: None for a text model; ConfigError for a
+    setting not served with images yet."""
+    image_token_id = getattr(model, "image_token_id", None)
+    if image_token_id is None:
+        return None
+    for key, on in (
+        ("enable_lora", config.enable_lora),
+        ("speculative_config", config.speculative is not None),
+    ):
+        require(not on, key, getattr(config, key), "not served with images yet")
+    settings = MultiModalConfig.of(config)
+    return MultiModalProcessor(model_dir, tokenizer, image_token_id, model.image_tokens, settings)
+
+
+def _expand(
+    ids: list[int],
+    placeholders: list[int],
+    images: Sequence[DecodedImage],
+    datas: list[dict[str, Any]],
+    counts: list[int],
+) -> tuple[list[int], list[MultiModalFeature]]:
+    """`ids` with placeholder token i repeated counts[i] times, and each image's feature."""
+    out: list[int] = []
+    features = []
+    previous = 0
+    for place, image, data, count in zip(placeholders, images, datas, counts, strict=True):
+        out += ids[previous:place]
+        features.append(MultiModalFeature(image.digest, len(out), count, data))
+        out += [ids[place]] * count
+        previous = place + 1
+    out += ids[previous:]
+    return out, features

@@ -10,8 +10,9 @@ A step takes from each image only the rows its chunk covers.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -90,8 +91,9 @@ class EncoderCache:
             self._rows -= len(dropped)
 
 
-Encode = Callable[[torch.Tensor], torch.Tensor]
-"""The model's vision encoder: pixel_values [N, 3, H, W] -> [N, tokens, hidden_size]."""
+Encode = Callable[[list[Mapping[str, Any]]], list[torch.Tensor]]
+"""The model's vision encoder: each image's processed tensors (`MultiModalFeature.data`) -> its
+placeholder embeddings [tokens, hidden_size], in one call."""
 
 
 def step_embeds(
@@ -124,16 +126,13 @@ def _encoder_outputs(
         else:
             missing[f.digest] = f
     cache.misses += len(missing)
-    by_shape: dict[tuple[int, ...], list[MultiModalFeature]] = {}
-    for f in missing.values():  # one encoder call per pixel shape
-        by_shape.setdefault(tuple(f.data["pixel_values"].shape[1:]), []).append(f)
-    for group in by_shape.values():
-        pixels = torch.cat([f.data["pixel_values"] for f in group]).to(device)
-        for f, encoded in zip(group, encode(pixels), strict=True):
-            if len(encoded) != f.length:
+    if missing:
+        encoded = encode([f.data for f in missing.values()])
+        for f, rows in zip(missing.values(), encoded, strict=True):
+            if len(rows) != f.length:
                 raise ValueError(
-                    f"an image encoded to {len(encoded)} rows for {f.length} placeholder tokens"
+                    f"an image encoded to {len(rows)} rows for {f.length} placeholder tokens"
                 )
-            outputs[f.digest] = encoded
-            cache.put(f.digest, encoded)
+            outputs[f.digest] = rows
+            cache.put(f.digest, rows)
     return outputs

@@ -357,14 +357,19 @@ class ModelRunner:
         if batch.prompt_rows is not None:
             rows = torch.cat((rows, batch.prompt_rows))
         with torch.inference_mode():
-            extra = {}
+            extra, positions = {}, batch.positions
             if batch.image_slices:
                 extra["mm_embeds"] = step_embeds(
                     batch.image_slices, self.model.encode_images, self.encoder_cache, self.device
                 )
+            rope_positions = getattr(self.model, "rope_positions", None)
+            if rope_positions is not None and batch.row_features:  # M-RoPE: [3, T]
+                step = batch.step
+                positions = rope_positions(batch.row_features, step.starts, step.q_lens)
+                positions = positions.to(self.device)
             hidden = self.model(
                 batch.input_ids,
-                batch.positions,
+                positions,
                 batch.meta,
                 self.kv_pool.layer_caches,
                 batch.lora,

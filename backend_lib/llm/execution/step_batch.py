@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from backend_lib.llm.core.multimodal import MultiModalFeature
 from backend_lib.llm.core.scheduler import ScheduledSequence
 from backend_lib.llm.core.sequence import Sequence
 from backend_lib.llm.execution.attention import AttentionMetadata
@@ -81,6 +82,9 @@ class ModelInput:
     """The host data this batch was built from (what the other tensor-parallel ranks get)."""
     image_slices: list[ImageSlice] = field(default_factory=list)
     """The image placeholder rows of the step, by image (execution/mm_embeds.py)."""
+    row_features: list[tuple[MultiModalFeature, ...]] = field(default_factory=list)
+    """Per sequence in row order, its prompt's images (empty when no sequence has any): what
+    M-RoPE positions are computed from."""
 
 
 def row_layout(
@@ -163,8 +167,11 @@ class StepBatcher:
             step = replace(step, lora=LoRAStep(adapters, [s.seq.lora_int_id for s in layout]))
         batch = self.device_input(step, plan.rows, plan.seq_ids, slot_of)
         batch.drafted = plan.drafted
-        features = [() if s.seq.request is None else s.seq.request.mm_features for s in layout]
+        features = [
+            () if s.seq.request is None else tuple(s.seq.request.mm_features) for s in layout
+        ]
         if any(features):
+            batch.row_features = features
             batch.image_slices = image_slices(features, step.starts.tolist(), step.q_lens.tolist())
         return batch
 

@@ -1,7 +1,8 @@
-"""A vision-language model (Llava: CLIP tower, projector, Llama decoder) on the engine against
-transformers' greedy `generate` on the same checkpoint and images: 1-3 images per prompt batched
-with text-only prompts, an image split across prefill chunks, prefix hits on a repeated image,
-preemption by recompute; two different images never share a prefix block."""
+"""Vision-language models on the engine (Llava: CLIP tower, projector, Llama decoder; Qwen2-VL and
+Qwen2.5-VL: dynamic-resolution towers, M-RoPE) against transformers' greedy `generate` on the same
+checkpoint and images: 1-3 images per prompt batched with text-only prompts, an image split across
+prefill chunks, prefix hits on a repeated image, preemption by recompute; two different images
+never share a prefix block."""
 
 from __future__ import annotations
 
@@ -12,36 +13,42 @@ from backend_lib.llm.core.request import EngineRequest
 from backend_lib.multimodal.images import ImageLimits, decode_image
 from tests.llm.engine_helpers import assert_pool_released, greedy, make_engine
 from tests.llm.vlm_helpers import (
+    FAMILIES,
     hf_image_greedy,
     image,
     image_request,
-    llava_checkpoint,
     run_all,
+    vlm_checkpoint,
 )
 from tests.multimodal.image_helpers import encoded
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 PROMPTS = [
-    ("USER: <image> What is this?\nASSISTANT:", 1),
-    ("USER: <image> and <image> side by side\nASSISTANT:", 2),
-    ("USER: <image><image> then <image>\nASSISTANT:", 3),
+    ("USER: {img} What is this?\nASSISTANT:", 1),
+    ("USER: {img} and {img} side by side\nASSISTANT:", 2),
+    ("USER: {img}{img} then {img}\nASSISTANT:", 3),
     ("USER: No picture here, good sir.\nASSISTANT:", 0),
     ("ROMEO: But soft, what light", 0),
 ]
 
 
-def _engine(**overrides):
-    model_dir, _, _ = llava_checkpoint()
+def _engine(family: str = "llava", **overrides):
+    model_dir, _ = vlm_checkpoint(family)
     return make_engine(model_dir, **{"max_model_len": 256, **overrides})
 
 
-def _requests(seed: int = 0, max_tokens: int = 8):
+def _prompt(template: str, family: str) -> str:
+    return template.format(img=FAMILIES[family].placeholder)
+
+
+def _requests(family: str, seed: int = 0, max_tokens: int = 8):
     requests, expected = [], {}
-    for i, (prompt, count) in enumerate(PROMPTS):
-        images = [image(seed + 10 * i + j) for j in range(count)]
+    for i, (template, count) in enumerate(PROMPTS):
+        prompt = _prompt(template, family)
+        images = [image(seed + 10 * i + j, 112 - 28 * j, 84) for j in range(count)]
         requests.append(image_request(f"r{i}", prompt, images, max_tokens))
-        expected[f"r{i}"] = hf_image_greedy(prompt, images, max_tokens)
+        expected[f"r{i}"] = hf_image_greedy(prompt, images, max_tokens, family)
     return requests, expected
 
 
@@ -49,28 +56,32 @@ def _tokens(outputs) -> dict:
     return {rid: out.outputs[0].token_ids for rid, out in outputs.items()}
 
 
-def test_images_batched_with_text_match_generate():
-    engine = _engine()
-    requests, expected = _requests()
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_images_batched_with_text_match_generate(family):
+    engine = _engine(family)
+    requests, expected = _requests(family)
     assert _tokens(run_all(engine, requests)) == expected
     assert engine.runner.encoder_cache.misses == 6  # every image encoded once
     assert_pool_released(engine)
 
 
-def test_image_split_across_prefill_chunks_and_preempted():
-    # 8-token chunks split each 16-token image; a pool of 12 blocks of 8 cannot hold every
-    # prompt with its output, so some are preempted and computed again.
-    engine = _engine(max_num_batched_tokens=8, num_blocks=12, max_model_len=96)
-    requests, expected = _requests(seed=100)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_image_split_across_prefill_chunks_and_preempted(family):
+    # 8-token chunks split the images (12 to 16 tokens each); a pool of 12 blocks of 8 cannot
+    # hold every prompt with its output, so some are preempted and computed again.
+    engine = _engine(family, max_num_batched_tokens=8, num_blocks=12, max_model_len=96)
+    requests, expected = _requests(family, seed=100)
     assert _tokens(run_all(engine, requests)) == expected
     assert engine.stats().counters.num_preemptions > 0
     assert_pool_released(engine)
 
 
-def test_repeated_image_hits_the_prefix_and_encoder_caches():
-    engine = _engine()
-    prompt, pictures = "USER: <image> and <image> again\nASSISTANT:", [image(7), image(8)]
-    expected = hf_image_greedy(prompt, pictures, 8)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_repeated_image_hits_the_prefix_and_encoder_caches(family):
+    engine = _engine(family)
+    prompt = _prompt("USER: {img} and {img} again\nASSISTANT:", family)
+    pictures = [image(7, 112, 84), image(8, 84, 112)]
+    expected = hf_image_greedy(prompt, pictures, 8, family)
     first = run_all(engine, [image_request("a", prompt, pictures, 8)])["a"]
     encoded = engine.runner.encoder_cache.misses
     second = run_all(engine, [image_request("b", prompt, pictures, 8)])["b"]
@@ -80,17 +91,20 @@ def test_repeated_image_hits_the_prefix_and_encoder_caches():
     assert_pool_released(engine)
 
 
-def test_different_images_with_equal_text_share_no_image_block():
-    # Both prompts tokenize to the same ids (the placeholders are equal); only the image hash
-    # tells their blocks apart. Were it ignored, the second would reuse the first's K/V.
-    engine = _engine()
-    prompt = "USER: <image> Tell me of it.\nASSISTANT:"
-    first = run_all(engine, [image_request("a", prompt, [image(1)], 8)])["a"]
-    second = run_all(engine, [image_request("b", prompt, [image(2)], 8)])["b"]
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_different_images_with_equal_text_share_no_image_block(family):
+    # Both prompts tokenize to the same ids (same-size images: the placeholders are equal); only
+    # the image hash tells their blocks apart. Were it ignored, the second would reuse the
+    # first's K/V.
+    engine = _engine(family)
+    prompt = _prompt("USER: {img} Tell me of it.\nASSISTANT:", family)
+    first = run_all(engine, [image_request("a", prompt, [image(1, 112, 84)], 8)])["a"]
+    second = run_all(engine, [image_request("b", prompt, [image(2, 112, 84)], 8)])["b"]
     assert first.prompt_token_ids == second.prompt_token_ids
-    assert second.outputs[0].token_ids == hf_image_greedy(prompt, [image(2)], 8)
+    assert second.outputs[0].token_ids == hf_image_greedy(prompt, [image(2, 112, 84)], 8, family)
     assert first.outputs[0].token_ids != second.outputs[0].token_ids
-    image_start = second.prompt_token_ids.index(llava_checkpoint()[1].config.image_token_id)
+    image_token = vlm_checkpoint(family)[1].config.image_token_id
+    image_start = second.prompt_token_ids.index(image_token)
     assert second.num_cached_tokens == image_start // 8 * 8  # text blocks before the image only
     assert_pool_released(engine)
 
@@ -98,8 +112,8 @@ def test_different_images_with_equal_text_share_no_image_block():
 @pytest.mark.parametrize(
     "prompt, count, message",
     [
-        ("USER: <image> <image>\nASSISTANT:", 1, "2 <image> tokens and 1 images"),
-        ("USER: <image>\nASSISTANT:", 2, "1 <image> tokens and 2 images"),
+        ("USER: <image> <image>\nASSISTANT:", 1, r"2 image placeholders \(<image>\) for 1"),
+        ("USER: <image>\nASSISTANT:", 2, r"1 image placeholders \(<image>\) for 2"),
         ("USER: <image>\nASSISTANT:", 0, "image placeholders .* but no images"),
         ("USER: <image>" * 3, 3, r"at most 2 are allowed \(limit_mm_per_prompt\)"),
     ],
@@ -140,3 +154,12 @@ def test_a_text_model_refuses_images():
     engine = make_engine(engine_checkpoint("LlamaForCausalLM")[0])
     with pytest.raises(InputError, match="takes no images"):
         engine.add(image_request("t", "hello", [image(1)], 4))
+
+
+def test_settings_not_served_with_images_yet_are_refused_at_load():
+    from backend_lib.config import ConfigError
+
+    with pytest.raises(ConfigError, match="enable_lora.*not served with images yet"):
+        _engine(enable_lora=True)
+    with pytest.raises(ConfigError, match="tensor_parallel_size.*not sharded yet"):
+        _engine(tensor_parallel_size=2)

@@ -9,11 +9,12 @@ import json
 
 import numpy as np
 import pytest
+import transformers
 
 from backend_lib.errors import InputError
 from tests.llm.engine_helpers import assert_pool_released
 from tests.llm.service_helpers import service_from_context
-from tests.llm.vlm_helpers import hf_image_greedy, image, llava_checkpoint
+from tests.llm.vlm_helpers import hf_image_greedy, image, vlm_checkpoint
 from tests.multimodal.image_helpers import encoded, png_bomb
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -37,16 +38,16 @@ def _text(service, job) -> str:
 
 @pytest.fixture(scope="module")
 def service():
-    service = service_from_context(llava_checkpoint()[0])
+    service = service_from_context(vlm_checkpoint()[0])
     yield service
     service.shutdown()
 
 
 def test_base64_and_raw_images_give_generates_text(service):
     files = [encoded(40, 30, seed=s) for s in (3, 4)]
-    _, _, processor = llava_checkpoint()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(vlm_checkpoint()[0])
     ids = hf_image_greedy(PROMPT, [image(3), image(4)], 8)
-    expected = PROMPT + processor.tokenizer.decode(ids, skip_special_tokens=True)
+    expected = PROMPT + tokenizer.decode(ids, skip_special_tokens=True)
     vllm_backend_style = [base64.b64encode(f) for f in files]
     for images in (vllm_backend_style, files):
         assert _text(service, service.submit(_inputs(images))) == expected

@@ -21,6 +21,7 @@ from backend_lib.llm.execution.models.moe import (
     Qwen3MoeForCausalLM,
 )
 from backend_lib.llm.execution.models.phi3 import Phi3ForCausalLM
+from backend_lib.llm.execution.models.qwen2_vl import Qwen2VLForConditionalGeneration
 
 MODEL_REGISTRY: dict[str, type] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -34,6 +35,8 @@ MODEL_REGISTRY: dict[str, type] = {
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
+    "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
+    "Qwen2_5_VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
 }
 """A model class, or a family whose `for_config(cfg)` makes the class of one checkpoint (the
 vision-language models: their decoder depends on the checkpoint's `text_config`)."""

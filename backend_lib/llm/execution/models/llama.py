@@ -492,13 +492,19 @@ class LlamaForCausalLM(nn.Module):
             return self.model.embed_tokens(input_ids)
         return self.tp.embed(self.model.embed_tokens.weight, input_ids, self.args.vocab_size)
 
-    def step_kernels(self, positions: torch.Tensor, meta: AttentionMetadata) -> StepKernels:
+    def step_kernels(
+        self,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        rope_cache: torch.Tensor | None = None,
+    ) -> StepKernels:
         """The kernel binding of a step (models/step_kernels.py): straight C++ op calls where
-        `cpp_ops` is set and they serve the step whole, else the `KernelOps` wrappers."""
-        eps = self.args.rms_norm_eps
+        `cpp_ops` is set and they serve the step whole, else the `KernelOps` wrappers. Rotary
+        reads row `positions[t]` of `rope_cache` (default: the model's table)."""
+        eps, rope = self.args.rms_norm_eps, self.rope_cache if rope_cache is None else rope_cache
         if self.cpp_ops is not None and CppKernels.serves(meta):
-            return CppKernels(self.cpp_ops, positions, meta, self.rope_cache, eps)
-        return OpsKernels(self.ops, positions, meta, self.rope_cache, eps)
+            return CppKernels(self.cpp_ops, positions, meta, rope, eps)
+        return OpsKernels(self.ops, positions, meta, rope, eps)
 
     def _attention(
         self,

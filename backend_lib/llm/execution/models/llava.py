@@ -29,6 +29,7 @@ from backend_lib.llm.execution.models.llama import (
     MistralForCausalLM,
     Qwen2ForCausalLM,
 )
+from backend_lib.llm.execution.models.vision_weights import VisionWeights, route
 
 TEXT_MODELS: dict[str, type[LlamaForCausalLM]] = {
     "llama": LlamaForCausalLM,
@@ -67,33 +68,7 @@ class VisionTower:
                 config.vision_config, attn_implementation="sdpa"
             )
             self.projector = LlavaMultiModalProjector(config)
-        self.tower.eval()
-        self.projector.eval()
-        self._pending = {f"vision:{n}" for n, _ in self.tower.named_parameters()}
-        self._pending |= {f"projector:{n}" for n, _ in self.projector.named_parameters()}
-
-    def load(self, name: str, tensor: torch.Tensor) -> None:
-        """Copy one tensor, `name` as `_PREFIXES` maps it ("vision:..." or "projector:...")."""
-        part, _, key = name.partition(":")
-        module = self.tower if part == "vision" else self.projector
-        params = dict(module.named_parameters())
-        if key not in params:
-            raise ValueError(f"checkpoint tensor {name!r} has no matching vision parameter")
-        if params[key].shape != tensor.shape:
-            raise ValueError(
-                f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(params[key].shape)}"
-            )
-        with torch.no_grad():
-            params[key].copy_(tensor)
-        self._pending.discard(name)
-
-    def finish_loading(self, dtype: torch.dtype) -> None:
-        """Check every parameter was loaded, then cast to the model's dtype."""
-        if self._pending:
-            missing = sorted(self._pending)[:5]
-            raise ValueError(f"vision parameters left unloaded: {missing}")
-        self.tower.to(dtype)
-        self.projector.to(dtype)
+        self.weights = VisionWeights({"vision": self.tower, "projector": self.projector})
 
     @torch.inference_mode()
     def encode(self, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -129,6 +104,10 @@ def vision_language_class(
     """`decoder` with the vision tower of `config` (a class per checkpoint: its loader builds it
     with the registry's constructor arguments)."""
     text_config = config.text_config.to_dict()
+    vision = config.vision_config
+    image_tokens = (vision.image_size // vision.patch_size) ** 2 + int(
+        config.vision_feature_select_strategy == "full"
+    )
 
     class LlavaDecoder(decoder):
         supports_tensor_parallel = False
@@ -146,29 +125,27 @@ def vision_language_class(
             super().__init__(args, ops, device, *rest)
             self.vision = VisionTower(config, torch.device(device))
 
-        def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
-            """[N, 3, H, W] -> [N, tokens, hidden_size]: each image's placeholder embeddings."""
-            return self.vision.encode(pixel_values)
+        def encode_images(self, datas: list[Mapping[str, torch.Tensor]]) -> list[torch.Tensor]:
+            """Each image's placeholder embeddings [tokens, hidden_size] from its processed
+            tensors (pixel_values [1, 3, H, W]); images of one size are encoded together."""
+            by_shape: dict[tuple[int, ...], list[int]] = {}
+            for i, data in enumerate(datas):
+                by_shape.setdefault(tuple(data["pixel_values"].shape), []).append(i)
+            out: list[torch.Tensor] = [None] * len(datas)  # type: ignore[list-item]
+            for indices in by_shape.values():
+                pixels = torch.cat([datas[i]["pixel_values"] for i in indices])
+                for i, rows in zip(indices, self.vision.encode(pixels), strict=True):
+                    out[i] = rows
+            return out
+
+        def image_tokens(self, data: Mapping[str, torch.Tensor]) -> int:
+            """Placeholder tokens of one processed image: the tower's patches (and its CLS row
+            under the "full" strategy)."""
+            return image_tokens
 
         def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-            super().load_weights(self._route(weights))
-            self.vision.finish_loading(self.model.embed_tokens.weight.dtype)
-
-        def _route(self, weights):
-            """The decoder's tensors under its own names; the vision ones to the tower."""
-            for name, tensor in weights:
-                target = _target(name)
-                if target.startswith(("vision:", "projector:")):
-                    self.vision.load(target, tensor)
-                else:
-                    yield target, tensor
+            super().load_weights(route(weights, _PREFIXES, self.vision.weights))
+            self.vision.weights.finish_loading(self.model.embed_tokens.weight.dtype)
 
     LlavaDecoder.__name__ = LlavaDecoder.__qualname__ = f"Llava{decoder.__name__}"
     return LlavaDecoder
-
-
-def _target(name: str) -> str:
-    for prefix, target in _PREFIXES:
-        if name.startswith(prefix):
-            return target + name[len(prefix) :]
-    return name
