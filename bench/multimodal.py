@@ -20,6 +20,7 @@ import io
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -37,6 +38,7 @@ NAME = "multimodal"
 HEADING = "Images: a vision-language model on the engine vs transformers generate"
 DEFAULTS = cli.Defaults("float32", threads=1, repeats=3)
 VLM_TARGET = target_of("vlm_vs_hf_generate")
+CLIP_TARGET = target_of("clip_image_embedding_vs_transformers")
 QUESTIONS = ("What is shown here?", "Describe the picture.", "Compare these.", "What colour?")
 
 
@@ -47,13 +49,23 @@ class Preset:
     pictures: int
     """Distinct images the requests draw from."""
     output_len: int
+    clip_tower: dict[str, int] | None
+    """The CLIP vision tower of the embedding half (None: the tests' tiny one)."""
+    clip_images: int
+    """Images embedded per run."""
 
+
+VIT_S = dict(hidden_size=384, intermediate_size=1536, num_hidden_layers=12, num_attention_heads=6)
+"""A ViT-S/32-shaped CLIP vision tower (22M parameters, 50 tokens per 224-pixel image)."""
+VIT_B = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12)
 
 PRESETS = {
-    "quick": Preset(LlavaSizes(), 16, 8, 8),
-    "cpu": Preset(LlavaSizes(128, 4, 112, 14, 384, 4), 16, 8, 32),
-    "cuda": Preset(LlavaSizes(512, 12, 224, 14, 1024, 12), 16, 8, 64),
+    "quick": Preset(LlavaSizes(), 16, 8, 8, None, 16),
+    "cpu": Preset(LlavaSizes(256, 4, 224, 14, 512, 6), 16, 8, 64, VIT_S, 64),
+    "cuda": Preset(LlavaSizes(512, 12, 224, 14, 1024, 12), 16, 8, 64, VIT_B, 512),
 }
+CLIP_BATCH = 32
+"""Images per transformers call (what a user batching by hand would pick)."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +136,80 @@ def hf_generate(model, processor, requests, images, output_len, batched: bool) -
     return out
 
 
+def clip_run(preset: Preset, scratch: Path, pictures: list[bytes], args, dtype: str) -> dict:
+    """CLIP image embeddings: the embedding model's path (decode within limits, the image
+    processor, micro-batched `get_image_features`; dtype auto: bfloat16 where the CPU has native
+    bfloat16) vs transformers' processor and model in float32, CLIP_BATCH images a call; and
+    ours in float32 too. Vectors checked (cosine >= 0.99999, float32) before timing."""
+    import torch
+    import transformers
+
+    from backend_lib.encoder.config import EmbeddingConfig
+    from backend_lib.encoder.image_text import ImageTextEmbedder
+    from tooling.vision_checkpoints import build_clip
+
+    tower = preset.clip_tower
+    clip_dir = build_clip(scratch / "clip", args.seed, tower, *((224, 32) if tower else ()))
+    images = [pictures[i % len(pictures)] for i in range(preset.clip_images)]
+    processor = transformers.AutoProcessor.from_pretrained(clip_dir)
+    model = transformers.CLIPModel.from_pretrained(clip_dir, dtype=torch.float32).eval()
+
+    def ours(embedder) -> Callable[[], tuple[np.ndarray, float]]:
+        def run_once() -> tuple[np.ndarray, float]:
+            started = time.perf_counter()
+            pixels = [embedder.preprocess_image(data) for data in images]
+            vectors = embedder.embed_images(pixels, normalize=False)[0]
+            return vectors, time.perf_counter() - started
+
+        return run_once
+
+    def hf() -> tuple[np.ndarray, float]:
+        started = time.perf_counter()
+        out = []
+        for start in range(0, len(images), CLIP_BATCH):
+            batch = [
+                Image.open(io.BytesIO(d)).convert("RGB") for d in images[start : start + CLIP_BATCH]
+            ]
+            inputs = processor(images=batch, return_tensors="pt")
+            with torch.inference_mode():
+                out.append(model.get_image_features(**inputs).pooler_output.numpy())
+        return np.concatenate(out), time.perf_counter() - started
+
+    embedders = {
+        name: ImageTextEmbedder.from_config(
+            EmbeddingConfig(model=str(clip_dir), dtype=kind), torch.device("cpu"), scratch
+        )
+        for name, kind in (("ours_auto", "auto"), ("ours_float32", "float32"))
+    }
+    reference, _ = hf()
+    check, _ = ours(embedders["ours_float32"])()
+    cosines = np.sum(_unit(check) * _unit(reference), axis=1)
+    if cosines.min() < 0.99999:
+        raise SystemExit(f"CLIP vectors differ from transformers' (cosine {cosines.min():.6f})")
+    systems = {name: ours(e) for name, e in embedders.items()} | {"transformers": hf}
+    seconds, _ = time_interleaved(systems, args.repeats)
+    ratio = {
+        name: [h / o for o, h in zip(seconds[name], seconds["transformers"], strict=True)]
+        for name in embedders
+    }
+    return {
+        "vision_tower": tower or "tiny",
+        "images": len(images),
+        "dtype_auto": str(embedders["ours_auto"].model.dtype),
+        "min_cosine_float32": float(cosines.min()),
+        "seconds": seconds,
+        "images_per_second": {
+            name: statistics.median(len(images) / s for s in v) for name, v in seconds.items()
+        },
+        "ratio_auto": spread(ratio["ours_auto"]),
+        "ratio_float32": spread(ratio["ours_float32"]),
+    }
+
+
+def _unit(vectors: np.ndarray) -> np.ndarray:
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
 def run(args: argparse.Namespace, model_dir: Path) -> dict:
     import torch
     import transformers
@@ -176,6 +262,7 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict:
     fidelity["hf_generate_batched_agreement"] = agreement(alone, outputs["hf_generate"])
     tokens = preset.requests * preset.output_len
     ratios = [h / e for e, h in zip(seconds["engine"], seconds["hf_generate"], strict=True)]
+    clip = clip_run(preset, model_dir.parent, pictures, args, dtype)
     return {
         "device": str(device),
         "dtype": dtype,
@@ -196,9 +283,11 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict:
         "vlm_ratio": spread(ratios),
         "encoder_cache_hit_rate": statistics.median(cache_rates),
         "fidelity": fidelity,
+        "clip": clip,
         "summary": {
             "vlm_vs_hf_generate": statistics.median(ratios),
             "encoder_cache_hit_rate": statistics.median(cache_rates),
+            "clip_image_embedding_vs_transformers": clip["ratio_auto"]["median"],
         },
     }
 
@@ -220,6 +309,29 @@ def report(result: dict) -> list[str]:
         f"Encoder cache hit rate: {result['encoder_cache_hit_rate']:.2f} (each distinct picture "
         "encoded once).",
         summary_line("vlm_vs_hf_generate", ratio, VLM_TARGET.text, VLM_TARGET.met(ratio)),
+        "",
+        *clip_report(result["clip"]),
+    ]
+
+
+def clip_report(clip: dict) -> list[str]:
+    rates, auto = clip["images_per_second"], clip["ratio_auto"]["median"]
+    return [
+        f"CLIP image embeddings, {clip['images']} images (vision tower {clip['vision_tower']}): "
+        f"the embedding model's path vs transformers' processor and `get_image_features` "
+        f"({CLIP_BATCH} a call, float32); vectors equal (cosine >= "
+        f"{clip['min_cosine_float32']:.6f} in float32).",
+        "",
+        "| system | images/s (median) |",
+        "|---|---|",
+        f"| ours, dtype auto ({clip['dtype_auto']}) | {rates['ours_auto']:.1f} |",
+        f"| ours, float32 | {rates['ours_float32']:.1f} |",
+        f"| transformers, float32 | {rates['transformers']:.1f} |",
+        "",
+        f"Ours in float32 vs transformers: {clip['ratio_float32']['median']:.2f}x.",
+        summary_line(
+            "clip_image_embedding_vs_transformers", auto, CLIP_TARGET.text, CLIP_TARGET.met(auto)
+        ),
     ]
 
 

@@ -100,6 +100,12 @@ TARGETS = (
         "generate, same Llava checkpoint, prompts and images",
     ),
     Target(
+        "clip_image_embedding_vs_transformers",
+        1.5,
+        "CLIP image embeddings/s, the embedding model (dtype auto) vs transformers' processor and "
+        "get_image_features in float32, 32 images a call",
+    ),
+    Target(
         "kv_offload_ttft_p50_ratio",
         3.0,
         "median time to first token, offload tier off over on, multi-turn agents sharing a system "

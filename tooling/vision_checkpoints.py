@@ -41,9 +41,17 @@ CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 
 
-def build_clip(out_dir: Path, seed: int = 0) -> Path:
+def build_clip(
+    out_dir: Path,
+    seed: int = 0,
+    vision: dict[str, int] | None = None,
+    image_size: int = IMAGE_SIZE,
+    patch_size: int = PATCH_SIZE,
+) -> Path:
     """A random CLIPModel (projection 16, 77 text positions, 32-pixel images: 16 patches and a
-    class token) with its tokenizer and image processor, saved to `out_dir`; returns it."""
+    class token) with its tokenizer and image processor, saved to `out_dir`; returns it.
+    `vision`, `image_size`, `patch_size`: a larger vision tower (the benchmarks'), whose weights
+    keep transformers' initialisation."""
     out_dir = Path(out_dir)
     tokenizer = _clip_tokenizer()
     tokenizer.save_pretrained(out_dir)
@@ -54,20 +62,20 @@ def build_clip(out_dir: Path, seed: int = 0) -> Path:
     )
     config = transformers.CLIPConfig(
         text_config=dict(TOWER, vocab_size=len(tokenizer), max_position_embeddings=77, **special),
-        vision_config=dict(TOWER, image_size=IMAGE_SIZE, patch_size=PATCH_SIZE),
+        vision_config=dict(vision or TOWER, image_size=image_size, patch_size=patch_size),
         projection_dim=16,
     )
-    _save_model(transformers.CLIPModel, config, out_dir, seed)
+    _save_model(transformers.CLIPModel, config, out_dir, seed, randomize=vision is None)
     _write_json(
         out_dir / "preprocessor_config.json",
         {
             "image_processor_type": "CLIPImageProcessor",
             "processor_class": "CLIPProcessor",
             "do_resize": True,
-            "size": {"shortest_edge": IMAGE_SIZE},
+            "size": {"shortest_edge": image_size},
             "resample": 3,
             "do_center_crop": True,
-            "crop_size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+            "crop_size": {"height": image_size, "width": image_size},
             "do_rescale": True,
             "rescale_factor": 1 / 255,
             "do_normalize": True,
@@ -115,10 +123,11 @@ def build_siglip(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
-def _save_model(cls: type, config: Any, out_dir: Path, seed: int) -> None:
+def _save_model(cls: type, config: Any, out_dir: Path, seed: int, randomize: bool = True) -> None:
     torch.manual_seed(seed)
     model = cls(config)
-    randomize_(model, seed)
+    if randomize:
+        randomize_(model, seed)
     model.save_pretrained(out_dir)
 
 

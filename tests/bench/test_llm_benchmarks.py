@@ -174,3 +174,18 @@ def test_kv_routing(quick_suite):
         assert len(result["ttft_seconds"][policy]) == requests * result["repeats"]
         assert 0 <= result["hit_ratio"][policy] <= 1
     assert all(f["passed"] and f["exact_required"] for f in result["fidelity"].values())
+
+
+def test_multimodal(quick_suite):
+    """The engine's tokens equal transformers' generate for every image request before timing;
+    repeated pictures hit the encoder cache (8 distinct pictures over 21 images); CLIP vectors
+    equal transformers'."""
+    keys = {"vlm_vs_hf_generate", "encoder_cache_hit_rate", "clip_image_embedding_vs_transformers"}
+    result = quick_result(quick_suite, "multimodal", keys, plots=0, against_target=True)
+    fidelity = result["fidelity"]
+    assert fidelity["exact_required"] and fidelity["agreement"]["engine"]["requests"] == 1.0
+    w = result["workload"]
+    # Each picture encoded once; a picture split over prefill chunks counts a hit per later chunk.
+    assert 1 - w["pictures"] / w["images"] <= result["encoder_cache_hit_rate"] < 1
+    assert result["clip"]["min_cosine_float32"] >= 0.99999
+    assert all(rate > 0 for rate in result["clip"]["images_per_second"].values())
