@@ -157,9 +157,7 @@ class InputProcessor:
         if not request.images:
             self.images.check_text_only(ids)
             return ids, request
-        if request.prompt_token_ids is not None:
-            raise InputError("a prompt with images must be text (prompt_token_ids take none)")
-        ids, features = self.images.process(request.prompt, request.images)
+        ids, features = self.images.process(ids, request.images)
         # The decoded pictures are dropped here: the request keeps only the processed tensors.
         return ids, dataclasses.replace(request, mm_features=tuple(features), images=())
 

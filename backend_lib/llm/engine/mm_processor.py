@@ -1,6 +1,6 @@
-"""A vision-language model's prompt processing: prompt text with one image placeholder token per
-image, and decoded images, in; token ids with each placeholder expanded to its image's tokens, and
-one `MultiModalFeature` per image, out.
+"""A vision-language model's prompt processing: the prompt's token ids with one image placeholder
+token per image (the tokenized text, or ids as given), and decoded images, in; the ids with each
+placeholder expanded to its image's tokens, and one `MultiModalFeature` per image, out.
 
 The images go through the checkpoint's own image processor (preprocessor_config.json: resize,
 crop, normalisation; transformers' PIL backend), one at a time, and the model says how many
@@ -13,7 +13,6 @@ that request.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -48,28 +47,22 @@ class MultiModalProcessor:
         self.image_processor = transformers.AutoImageProcessor.from_pretrained(
             str(model_dir), backend="pil", **HF_OFFLINE_KWARGS
         )
-        self.tokenizer, self.image_token_id, self.image_tokens = (
-            tokenizer,
-            image_token_id,
-            image_tokens,
-        )
+        self.image_token_id, self.image_tokens = image_token_id, image_tokens
         self.image_token = tokenizer.convert_ids_to_tokens(image_token_id)
+        """The placeholder as text, for error messages."""
         self.config = config
         check_processor_fits(self.image_processor, config.limits)
-        self._lock = threading.Lock()  # the tokenizer is not reentrant
 
     def process(
-        self, prompt: str, images: Sequence[DecodedImage]
+        self, ids: list[int], images: Sequence[DecodedImage]
     ) -> tuple[list[int], list[MultiModalFeature]]:
-        """Token ids of `prompt` with its images' placeholders expanded, and the images' features
-        in prompt order."""
+        """The prompt's token ids with its images' placeholders expanded, and the images'
+        features in prompt order."""
         if len(images) > self.config.max_images:
             raise InputError(
                 f"the prompt has {len(images)} images; at most {self.config.max_images} are "
                 "allowed (limit_mm_per_prompt)"
             )
-        with self._lock:
-            ids = self.tokenizer(prompt)["input_ids"]
         placeholders = [p for p, token in enumerate(ids) if token == self.image_token_id]
         if len(placeholders) != len(images):
             raise InputError(

@@ -6,12 +6,14 @@ never share a prefix block."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+import transformers
 
 from backend_lib.errors import InputError
-from backend_lib.llm.core.request import EngineRequest
 from backend_lib.multimodal.images import ImageLimits, decode_image
-from tests.llm.engine_helpers import assert_pool_released, greedy, make_engine
+from tests.llm.engine_helpers import assert_pool_released, make_engine
 from tests.llm.vlm_helpers import (
     FAMILIES,
     hf_image_greedy,
@@ -140,12 +142,19 @@ def test_a_thin_strip_is_refused_before_it_is_resized():
     assert_pool_released(engine)
 
 
-def test_token_id_prompts_take_no_images():
-    engine = _engine()
-    with pytest.raises(InputError, match="must be text"):
-        engine.add(
-            EngineRequest("t", None, greedy(4), prompt_token_ids=[1, 5, 6], images=(image(1),))
-        )
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_token_id_prompt_takes_images_too(family):
+    # The ids as the tokenizer gives them, one placeholder token per image.
+    model_dir, _ = vlm_checkpoint(family)
+    prompt = _prompt("USER: {img} and {img}\nASSISTANT:", family)
+    ids = transformers.AutoTokenizer.from_pretrained(model_dir)(prompt)["input_ids"]
+    pictures = [image(3, 112, 84), image(4, 56, 84)]
+    engine = _engine(family)
+    request = replace(image_request("t", "", pictures, 8), prompt=None, prompt_token_ids=ids)
+    assert run_all(engine, [request])["t"].outputs[0].token_ids == hf_image_greedy(
+        prompt, pictures, 8, family
+    )
+    assert_pool_released(engine)
 
 
 def test_a_text_model_refuses_images():
