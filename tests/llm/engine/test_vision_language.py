@@ -172,3 +172,25 @@ def test_settings_not_served_with_images_yet_are_refused_at_load():
         _engine(enable_lora=True)
     with pytest.raises(ConfigError, match="tensor_parallel_size.*not sharded yet"):
         _engine(tensor_parallel_size=2)
+
+
+def test_64_image_requests_at_the_pixel_limit_hold_only_processed_tensors():
+    # Memory per queued image request is its processed tensors (a 28 x 28 crop here), never the
+    # decoded picture at the pixel limit; the encoder cache stays within its rows.
+    limit = 512 * 512
+    engine = _engine(max_image_pixels=limit, encoder_cache_size=64, max_num_seqs=8)
+    limits = ImageLimits(max_image_pixels=limit)
+    prompt = "USER: <image> What is it?\nASSISTANT:"
+    pictures = [decode_image(encoded(512, 512, seed=s), limits) for s in range(64)]
+    requests = [image_request(f"r{i}", prompt, [p], 2) for i, p in enumerate(pictures)]
+    for request in requests:
+        engine.add(request)
+    queued = [seq.request for seq in engine.scheduler.waiting]
+    assert len(queued) == 64 and all(r.images == () for r in queued)
+    held = sum(t.nbytes for r in queued for f in r.mm_features for t in f.data.values())
+    assert held == 64 * 3 * 28 * 28 * 4  # float32 pixel values, nothing else
+    outputs = run_all(engine, [])
+    assert len(outputs) == 64
+    cache = engine.runner.encoder_cache
+    assert cache.misses == 64 and len(cache) <= 64 // 16  # 16 rows an image, 64 rows kept
+    assert_pool_released(engine)
