@@ -39,7 +39,7 @@ class MultiModalConfig:
     def of(cls, settings: MultiModalSettings) -> MultiModalConfig:
         return cls(
             _max_images(settings.limit_mm_per_prompt),
-            ImageLimits(settings.max_image_bytes, settings.max_image_pixels),
+            _limits(settings),
             _encoder_cache_size(settings),
         )
 
@@ -68,16 +68,13 @@ def _max_images(value: str) -> int:
     return count
 
 
+def _limits(settings: MultiModalSettings) -> ImageLimits:
+    for key in ("max_image_pixels", "max_image_bytes"):
+        require(getattr(settings, key) >= 1, key, getattr(settings, key), "must be >= 1")
+    return ImageLimits(settings.max_image_bytes, settings.max_image_pixels)
+
+
 def _encoder_cache_size(settings: MultiModalSettings) -> int:
-    require(
-        settings.max_image_pixels >= 1,
-        "max_image_pixels",
-        settings.max_image_pixels,
-        "must be >= 1",
-    )
-    require(
-        settings.max_image_bytes >= 1, "max_image_bytes", settings.max_image_bytes, "must be >= 1"
-    )
     size = settings.encoder_cache_size
     require(size >= 0, "encoder_cache_size", size, "must be >= 0 (0: auto)")
     return size or max(settings.max_num_batched_tokens, 8192)

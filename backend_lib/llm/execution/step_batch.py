@@ -10,6 +10,7 @@ rank turns a `StepInput` into the same device batch (`device_input`).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -82,7 +83,7 @@ class ModelInput:
     """The host data this batch was built from (what the other tensor-parallel ranks get)."""
     image_slices: list[ImageSlice] = field(default_factory=list)
     """The image placeholder rows of the step, by image (execution/mm_embeds.py)."""
-    row_features: list[tuple[MultiModalFeature, ...]] = field(default_factory=list)
+    row_features: list[Seq[MultiModalFeature]] = field(default_factory=list)
     """Per sequence in row order, its prompt's images (empty when no sequence has any): what
     M-RoPE positions are computed from."""
 
@@ -167,9 +168,7 @@ class StepBatcher:
             step = replace(step, lora=LoRAStep(adapters, [s.seq.lora_int_id for s in layout]))
         batch = self.device_input(step, plan.rows, plan.seq_ids, slot_of)
         batch.drafted = plan.drafted
-        features = [
-            () if s.seq.request is None else tuple(s.seq.request.mm_features) for s in layout
-        ]
+        features = [() if s.seq.request is None else s.seq.request.mm_features for s in layout]
         if any(features):
             batch.row_features = features
             batch.image_slices = image_slices(features, step.starts.tolist(), step.q_lens.tolist())

@@ -40,7 +40,6 @@ from backend_lib.llm.engine.fault_injection import PromptMarkerFaults
 from backend_lib.llm.engine.llm_engine import LLMEngine
 from backend_lib.llm.execution.workers import WorkerDied
 from backend_lib.llm.lora.registry import read_multi_lora
-from backend_lib.llm.multimodal_config import MultiModalConfig
 from backend_lib.llm.serving.engine_loop import EngineLoop, OutputStream
 from backend_lib.llm.serving.kv_event_publisher import KVEventStream
 from backend_lib.llm.serving.metrics import LLMMetrics
@@ -204,7 +203,9 @@ class LLMService:
             max_prompt_bytes=self.config.max_prompt_bytes,
             max_logprobs=self.config.max_logprobs,
             max_n=self.config.max_n,
-            multimodal=MultiModalConfig.of(self.config),
+            multimodal=None
+            if self.engine.inputs.images is None
+            else self.engine.inputs.images.config,
         )
         params = request.params
         _check_max_tokens(params.max_tokens, self.engine.max_model_len)

@@ -30,7 +30,6 @@ from backend_lib.contract import (
     TEXT_INPUT,
 )
 from backend_lib.errors import InputError
-from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.sampling_params import SamplingParams, parse_float, parse_int
 from backend_lib.llm.multimodal_config import MultiModalConfig
 from backend_lib.multimodal.image_sources import image_input_bytes
@@ -96,7 +95,7 @@ def parse_generate_request(
     multimodal: MultiModalConfig | None = None,
 ) -> GenerateRequest:
     """Read one request's tensors; InputError names the offending input or field. `multimodal`:
-    the image limits (None: the defaults)."""
+    the model's image settings (None: it takes no images)."""
     (prompt,) = _single(read_strings(inputs, TEXT_INPUT, max_bytes=max_prompt_bytes), TEXT_INPUT)
     token_ids = _prompt_token_ids(inputs)
     if token_ids is not None and prompt:
@@ -141,14 +140,17 @@ def parse_generate_request(
         priority,
         deadline_ms,
         tenant,
-        _images(inputs, multimodal or MultiModalConfig.of(LLMConfig())),
+        _images(inputs, multimodal),
     )
 
 
-def _images(inputs: Inputs, settings: MultiModalConfig) -> tuple[DecodedImage, ...]:
-    """The `image` input's images, counted before any is decoded."""
+def _images(inputs: Inputs, settings: MultiModalConfig | None) -> tuple[DecodedImage, ...]:
+    """The `image` input's images, counted before any is decoded (refused at once by a model
+    that takes none)."""
     if IMAGE not in inputs:
         return ()
+    if settings is None:
+        raise InputError("this model takes no images (it is not a vision-language model)")
     values = np.asarray(inputs[IMAGE], dtype=object).reshape(-1)
     if len(values) > settings.max_images:
         raise InputError(
