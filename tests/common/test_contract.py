@@ -178,3 +178,11 @@ def test_facts_round_trip():
 def test_malformed_facts_are_refused(text):
     with pytest.raises(ValueError):
         contract.ModelFacts.from_json(text)
+
+
+def test_facts_carry_the_image_limits_and_refuse_bad_ones():
+    facts = contract.ModelFacts(2048, max_images=4, max_image_bytes=1024)
+    assert contract.ModelFacts.from_json(facts.to_json()) == facts
+    for bad in ('{"max_images": -1}', '{"max_image_bytes": "big"}', '{"max_images": true}'):
+        with pytest.raises(ValueError, match="must be an integer >= 0"):
+            contract.ModelFacts.from_json(bad)

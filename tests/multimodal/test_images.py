@@ -78,3 +78,32 @@ def test_a_decompression_bomb_is_refused_without_decoding_it(max_pixels):
     finally:
         tracemalloc.stop()
     assert peak < 10 * 2**20  # nothing near the 2.7 GB the pixels would take
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("limit_mm_per_prompt", "{image: 2}", "not JSON"),
+        ("limit_mm_per_prompt", '{"video": 1}', '"image" only'),
+        ("limit_mm_per_prompt", '{"image": -1}', "integer >= 0"),
+        ("max_image_pixels", 0, "must be >= 1"),
+        ("max_image_bytes", 0, "must be >= 1"),
+        ("encoder_cache_size", -1, "must be >= 0"),
+    ],
+)
+def test_llm_image_settings_are_checked_naming_the_field(field, value, message):
+    from backend_lib.config import ConfigError
+    from backend_lib.llm.config import LLMConfig
+
+    with pytest.raises(ConfigError, match=rf"{field}.*{message}"):
+        LLMConfig(model="m", **{field: value}).validate()
+
+
+def test_frontend_media_directory_must_exist(tmp_path):
+    from openai_frontend.config import FrontendConfig, FrontendConfigError
+
+    with pytest.raises(FrontendConfigError, match="allowed_local_media_path.*not a directory"):
+        FrontendConfig(allowed_local_media_path=tmp_path / "missing")
+    assert (
+        FrontendConfig(allowed_local_media_path=tmp_path).image_fetch_policy().local_dir == tmp_path
+    )
