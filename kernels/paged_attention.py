@@ -9,6 +9,14 @@ Inputs (shared by the PyTorch and Triton paths):
       logical block i of sequence b to a cache block (entries past ceil(seq_len/block_size) are never used).
 The new tokens' K/V must already be in the cache (write_kv_cache first). Causal: position p attends keys
 <= p, and > p - sliding_window when set. GQA: query head h reads kv head h // (Hq // Hkv).
+visible_until [T] int32 (optional, keyword; rows as q): the last key position each new token
+attends to, for spans attended both ways (a Gemma 3 image's tokens): a span's tokens get the
+position of its last token, every other token its own (None: all their own, plain causal). Always
+< seq_lens[b]: the caller keeps whole spans in a step's context (chunked prefill never ends a chunk
+inside one), so a single new token's limit is its own position. The window still counts back from
+the token's own position p: key k is visible iff k <= visible_until[t] and (no window or
+k > p - sliding_window), as transformers' Gemma 3 masks (full layers: causal OR same image; sliding
+layers: window AND (causal OR same image)).
 softcap (Gemma's attention logit soft-capping), when set: each scaled score s becomes
 tanh(s / softcap) * softcap before the softmax.
 Cache slots outside every context must hold finite values (allocate the pool zeroed): the torch
@@ -22,8 +30,9 @@ the PyTorch path dequantizes the context it gathers.
 PyTorch path (CPU production, reference): single-token queries are grouped by context length (so
 padding to a group's longest wastes little) and each group shares one batched gather and one masked
 SDPA call, its GQA query heads folded into query rows; each longer chunk gets its own SDPA call with
-a causal mask offset by its prefix. The grouping (a `TorchAttentionPlan`) depends only on the batch
-metadata: the engine builds it once per step and every layer reuses it.
+a causal mask offset by its prefix, its upper bound visible_until when given (decode groups need
+none: a single new token's limit is its own position). The grouping (a `TorchAttentionPlan`)
+depends only on the batch metadata: the engine builds it once per step and every layer reuses it.
 
 C++ path (CPU production, `paged_attention_cpu`: the "torch" backend on CPU when
 kernels/csrc/paged_attention_cpu.cpp is built, see kernels/cpu_extension.py): work items like the
@@ -34,15 +43,17 @@ with an online softmax and accumulation in float32, in q's dtype out (float32, b
 on a CPU with AVX512-BF16, bfloat16 scores and P @ V go through its dot product (P rounded to
 bfloat16 for it, as GPU kernels do); items spread over torch's intra-op threads. The plan routes
 each sequence: decodes and short chunks to the op, long chunks after a cached prefix to the SDPA
-call above, whose GEMMs win there (`_native_takes` has the measured rule). Without the library (no
+call above, whose GEMMs win there (`_native_takes` has the measured rule); the op is causal only,
+so a sequence with a bidirectional span (visible_until) goes to SDPA too. Without the library (no
 compiler at setup, another torch) everything goes through the PyTorch path.
 
 Triton path: ONE unified kernel for prefill chunks and decodes alike, so a mixed batch is one launch.
 A program owns one query tile of one sequence and one kv head: BLOCK_M rows = BLOCK_Q consecutive new
 tokens x the G query heads sharing that kv head, so each K/V tile is loaded once per GQA group. It
-walks the keys visible to the tile (causal, optional sliding window) BLOCK_N at a time, looking each
-key's cache block up in the block table (any block_size), with an online softmax in float32 (exp2
-domain: scale is pre-multiplied by log2 e). head_dim is padded to a power of two with masks.
+walks the keys visible to the tile (causal or up to visible_until, optional sliding window)
+BLOCK_N at a time, looking each key's cache block up in the block table (any block_size), with an
+online softmax in float32 (exp2 domain: scale is pre-multiplied by log2 e). head_dim is padded to a
+power of two with masks.
 Tiles are numbered without a host sync: sequence b's tiles start at query_start_loc[b] // BLOCK_Q + b,
 an upper bound on the tiles before it, so the grid is T // BLOCK_Q + B tiles; a program finds its
 sequence by binary search and spare programs exit at once.
@@ -131,6 +142,8 @@ class TorchAttentionPlan:
     block_size: int
     native_seqs: torch.Tensor | None = None
     """int32 indices of the sequences left to the C++ op (`paged_attention_cpu`); None: none."""
+    limits: bool = False
+    """Built with `visible_until`: no sequence with a bidirectional span is in `native_seqs`."""
     _masks: dict[int | None, list[torch.Tensor]] = field(default_factory=dict)
 
     def decode_masks(self, sliding_window: int | None) -> list[torch.Tensor]:
@@ -157,10 +170,13 @@ def plan_paged_attention_torch(
     k_cache: torch.Tensor,
     *,
     native: bool = False,
+    visible_until: torch.Tensor | None = None,
 ) -> TorchAttentionPlan:
     """The SDPA calls of `paged_attention_torch` for this batch (arguments as there; any layer's
     k_cache, for its shape): decodes in groups of similar context length, every longer chunk alone.
-    `native`: the sequences `_native_takes` are left out, listed in `native_seqs` for the C++ op."""
+    `native`: the sequences `_native_takes` are left out, listed in `native_seqs` for the C++ op,
+    except those with a bidirectional span in `visible_until` (the op is causal; one host copy).
+    Raises ValueError for a single new token whose limit is not its own position."""
     num_seqs = seq_lens.shape[0]
     num_blocks, block_size = k_cache.shape[:2]
     # One host copy of the metadata: grouping needs plain ints.
@@ -173,6 +189,11 @@ def plan_paged_attention_torch(
 
     query_lens = [starts[b + 1] - starts[b] for b in range(num_seqs)]
     to_op = [b for b in range(num_seqs) if native and _native_takes(query_lens[b], context_lens[b])]
+    if visible_until is not None:
+        spans = _bidirectional_seqs(visible_until, starts, context_lens)
+        if any(query_lens[b] == 1 for b in spans):
+            raise ValueError("visible_until: a single new token sees up to its own position only")
+        to_op = [b for b in to_op if b not in spans]
     own = sorted(set(range(num_seqs)).difference(to_op))
     decode_seqs = [b for b in own if query_lens[b] == 1]
     groups = []
@@ -202,7 +223,22 @@ def plan_paged_attention_torch(
         if query_lens[b] > 1
     ]
     native_seqs = torch.tensor(to_op, dtype=torch.int32) if native else None
-    return TorchAttentionPlan(groups, prefills, block_size, native_seqs)
+    return TorchAttentionPlan(
+        groups, prefills, block_size, native_seqs, limits=visible_until is not None
+    )
+
+
+def _bidirectional_seqs(
+    visible_until: torch.Tensor, starts: list[int], context_lens: list[int]
+) -> set[int]:
+    """The sequences with a new token whose `visible_until` is not its own position (one host
+    copy); starts, context_lens: query_start_loc and seq_lens as ints."""
+    bounds = torch.tensor(starts)
+    seqs = torch.arange(len(context_lens)).repeat_interleave(bounds.diff())
+    # Row r of sequence b sits at position r + seq_lens[b] - query_start_loc[b + 1].
+    offsets = torch.tensor(context_lens, dtype=torch.long) - bounds[1:]
+    own = torch.arange(starts[-1]) + offsets[seqs]
+    return set(seqs[visible_until[: starts[-1]].cpu() != own].tolist())
 
 
 def _sdpa(
@@ -273,18 +309,20 @@ def _prefill_attention_torch(
     softcap: float | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    visible_until: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One sequence's chunk q [L, Hq, D] whose last token is at position context_len - 1."""
+    """One sequence's chunk q [L, Hq, D] whose last token is at position context_len - 1;
+    visible_until [L] int: each token's last visible key position (None: its own)."""
     query_len = q.shape[0]
     keys = _gather_kv(k_cache, k_scale, block_ids, q.dtype)[:context_len]  # [S, Hkv, D]
     values = _gather_kv(v_cache, v_scale, block_ids, q.dtype)[:context_len]
 
     mask = None
-    if sliding_window is not None or query_len != context_len:
+    if sliding_window is not None or query_len != context_len or visible_until is not None:
         # Causal mask offset by the cached prefix: query i sits at position context_len - L + i.
         query_pos = torch.arange(context_len - query_len, context_len, device=q.device)[:, None]
         key_pos = torch.arange(context_len, device=q.device)[None, :]
-        mask = key_pos <= query_pos
+        mask = key_pos <= (query_pos if visible_until is None else visible_until[:, None])
         if sliding_window is not None:
             mask &= key_pos > query_pos - sliding_window
     out = _sdpa(
@@ -313,18 +351,23 @@ def paged_attention_torch(
     softcap: float | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    visible_until: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of the new tokens q [T, Hq, D] over their cached context; returns out [T, Hq, D]
     in q's dtype (written into `out` when given). The engine's CPU path: single-token queries in
     groups of similar context length, one batched gather + masked SDPA per group; every longer chunk
     through its own SDPA call with a causal mask offset by its cached prefix. `plan`: this batch's
     `plan_paged_attention_torch` (built here when not given); rows it leaves to the C++ op
-    (`native_seqs`) are not written. k_scale, v_scale: an 8-bit cache's scales (module docstring)."""
+    (`native_seqs`) are not written. k_scale, v_scale: an 8-bit cache's scales; visible_until [T]
+    int32: each token's last visible key (module docstring; decode groups take their own position,
+    the only one the contract allows a single new token: a plan built with visible_until checks)."""
     _check_cache_scales(k_cache, k_scale, v_scale)
     if out is None:
         out = torch.empty_like(q)
     if plan is None:
-        plan = plan_paged_attention_torch(query_start_loc, seq_lens, block_tables, k_cache)
+        plan = plan_paged_attention_torch(
+            query_start_loc, seq_lens, block_tables, k_cache, visible_until=visible_until
+        )
     for group, visible in zip(plan.decode_groups, plan.decode_masks(sliding_window), strict=True):
         out[group.rows] = _decode_attention_torch(
             q[group.rows],
@@ -350,6 +393,7 @@ def paged_attention_torch(
             softcap,
             k_scale,
             v_scale,
+            None if visible_until is None else visible_until[rows],
         ).to(out.dtype)
     return out
 
@@ -394,12 +438,19 @@ def plan_paged_attention_cpu(
     seq_lens: torch.Tensor,
     block_tables: torch.Tensor,
     k_cache: torch.Tensor,
+    *,
+    visible_until: torch.Tensor | None = None,
 ) -> TorchAttentionPlan:
     """The plan of `paged_attention_cpu`: the chunks `_native_takes` to the C++ op when it is loaded
-    and the cache is a CPU one of a dtype it handles, the rest as `plan_paged_attention_torch` splits
-    them."""
+    and the cache is a CPU one of a dtype it handles (but no sequence with a bidirectional span in
+    `visible_until`), the rest as `plan_paged_attention_torch` splits them."""
     return plan_paged_attention_torch(
-        query_start_loc, seq_lens, block_tables, k_cache, native=_native_usable(k_cache)
+        query_start_loc,
+        seq_lens,
+        block_tables,
+        k_cache,
+        native=_native_usable(k_cache),
+        visible_until=visible_until,
     )
 
 
@@ -418,13 +469,19 @@ def paged_attention_cpu(
     softcap: float | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    visible_until: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`paged_attention_torch`'s contract, the "torch" backend's entry: the C++ op for the rows the
-    plan (`plan_paged_attention_cpu`, built here when not given) leaves to it, SDPA for the rest."""
+    plan (`plan_paged_attention_cpu`, built here when not given; with visible_until, built with it
+    too) leaves to it, SDPA for the rest."""
     if out is None:
         out = torch.empty_like(q)
     if plan is None:
-        plan = plan_paged_attention_cpu(query_start_loc, seq_lens, block_tables, k_cache)
+        plan = plan_paged_attention_cpu(
+            query_start_loc, seq_lens, block_tables, k_cache, visible_until=visible_until
+        )
+    if visible_until is not None and plan.native_seqs is not None and not plan.limits:
+        raise ValueError("visible_until needs a plan built with it (the C++ op is causal)")
     if plan.native_seqs is not None:
         tensors = (q, k_cache, v_cache, out)
         scales = () if k_scale is None else (k_scale, v_scale)
@@ -449,7 +506,9 @@ def paged_attention_cpu(
                 **({"k_scale": k_scale, "v_scale": v_scale} if scales else {}),
             )
         else:  # a layout the op does not take (mixed dtypes): all through PyTorch
-            plan = plan_paged_attention_torch(query_start_loc, seq_lens, block_tables, k_cache)
+            plan = plan_paged_attention_torch(
+                query_start_loc, seq_lens, block_tables, k_cache, visible_until=visible_until
+            )
     return paged_attention_torch(
         q,
         k_cache,
@@ -464,6 +523,7 @@ def paged_attention_cpu(
         softcap=softcap,
         k_scale=k_scale,
         v_scale=v_scale,
+        visible_until=visible_until,
     )
 
 
@@ -515,6 +575,7 @@ def _paged_attention_kernel(
     stride_scale_block,
     stride_scale_token,
     stride_scale_head,
+    visible_until_ptr,
     NUM_GROUPS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -527,6 +588,7 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     QUANTIZED: tl.constexpr = False,
     FP8: tl.constexpr = False,
+    HAS_LIMITS: tl.constexpr = False,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -558,6 +620,12 @@ def _paged_attention_kernel(
 
     # Keys visible to any row of the tile, then this split's share of them.
     kv_end = first_pos + tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len)
+    last_key = query_pos  # each row's last visible key
+    if HAS_LIMITS:
+        last_key = tl.load(visible_until_ptr + row_offset, mask=row_valid, other=0)
+        last_key = tl.where(row_valid, last_key, query_pos)
+        # Clamped to the context: a limit past it (against the contract) reads no stray block.
+        kv_end = tl.minimum(tl.max(tl.where(row_valid, last_key + 1, 0), axis=0), context_len)
     kv_begin = 0
     if USE_WINDOW:
         kv_begin = tl.maximum(first_pos + q_tile * BLOCK_Q - sliding_window + 1, 0)
@@ -604,7 +672,7 @@ def _paged_attention_kernel(
             # tanh(y) = 2 sigmoid(2y) - 1 (no tanh in every backend).
             capped = softcap * (2.0 * tl.sigmoid(2.0 * scores / softcap) - 1.0)
             scores = capped * 1.4426950408889634
-        visible = key_valid[None, :] & (key_pos[None, :] <= query_pos[:, None])
+        visible = key_valid[None, :] & (key_pos[None, :] <= last_key[:, None])
         if USE_WINDOW:
             visible = visible & (key_pos[None, :] > query_pos[:, None] - sliding_window)
         scores = tl.where(visible, scores, float("-inf"))
@@ -745,9 +813,11 @@ def paged_attention_triton(
     softcap: float | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    visible_until: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Triton version of `paged_attention_torch` (same contract). `num_kv_splits` forces the
-    split-KV path (>1) or turns it off (1); by default it is chosen from the shapes. No host sync."""
+    """Triton version of `paged_attention_torch` (same contract, visible_until included).
+    `num_kv_splits` forces the split-KV path (>1) or turns it off (1); by default it is chosen from
+    the shapes. No host sync."""
     _check_cache_scales(k_cache, k_scale, v_scale)
     quantized = k_scale is not None
     if quantized and k_scale.stride() != v_scale.stride():
@@ -783,12 +853,15 @@ def paged_attention_triton(
             (num_tokens, num_heads, num_splits), dtype=torch.float32, device=q.device
         )
 
-    # The 8-bit variant only where asked: the plain launch stays what it was.
-    quantization = {}
+    # The 8-bit and limited variants only where asked: the plain launch stays what it was.
+    variants = {}
     scale_strides = (0, 0, 0)
     if quantized:
-        quantization = {"QUANTIZED": True, "FP8": k_cache.dtype == torch.float8_e4m3fn}
+        variants = {"QUANTIZED": True, "FP8": k_cache.dtype == torch.float8_e4m3fn}
         scale_strides = k_scale.stride()
+    if visible_until is not None:
+        variants["HAS_LIMITS"] = True
+        visible_until = visible_until.contiguous()
     _paged_attention_kernel[(num_tiles, num_kv_heads, num_splits)](
         q,
         byte_view(k_cache),  # float8 as its bytes (the kernel bitcasts them)
@@ -816,6 +889,7 @@ def paged_attention_triton(
         k_scale if quantized else out,  # placeholders when not quantized
         v_scale if quantized else out,
         *scale_strides,
+        out if visible_until is None else visible_until,  # a placeholder without limits
         NUM_GROUPS=groups,
         BLOCK_SIZE=block_size,
         BLOCK_M=tiles.block_m,
@@ -828,7 +902,7 @@ def paged_attention_triton(
         # fp32 inputs would otherwise go through TF32 on Ampere+ (10-bit mantissa).
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=tiles.num_warps,
-        **quantization,
+        **variants,
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](

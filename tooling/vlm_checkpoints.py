@@ -1,6 +1,7 @@
 """Random-weight vision-language checkpoints with their processors, built offline with
-transformers for the tests and benchmarks: a tiny Llava (CLIP tower, Llama decoder) over the
-Shakespeare tokenizer with an `<image>` token added."""
+transformers for the tests and benchmarks: tiny Llava (CLIP tower, Llama decoder), Qwen2-VL /
+Qwen2.5-VL and Gemma 3 (SigLIP tower) models over the Shakespeare tokenizer, their image tokens
+added."""
 
 from __future__ import annotations
 
@@ -194,4 +195,95 @@ def build_qwen2_vl(out_dir: Path, seed: int = 0, version: str = "2") -> Path:
         min_pixels=56 * 56, max_pixels=28 * 28 * 64
     )
     image_processor.save_pretrained(out_dir)
+    return out_dir
+
+
+GEMMA3_TOKENS = {
+    "boi_token": "<start_of_image>",
+    "eoi_token": "<end_of_image>",
+    "image_token": "<image_soft_token>",
+}
+
+GEMMA3_CHAT_TEMPLATE = """\
+{%- for message in messages -%}
+<start_of_turn>{{ 'model' if message['role'] == 'assistant' else message['role'] }}
+{% if message['content'] is string -%}
+{{ message['content'] }}
+{%- else -%}
+{%- for part in message['content'] -%}
+{%- if part['type'] == 'text' -%}{{ part['text'] }}
+{%- elif part['type'] in ('image', 'image_url') -%}<start_of_image>
+{%- endif -%}
+{%- endfor -%}
+{%- endif %}<end_of_turn>
+{% endfor -%}
+{%- if add_generation_prompt -%}<start_of_turn>model
+{% endif -%}
+"""
+"""Gemma 3's chat form: each image part is <start_of_image>, which the processor expands."""
+
+
+def build_gemma3(out_dir: Path, seed: int = 0) -> Path:
+    """A tiny random `Gemma3ForConditionalGeneration` over the Shakespeare tokenizer (Gemma 3's
+    image tokens added): a SigLIP tower on 56-pixel images in 7-pixel patches (8 x 8), pooled 2 x 2
+    to 16 image tokens, which attend to each other both ways; a 2-layer Gemma 3 decoder, its
+    first layer sliding (window 24, wider than an image), and its `Gemma3Processor` (image
+    processor and chat template), saved to `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(
+        SHAKESPEARE_DIR, extra_special_tokens=GEMMA3_TOKENS
+    )
+    boi, eoi, image = tokenizer.convert_tokens_to_ids(list(GEMMA3_TOKENS.values()))
+    vision = transformers.SiglipVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=56,
+        patch_size=7,
+        vision_use_head=False,  # as Gemma 3's own tower
+    )
+    text = transformers.Gemma3TextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=20,
+        sliding_window=24,
+        layer_types=["sliding_attention", "full_attention"],
+        max_position_embeddings=1024,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    config = transformers.Gemma3Config(
+        vision_config=vision,
+        text_config=text,
+        mm_tokens_per_image=16,
+        boi_token_index=boi,
+        eoi_token_index=eoi,
+        image_token_index=image,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = transformers.Gemma3ForConditionalGeneration(config)
+    randomize_(model, seed)
+    with torch.no_grad():
+        # Token embeddings and image rows both about 0.8 in std (after Gemma's sqrt(hidden)
+        # scaling of the tokens), below what each layer adds: so every image, and its tokens
+        # attending to each other both ways, visibly change the output.
+        model.model.language_model.embed_tokens.weight.mul_(0.1)
+        model.model.multi_modal_projector.mm_input_projection_weight.mul_(0.5)
+    model.save_pretrained(out_dir)
+    image_processor = transformers.Gemma3ImageProcessor(size={"height": 56, "width": 56})
+    processor = transformers.Gemma3Processor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        image_seq_length=16,
+        chat_template=GEMMA3_CHAT_TEMPLATE,
+    )
+    processor.save_pretrained(out_dir)
     return out_dir

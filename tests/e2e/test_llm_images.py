@@ -2,15 +2,20 @@
 served by a real tritonserver beside the default text models, reached through the OpenAI
 frontend. The openai SDK sends a base64 PNG in chat (streamed and not) and the anthropic SDK an
 image block; each answer is transformers' greedy text for the same rendered prompt and image.
-Responses `input_image` parts too. Bad images and URLs are a 400 for their request alone."""
+Responses `input_image` parts too. Bad images and URLs are a 400 for their request alone, and 64
+requests at the pixel limit in flight at once stay within bounded memory."""
 
 from __future__ import annotations
 
 import base64
 import io
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import anthropic
+import numpy as np
 import openai
 import pytest
 import torch
@@ -26,6 +31,8 @@ pytestmark = pytest.mark.e2e
 
 MAX_TOKENS = 8
 QUESTION = "What is in this picture?"
+PIXEL_LIMIT = 1024 * 1024
+"""The vlm's max_image_pixels."""
 
 
 def _repository(root: Path) -> Path:
@@ -49,6 +56,8 @@ def _repository(root: Path) -> Path:
         "max_model_len": "256",
         "cpu_kv_cache_gb": "0.05",
         "limit_mm_per_prompt": '{"image": 2}',
+        "max_image_pixels": str(PIXEL_LIMIT),
+        "max_num_seqs": "4",  # the 64 requests of the memory test wait in the queue
     }
     write_model(ModelSpec("vlm", "llm", vlm, max_batch_size=0), repository)
     return repository
@@ -220,3 +229,66 @@ def test_responses_input_image(served):
     )
     expected = _reference(root, [{"type": "text", "text": QUESTION}, {"type": "image"}], picture)
     assert response.output_text == expected
+
+
+def _stub_rss(model_dir: Path) -> int:
+    """Resident bytes of the Python-backend stub serving the model in `model_dir`."""
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+            if "triton_python_backend_stub" in cmdline and str(model_dir) in cmdline:
+                status = (proc / "status").read_text()
+                return int(status.split("VmRSS:")[1].split()[0]) * 1024
+        except (OSError, IndexError):
+            continue
+    raise AssertionError(f"no stub process serves {model_dir}")
+
+
+def _smooth_png(seed: int) -> bytes:
+    """A PNG at the pixel limit (1024 x 1024, 3 MiB decoded) of smooth gradients: a few KiB."""
+    ramp = np.add.outer(np.arange(1024), np.arange(1024)) // 8
+    pixels = np.stack([ramp + seed, ramp * 2, ramp + 7 * seed], axis=-1) % 256
+    out = io.BytesIO()
+    Image.fromarray(pixels.astype(np.uint8)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_64_concurrent_requests_at_the_pixel_limit_stay_within_memory(served):
+    # Held decoded at once, 64 pictures at the limit would take 192 MiB. The vlm's stub decodes
+    # each into its processed 28 x 28 tensor as its request arrives, so while all 64 are in
+    # flight (4 running, 48 tokens each, the rest queued) its resident memory grows by far less,
+    # and the server keeps answering.
+    root, front = served
+    stub = root / "repo" / "vlm"
+    client = openai.OpenAI(base_url=front.base_url, api_key="unused", max_retries=0)
+    urls = [_data_url(_smooth_png(seed)) for seed in range(64)]
+    baseline = _stub_rss(stub)
+    peak, done = [baseline], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _stub_rss(stub))
+            time.sleep(0.005)
+
+    def ask(url: str):
+        content = [
+            {"type": "text", "text": QUESTION},
+            {"type": "image_url", "image_url": {"url": url}},
+        ]
+        return client.chat.completions.create(
+            model="vlm", messages=[{"role": "user", "content": content}], max_tokens=48
+        )
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        with ThreadPoolExecutor(64) as pool:
+            answers = list(pool.map(ask, urls))
+    finally:
+        done.set()
+        sampler.join()
+    assert all(a.choices[0].message.content for a in answers)
+    assert peak[0] - baseline < 64 * 2**20, f"grew {(peak[0] - baseline) / 2**20:.0f} MiB"
+    picture = encoded(40, 30, seed=3)
+    expected = _reference(root, [{"type": "text", "text": QUESTION}, {"type": "image"}], picture)
+    assert _chat(front, _data_url(picture)).choices[0].message.content == expected

@@ -37,21 +37,22 @@ def signature(fn, pointers, floats, constexprs):
     return sig
 
 def attention(dtype, num_tokens, num_seqs, groups, head_dim, num_splits, window, specialized=None,
-              softcap=False, kv_cache=None):
+              softcap=False, kv_cache=None, limits=False):
     # The launch shape the wrapper would choose for this batch.
     tiles = paged_attention.tile_config(num_tokens, num_seqs, groups, dtype, head_dim,
                                         kv_cache is not None)
     type_name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
     pointers = {"*": type_name, "query_start_loc_ptr": "i32", "seq_lens_ptr": "i32",
                 "block_tables_ptr": "i32", "part_out_ptr": "fp32", "part_lse_ptr": "fp32",
-                "k_scale_ptr": "fp32", "v_scale_ptr": "fp32"}
+                "k_scale_ptr": "fp32", "v_scale_ptr": "fp32", "visible_until_ptr": "i32"}
     if kv_cache is not None:  # an 8-bit cache (kv_cache_dtype int8 / fp8): "i8" or "fp8e4nv"
         pointers.update(k_cache_ptr=kv_cache, v_cache_ptr=kv_cache)
     constexprs = dict(NUM_GROUPS=groups, BLOCK_SIZE=16, BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_q,
                       BLOCK_N=tiles.block_n, BLOCK_D=triton.next_power_of_2(head_dim),
                       NUM_SPLITS=num_splits, USE_WINDOW=window, USE_SOFTCAP=softcap,
                       DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
-                      QUANTIZED=kv_cache is not None, FP8=kv_cache == "fp8e4nv", **(specialized or {}))
+                      QUANTIZED=kv_cache is not None, FP8=kv_cache == "fp8e4nv", HAS_LIMITS=limits,
+                      **(specialized or {}))
     floats = {"qk_scale", "softcap"}
     return paged_attention._paged_attention_kernel, pointers, floats, constexprs, tiles.num_warps
 
@@ -68,6 +69,9 @@ configs = {
                                                     softcap=True),
     "attention-bf16-softcap-decode-split": attention(torch.bfloat16, 8, 8, 2, 256, 8, False,
                                                      softcap=True),
+    # Gemma 3 vision: image tokens attend both ways on its global layers (head_dim 256, GQA 2).
+    "attention-bf16-image-limits-d256": attention(torch.bfloat16, 512, 2, 2, 256, 1, False,
+                                                  limits=True),
     "attention-fp32-decode-split-window": attention(torch.float32, 4, 4, 4, 128, 4, True),
     "attention-bf16-int8kv-decode-split": attention(torch.bfloat16, 8, 8, 4, 128, 8, False,
                                                     kv_cache="i8"),

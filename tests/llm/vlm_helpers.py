@@ -1,6 +1,6 @@
-"""Tiny vision-language checkpoints (Llava, Qwen2-VL, Qwen2.5-VL; built once per process), their
-transformers references, test images, and greedy runs of image prompts through the engine and
-through transformers' `generate`."""
+"""Tiny vision-language checkpoints (Llava, Qwen2-VL, Qwen2.5-VL, Gemma 3; built once per
+process), their transformers references, test images, and greedy runs of image prompts through
+the engine and through transformers' `generate`."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from backend_lib.llm.core.sampling_params import SamplingParams
 from backend_lib.llm.engine.llm_engine import LLMEngine
 from backend_lib.multimodal.images import DecodedImage, ImageLimits, decode_image
 from tests.multimodal.image_helpers import encoded
-from tooling.vlm_checkpoints import build_llava, build_qwen2_vl
+from tooling.vlm_checkpoints import build_gemma3, build_llava, build_qwen2_vl
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,9 @@ FAMILIES = {
         functools.partial(build_qwen2_vl, version="2.5"),
         transformers.Qwen2_5_VLForConditionalGeneration,
         "<|vision_start|><|image_pad|><|vision_end|>",
+    ),
+    "gemma3": VisionFamily(
+        build_gemma3, transformers.Gemma3ForConditionalGeneration, "<start_of_image>"
     ),
 }
 
@@ -68,11 +71,12 @@ def hf_image_greedy(
     prompt: str, images: list[DecodedImage], max_tokens: int, family: str = "llava"
 ) -> list[int]:
     """transformers' greedy tokens for `prompt` with `images` (the checkpoint's own processing:
-    Llava's processor; for Qwen2-VL, whose processor class needs torchvision, what it does: its
-    image processor, each <|image_pad|> repeated grid_t x grid_h x grid_w / 4 times)."""
+    Llava's and Gemma 3's processors; for Qwen2-VL, whose processor class needs torchvision, what
+    it does: its image processor, each <|image_pad|> repeated grid_t x grid_h x grid_w / 4
+    times)."""
     model_dir, model = vlm_checkpoint(family)
     pictures = [i.image for i in images] or None
-    if family == "llava":
+    if family in ("llava", "gemma3"):
         processor = transformers.AutoProcessor.from_pretrained(model_dir)
         inputs = dict(processor(text=prompt, images=pictures, return_tensors="pt"))
     else:

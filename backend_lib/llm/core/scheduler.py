@@ -41,6 +41,10 @@ list are sorted by (effective priority, arrival). "First" and "last" below are i
    by the engine before the step) computes them after its last token, within the budget: as
    many drafts as the budget leaves room for past the decode's own token, KV slots included.
 
+5. images: a prefill chunk never ends inside an image whose tokens attend to each other both
+   ways (Gemma 3; core/multimodal.py `chunk_end`): it ends before the image, or the sequence waits
+   for a step whose budget holds the rest of the image (a prefix hit may end inside one).
+
 After the runner executes the step, `update()` advances every scheduled sequence, appends the
 sampled tokens and finishes sequences on token-level stops: EOS (unless ignore_eos),
 stop_token_ids, max_tokens and max_model_len ("length"); stops other than length wait for
@@ -68,6 +72,7 @@ from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.adapter_budget import AdapterBudget
 from backend_lib.llm.core.kv_cache_manager import KVCacheManager
 from backend_lib.llm.core.kv_offload import KVOffloader, OffloadMoves
+from backend_lib.llm.core.multimodal import chunk_end
 from backend_lib.llm.core.request_queue import Order, TenantQueue
 from backend_lib.llm.core.sequence import Sequence, SequenceStatus
 from backend_lib.llm.core.stop_checker import StopChecker
@@ -400,7 +405,7 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = _chunk_size(self.config, seq.num_uncomputed_tokens, budget)
+            num_new = _chunk_size(self.config, seq, seq.num_computed_tokens, budget)
             if num_new == 0:
                 continue
             drafts = _take_drafts(seq, budget, self.max_model_len)
@@ -457,7 +462,7 @@ class Scheduler:
                 break
             prefix = kv.find_cached_prefix(seq)
             chunk = _chunk_size(
-                self.config, seq.num_tokens - prefix.num_tokens, self.config.max_num_batched_tokens
+                self.config, seq, prefix.num_tokens, self.config.max_num_batched_tokens
             )
             if len(self.running) < self.config.max_num_seqs and kv.fits(prefix, chunk):
                 break
@@ -474,7 +479,7 @@ class Scheduler:
                 break
             if seq.num_uncomputed_tokens > 1 and _carries_class_of(out, seq.priority):
                 break
-            num_new = _chunk_size(self.config, seq.num_uncomputed_tokens, budget)
+            num_new = _chunk_size(self.config, seq, seq.num_computed_tokens, budget)
             if num_new == 0:
                 break
             pairs = self.kv_cache_manager.swap_in(seq, num_new)
@@ -499,7 +504,7 @@ class Scheduler:
             if kv.is_loading(seq) or kv.prefetch(seq):
                 break  # its prefix is being read back from disk: it goes first once that is done
             prefix = kv.find_cached_prefix(seq)
-            num_new = _chunk_size(self.config, seq.num_tokens - prefix.num_tokens, budget)
+            num_new = _chunk_size(self.config, seq, prefix.num_tokens, budget)
             if num_new == 0 or not kv.admit(seq, prefix, num_new):
                 break
             self.adapters.fits(seq, loras)
@@ -554,11 +559,16 @@ def _is_decode(item: ScheduledSequence) -> bool:
     )
 
 
-def _chunk_size(config: LLMConfig, num_uncomputed: int, budget: int) -> int:
-    """Tokens to compute this step; 0 when a prefill does not fit and may not be chunked."""
+def _chunk_size(config: LLMConfig, seq: Sequence, start: int, budget: int) -> int:
+    """Tokens of `seq` to compute this step from position `start`; 0 when a prefill does not fit
+    and may not be chunked, or its chunk would end inside an image computed whole."""
+    num_uncomputed = seq.num_tokens - start
     if num_uncomputed <= budget:
         return num_uncomputed
-    return budget if config.enable_chunked_prefill else 0
+    if not config.enable_chunked_prefill:
+        return 0
+    features = () if seq.request is None else seq.request.mm_features
+    return max(chunk_end(features, start, start + budget) - start, 0)
 
 
 def _room_for_another(

@@ -135,9 +135,7 @@ class InputProcessor:
         self._check_priority(request.priority)
         _check_tenant(request.tenant)
         self._check_token_ids("stop_token_ids", params.stop_token_ids or [])
-        ids = self._prompt_ids(request.prompt, request.prompt_token_ids)
-        if request.images or self.images is not None:
-            ids, request = self._with_images(request, ids)
+        ids, request = self._prompt_with_images(request)
         check_prompt_fits(len(ids), self.max_model_len)
         lora_request = self.resolve_lora(request.lora_name)
         grammar, job = None, None
@@ -147,17 +145,24 @@ class InputProcessor:
                 grammar, job = job.result(), None
         return PreparedRequest(request, ids, grammar, lora_request, job)
 
-    def _with_images(
-        self, request: EngineRequest, ids: list[int]
-    ) -> tuple[list[int], EngineRequest]:
-        """The prompt's ids with its images' placeholders expanded, and the request with their
-        features (`mm_features`)."""
+    def _prompt_with_images(self, request: EngineRequest) -> tuple[list[int], EngineRequest]:
+        """The prompt's ids, its images' placeholders replaced by their tokens, and the request
+        with their features (`mm_features`) in place of the decoded images."""
+        if not request.images:
+            ids = self._prompt_ids(request.prompt, request.prompt_token_ids)
+            if self.images is not None:
+                self.images.check_text_only(ids)
+            return ids, request
         if self.images is None:
             raise InputError("this model takes no images (it is not a vision-language model)")
-        if not request.images:
-            self.images.check_text_only(ids)
-            return ids, request
-        ids, features = self.images.process(ids, request.images)
+        if request.prompt_token_ids is not None:
+            ids = self._prompt_ids(None, request.prompt_token_ids)
+            ids, features = self.images.process_ids(ids, request.images)
+        else:
+            prompt = request.prompt
+            if not isinstance(prompt, str) or not prompt:
+                raise InputError(f"prompt must be a non-empty string, got {prompt!r}"[:200])
+            ids, features = self.images.process_text(prompt, request.images, self._tokenize)
         # The decoded pictures are dropped here: the request keeps only the processed tensors.
         return ids, dataclasses.replace(request, mm_features=tuple(features), images=())
 

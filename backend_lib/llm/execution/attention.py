@@ -35,6 +35,9 @@ class AttentionMetadata:
     """[T] int64: cache slot (block_id * block_size + offset) each new token's K/V is written to."""
     max_query_len: int
     max_seq_len: int
+    visible_until: torch.Tensor | None = None
+    """[T] int32: the last key position each token sees (None: its own, plain causal); a token of
+    an image attended both ways (Gemma 3) sees up to the image's last position."""
     plan: Any = None
     """The kernel backend's per-step plan (`KernelOps.plan_attention`), shared by all layers."""
 

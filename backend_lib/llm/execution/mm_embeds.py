@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from backend_lib.llm.core.multimodal import MultiModalFeature
@@ -56,6 +57,20 @@ def image_slices(
                 slices.append(ImageSlice(f, lo - f.offset, hi - f.offset, row + lo - start))
         row += length
     return slices
+
+
+def visible_until(
+    slices: list[ImageSlice], starts: Sequence[int], lens: Sequence[int]
+) -> np.ndarray | None:
+    """int32 [T]: the last key position each row of the step sees, its own position or, in a
+    bidirectional image, the image's last; None when no row of the step is in such an image."""
+    both_ways = [s for s in slices if s.feature.bidirectional]
+    if not both_ways:
+        return None
+    limits = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lens, strict=True)])
+    for s in both_ways:
+        limits[s.row : s.row + s.stop - s.first] = s.feature.end - 1
+    return limits.astype(np.int32)
 
 
 class EncoderCache:

@@ -21,7 +21,7 @@ from backend_lib.llm.core.scheduler import ScheduledSequence
 from backend_lib.llm.core.sequence import Sequence
 from backend_lib.llm.execution.attention import AttentionMetadata
 from backend_lib.llm.execution.flat_batch import flat_batch
-from backend_lib.llm.execution.mm_embeds import ImageSlice, image_slices
+from backend_lib.llm.execution.mm_embeds import ImageSlice, image_slices, visible_until
 from backend_lib.llm.execution.prompt_logprobs import (
     PromptLogprobsChunk,
     PromptScoring,
@@ -166,12 +166,16 @@ class StepBatcher:
         if requests:
             adapters = [(r.lora_int_id, r.lora_name, r.lora_path) for r in requests]
             step = replace(step, lora=LoRAStep(adapters, [s.seq.lora_int_id for s in layout]))
-        batch = self.device_input(step, plan.rows, plan.seq_ids, slot_of)
-        batch.drafted = plan.drafted
         features = [() if s.seq.request is None else s.seq.request.mm_features for s in layout]
+        slices, limits = [], None
         if any(features):
-            batch.row_features = features
-            batch.image_slices = image_slices(features, step.starts.tolist(), step.q_lens.tolist())
+            starts, lens = step.starts.tolist(), step.q_lens.tolist()
+            slices = image_slices(features, starts, lens)
+            limits = visible_until(slices, starts, lens)
+        batch = self.device_input(step, plan.rows, plan.seq_ids, slot_of, limits)
+        batch.drafted = plan.drafted
+        if any(features):  # M-RoPE positions need them in decode steps too
+            batch.row_features, batch.image_slices = features, slices
         return batch
 
     def _host_step(
@@ -219,10 +223,12 @@ class StepBatcher:
         rows: list[SamplingRow] | None = None,
         seq_ids: list[int] | None = None,
         slot_of: Mapping[int, int] | None = None,
+        limits: np.ndarray | None = None,
     ) -> ModelInput:
         """`step` as a device batch (with its sampling rows on rank 0; none on the others).
         `slot_of`: rank 0's adapter slots (lora_int_id -> slot); the other ranks activate the
-        step's adapters themselves, in rank 0's order, so their slots are the same."""
+        step's adapters themselves, in rank 0's order, so their slots are the same. `limits`:
+        the rows' `AttentionMetadata.visible_until` (None: causal)."""
         batch = self.flat_input(
             step.tokens, step.starts, step.q_lens, step.block_tables, step.sample_indices
         )
@@ -238,10 +244,14 @@ class StepBatcher:
         if step.prompt_rows:
             batch.prompt_rows = torch.tensor(step.prompt_rows, dtype=torch.long).to(self.device)
             batch.prompt_scorings = list(step.prompt_scorings)
+        meta = batch.meta
+        limit_kw = {}
+        if limits is not None:
+            meta.visible_until = torch.from_numpy(limits).to(self.device)
+            limit_kw = {"visible_until": meta.visible_until}
         if self.ops.plan_attention is not None:
-            meta = batch.meta
             meta.plan = self.ops.plan_attention(
-                meta.query_start_loc, meta.seq_lens, meta.block_tables, self.layer_cache
+                meta.query_start_loc, meta.seq_lens, meta.block_tables, self.layer_cache, **limit_kw
             )
         return batch
 

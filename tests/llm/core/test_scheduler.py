@@ -570,3 +570,62 @@ def test_random_workloads_keep_invariants(workload):
             assert seq.num_tokens == max_model_len or seq.num_output_tokens == params.max_tokens
         else:
             assert seq.last_token_id == eos
+
+
+# --- images computed whole -----------------------------------------------------------------------
+
+
+def _with_images(seq: Sequence, *spans: tuple[int, int], bidirectional: bool = True) -> Sequence:
+    """`seq` whose prompt holds images at the (offset, length) `spans`."""
+    from dataclasses import replace
+
+    from backend_lib.llm.core.multimodal import MultiModalFeature
+
+    features = tuple(
+        MultiModalFeature(bytes([i]) * 32, offset, length, {}, bidirectional)
+        for i, (offset, length) in enumerate(spans)
+    )
+    seq.request = replace(seq.request, mm_features=features)
+    return seq
+
+
+def _chunk_ends(sched, runner, seq) -> list[int]:
+    """Where each of `seq`'s chunks ends, stepping until its prompt is computed."""
+    ends = []
+    while seq.num_computed_tokens < seq.num_prompt_tokens:
+        out, _ = step(sched, runner)
+        ends += [seq.num_computed_tokens for i in out.scheduled if i.seq is seq]
+    return ends
+
+
+def test_a_chunk_never_ends_inside_an_image_attended_both_ways():
+    # Budget 18 beside a running decode: the 60-token prompt's chunks end before each image
+    # (at 10 and 30) and take it whole; a causal image is split as any text.
+    sched = make_scheduler(max_num_batched_tokens=18, max_model_len=80)
+    runner = FakeRunner(sched)
+    short = make_seq(range(4), max_tokens=30)
+    sched.add(short)
+    step(sched, runner)
+    both_ways = _with_images(make_seq(range(100, 160), max_tokens=2), (10, 14), (30, 16))
+    sched.add(both_ways)
+    assert _chunk_ends(sched, runner, both_ways) == [10, 27, 30, 47, 60]
+    causal = _with_images(make_seq(range(200, 260), max_tokens=2), (10, 14), bidirectional=False)
+    sched.add(causal)
+    assert any(10 < end < 24 for end in _chunk_ends(sched, runner, causal))
+    run(sched, runner)
+    assert_reference_outputs([short, both_ways, causal])
+
+
+def test_a_prefix_hit_inside_an_image_computes_the_rest_of_it_in_one_chunk():
+    sched = make_scheduler(max_num_batched_tokens=18, max_model_len=80)
+    runner = FakeRunner(sched)
+    first = _with_images(make_seq(range(100, 134), max_tokens=1), (18, 16))
+    sched.add(first)
+    assert _chunk_ends(sched, runner, first) == [18, 34]
+    run(sched, runner)
+    again = _with_images(make_seq(range(100, 134), max_tokens=1), (18, 16))
+    sched.add(again)
+    assert _chunk_ends(sched, runner, again) == [34]
+    assert again.num_cached_prompt_tokens == 32  # four full blocks: the hit ends in the image
+    run(sched, runner)
+    assert_reference_outputs([first, again])

@@ -1,8 +1,9 @@
 """Vision-language models on the engine (Llava: CLIP tower, projector, Llama decoder; Qwen2-VL and
-Qwen2.5-VL: dynamic-resolution towers, M-RoPE) against transformers' greedy `generate` on the same
-checkpoint and images: 1-3 images per prompt batched with text-only prompts, an image split across
-prefill chunks, prefix hits on a repeated image, preemption by recompute; two different images
-never share a prefix block."""
+Qwen2.5-VL: dynamic-resolution towers, M-RoPE; Gemma 3: SigLIP tower, image tokens attended both
+ways) against transformers' greedy `generate` on the same checkpoint and images: 1-3 images per
+prompt batched with text-only prompts, an image split across prefill chunks (Gemma 3: chunks
+around whole images), prefix hits on a repeated image, preemption by recompute; two different
+images never share a prefix block."""
 
 from __future__ import annotations
 
@@ -69,9 +70,14 @@ def test_images_batched_with_text_match_generate(family):
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_image_split_across_prefill_chunks_and_preempted(family):
-    # 8-token chunks split the images (12 to 16 tokens each); a pool of 12 blocks of 8 cannot
-    # hold every prompt with its output, so some are preempted and computed again.
-    engine = _engine(family, max_num_batched_tokens=8, num_blocks=12, max_model_len=96)
+    # 8-token chunks split the images (12 to 16 tokens each), except Gemma 3's, attended both
+    # ways: its 20-token chunks end before an image and take it whole (16 tokens beside up to 3
+    # decodes). A pool of 12 blocks of 8 cannot hold every prompt with its output, so some are
+    # preempted and computed again.
+    chunks = {"max_num_batched_tokens": 20, "max_num_seqs": 4} if family == "gemma3" else {}
+    engine = _engine(
+        family, **{"max_num_batched_tokens": 8, **chunks}, num_blocks=12, max_model_len=96
+    )
     requests, expected = _requests(family, seed=100)
     assert _tokens(run_all(engine, requests)) == expected
     assert engine.stats().counters.num_preemptions > 0
@@ -194,3 +200,51 @@ def test_64_image_requests_at_the_pixel_limit_hold_only_processed_tensors():
     cache = engine.runner.encoder_cache
     assert cache.misses == 64 and len(cache) <= 64 // 16  # 16 rows an image, 64 rows kept
     assert_pool_released(engine)
+
+
+def test_gemma3_images_attended_both_ways_through_the_triton_kernels():
+    # The Triton kernel (its interpreter on CPU) takes `visible_until` as the PyTorch path does:
+    # the same greedy tokens as transformers, an image in a chunk after a cached prefix included.
+    engine = _engine("gemma3", kernel_backend="triton", max_num_batched_tokens=24, max_num_seqs=4)
+    prompt = _prompt("USER: {img} and {img}\nASSISTANT:", "gemma3")
+    pictures = [image(11, 112, 84), image(12, 56, 84)]
+    expected = hf_image_greedy(prompt, pictures, 6, "gemma3")
+    for rid in ("a", "b"):  # "b" reads "a"'s prefix blocks
+        out = run_all(engine, [image_request(rid, prompt, pictures, 6)])[rid]
+        assert out.outputs[0].token_ids == expected
+    assert out.num_cached_tokens > 0
+    assert_pool_released(engine)
+
+
+def test_gemma3_refuses_a_step_budget_that_cannot_hold_an_image():
+    from backend_lib.config import ConfigError
+
+    # 16 image tokens beside up to 7 decodes need 23.
+    with pytest.raises(ConfigError, match=r"max_num_batched_tokens.*>= 23.*16 tokens"):
+        _engine("gemma3", max_num_batched_tokens=22, max_num_seqs=8)
+
+
+def test_gemma3_prompt_errors_name_its_tokens():
+    engine = _engine("gemma3")
+    soft = "USER: <image_soft_token> <start_of_image>\nASSISTANT:"
+    with pytest.raises(InputError, match=r"image tokens \(<image_soft_token>\) of its own"):
+        engine.add(image_request("own", soft, [image(1)], 4))
+    with pytest.raises(InputError, match=r"placeholders \(<start_of_image>\) but no images"):
+        engine.add(image_request("none", "USER: <start_of_image>\nASSISTANT:", [], 4))
+    assert_pool_released(engine)
+
+
+def test_gemma3_pan_and_scan_is_refused_at_load(tmp_path):
+    import json
+    import shutil
+
+    from backend_lib.config import ConfigError
+
+    model_dir = tmp_path / "gemma3"
+    shutil.copytree(vlm_checkpoint("gemma3")[0], model_dir)
+    config = model_dir / "processor_config.json"
+    fields = json.loads(config.read_text())
+    fields["image_processor"]["do_pan_and_scan"] = True
+    config.write_text(json.dumps(fields))
+    with pytest.raises(ConfigError, match="do_pan_and_scan"):
+        make_engine(model_dir)

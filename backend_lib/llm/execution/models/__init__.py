@@ -8,6 +8,7 @@ from typing import Any
 from torch import nn
 
 from backend_lib.llm.execution.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
+from backend_lib.llm.execution.models.gemma3_vision import Gemma3ForConditionalGeneration
 from backend_lib.llm.execution.models.llama import (
     LlamaForCausalLM,
     MistralForCausalLM,
@@ -37,6 +38,7 @@ MODEL_REGISTRY: dict[str, type] = {
     "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
     "Qwen2_5_VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
+    "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
 }
 """A model class, or a family whose `for_config(cfg)` makes the class of one checkpoint (the
 vision-language models: their decoder depends on the checkpoint's `text_config`)."""

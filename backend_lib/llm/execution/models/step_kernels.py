@@ -86,6 +86,7 @@ class CppKernels:
         plan = meta.plan
         return (
             plan is not None
+            and meta.visible_until is None  # the op is causal only
             and plan.native_seqs is not None
             and not plan.decode_groups
             and not plan.prefills
@@ -218,6 +219,7 @@ class OpsKernels:
             **self._plan,
             **({"softcap": softcap} if softcap else {}),
             **scale_kw,
+            **({} if meta.visible_until is None else {"visible_until": meta.visible_until}),
         )
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
