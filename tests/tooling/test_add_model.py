@@ -1,8 +1,8 @@
 """scripts/add_model.py refuses an LLM checkpoint whose architecture the engine does not serve,
 before writing anything, naming the supported ones (the loader's table); it adds a SPLADE
 checkpoint in sparse mode, a GGUF file as an llm, an image-text (SigLIP) checkpoint as an
-embedding model whose config declares the `image` input, and a vision-language (Llava) one as an
-llm."""
+embedding model whose config declares the `image` input, and a vision-language one (Llava,
+Gemma 3) as an llm."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from backend_lib.contract import is_sparse_embedding, model_kind
 from backend_lib.llm.execution.models import supported_architectures
@@ -94,10 +96,12 @@ def test_a_siglip_checkpoint_is_added_as_an_embedding_model_with_images(tmp_path
     assert inputs["image"]["data_type"] == "TYPE_STRING" and inputs["image"]["optional"]
 
 
-def test_a_llava_checkpoint_is_added_as_an_llm_taking_images(tmp_path):
-    from tooling.vlm_checkpoints import build_llava
+@pytest.mark.parametrize("family", ["llava", "gemma3"])
+def test_a_vision_language_checkpoint_is_added_as_an_llm_taking_images(family, tmp_path):
+    from tooling.vlm_checkpoints import build_gemma3, build_llava
 
-    result = _add_model(build_llava(tmp_path / "llava"), tmp_path / "repo")
+    build = {"llava": build_llava, "gemma3": build_gemma3}[family]
+    result = _add_model(build(tmp_path / family), tmp_path / "repo")
     assert result.returncode == 0, result.stderr
     assert "added llm model 'm'" in result.stdout
     config = read_config((tmp_path / "repo" / "m" / "config.pbtxt").read_text())
