@@ -2,17 +2,19 @@
 
 The file is read by transformers' GGUF support (`gguf_file=`: config and tokenizer from the
 metadata, tensors through the `gguf` package, llama.cpp's rotary row order undone) and written
-once, losslessly, in this engine's checkpoint form (config.json, model.safetensors in float32,
-tokenizer.json) under `$XDG_CACHE_HOME/triton-llm/gguf/<digest of the file's path, size and
-time>/`; the loader then reads that directory like any checkpoint.
+once, losslessly, in this engine's checkpoint form (config.json, model.safetensors, tokenizer.json)
+under `$XDG_CACHE_HOME/triton-llm/gguf/<digest of the file's path, size and time>/`; the loader then
+reads that directory like any checkpoint.
 
-Tensor types: F32, F16 and BF16 (float values, kept exactly), and for the projections Q8_0 and
-Q4_0, loaded as stored: both are symmetric integers (8 bits, and 4 bits around 8) with one float16
-scale per 32 inputs, which is a compressed-tensors pack-quantized W8A16 / W4A16 group-32 layer
-(written with compressed-tensors' own packing; its weights dequantize exactly as
-`gguf.quants.dequantize` does, and run on the WNA16 kernels). Any other tensor type (K-quants, a
-quantized embedding or norm) is refused at load, naming the tensor and its type, as is a file that
-is not a complete GGUF.
+Tensor types: F32, F16 and BF16 (float values, kept exactly), and Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+Q4_K, Q5_K and Q6_K. The layers' projections in those types load as stored: their blocks are decoded into the
+WNA16 layers' values, scales, zero points and float minimums (backend_lib/gguf_quants.py) and
+saved as a `quant_method: gguf` checkpoint (checkpoint_quantization/gguf_blocks.py), whose weights
+dequantize bit for bit as `gguf.quants.dequantize` does and run on the WNA16 kernels. Projections
+fused into one (q/k/v, gate/up) but stored in different types are brought to one layout without
+changing a value. Other tensors in those types (an embedding, the output head) load dequantized,
+exactly. Any other type is refused at load, naming the tensor and its type, as is a file that is
+not a complete GGUF.
 """
 
 from __future__ import annotations
@@ -27,9 +29,16 @@ from backend_lib.config import ConfigError
 
 SUFFIX = ".gguf"
 FLOAT_TYPES = ("F32", "F16", "BF16")
-PACKED_TYPES = {"Q8_0": 8, "Q4_0": 4}
-"""Quantized types loaded as stored (bits per weight); their block: a float16 scale, 32 values."""
-GROUP = 32
+PACKED_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+"""Quantized types loaded as stored in the projections (backend_lib/gguf_quants.py)."""
+FUSED = {
+    "q_proj": "qkv",
+    "k_proj": "qkv",
+    "v_proj": "qkv",
+    "gate_proj": "gate_up",
+    "up_proj": "gate_up",
+}
+"""Projections the engine fuses into one: they share one layout."""
 PROJECTIONS = tuple(
     f"{name}.weight"
     for name in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -86,24 +95,23 @@ def check_tensor_types(path: Path, spec: str) -> None:
             raise ConfigError(
                 "model", spec, f"GGUF tensor {name} is cut short ({found} of {expected} bytes)"
             )
-        projection = name.startswith("blk.") and name.endswith(PROJECTIONS)
-        if kind not in FLOAT_TYPES and not (kind in PACKED_TYPES and projection):
+        if kind not in FLOAT_TYPES + PACKED_TYPES:
             raise ConfigError(
                 "model",
                 spec,
-                f"GGUF tensor {name} is {kind}: this engine loads {', '.join(FLOAT_TYPES)} "
-                f"tensors, and {', '.join(PACKED_TYPES)} for the layers' projections",
+                f"GGUF tensor {name} is {kind}: this engine loads "
+                f"{', '.join(FLOAT_TYPES + PACKED_TYPES)} tensors",
             )
 
 
 def _convert(path: Path, out: Path) -> None:
     import torch
-    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     # Here: backend_lib.checkpoint imports this module.
     from backend_lib.checkpoint import HF_OFFLINE_KWARGS
+    from kernels.wna16_linear import pack_wna16
 
     source = {
         "pretrained_model_name_or_path": str(path.parent),
@@ -121,11 +129,14 @@ def _convert(path: Path, out: Path) -> None:
     state = {name: t.detach().contiguous() for name, t in model.state_dict().items()}
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    for module, (bits, values, scales) in packed.items():
+    for module, weight in packed.items():
         del state[f"{module}.weight"]
-        state[f"{module}.weight_packed"] = pack_to_int32(values, bits)
-        state[f"{module}.weight_scale"] = scales
-        state[f"{module}.weight_shape"] = torch.tensor(values.shape, dtype=torch.int64)
+        values = torch.from_numpy(weight.values)
+        state[f"{module}.weight_packed"] = pack_wna16(values, weight.bits)
+        state[f"{module}.weight_scale"] = torch.from_numpy(weight.scales)
+        state[f"{module}.weight_zero"] = torch.from_numpy(weight.zeros)
+        if weight.mins is not None:
+            state[f"{module}.weight_min"] = torch.from_numpy(weight.mins)
     save_file(state, str(out / "model.safetensors"))
     config.save_pretrained(out)
     if packed:
@@ -134,12 +145,11 @@ def _convert(path: Path, out: Path) -> None:
 
 
 def _packed_projections(path: Path, model) -> dict:
-    """Module name -> (bits, int8 values [N, K], float32 scales [N, K / 32]) of each Q8_0 or Q4_0
-    projection, rows in the model's order (llama.cpp's rotary row order undone as transformers
-    undoes it for the float values)."""
+    """Module name -> `DecodedWeight` of each projection stored in a PACKED_TYPES type, rows in
+    the model's order (llama.cpp's rotary row order undone as transformers undoes it for the
+    float values), fused projections in one layout."""
     import gguf
     import numpy as np
-    import torch
     from transformers.modeling_gguf_pytorch_utils import (
         TENSOR_PROCESSORS,
         TensorProcessor,
@@ -147,8 +157,16 @@ def _packed_projections(path: Path, model) -> dict:
         load_gguf_checkpoint,
     )
 
+    from backend_lib import gguf_quants
+
     reader = gguf.GGUFReader(str(path))
-    quantized = [t for t in reader.tensors if t.tensor_type.name in PACKED_TYPES]
+    quantized = [
+        t
+        for t in reader.tensors
+        if t.tensor_type.name in PACKED_TYPES
+        and t.name.startswith("blk.")
+        and t.name.endswith(PROJECTIONS)
+    ]
     if not quantized:
         return {}
     parsed = load_gguf_checkpoint(str(path), return_tensors=False)
@@ -157,67 +175,62 @@ def _packed_projections(path: Path, model) -> dict:
     names = get_gguf_hf_weights_map(model, processor)
     packed = {}
     for tensor in quantized:
-        bits = PACKED_TYPES[tensor.tensor_type.name]
-        values, scales = _blocks(np.asarray(tensor.data), bits)
-        rows = np.arange(values.shape[0], dtype=np.float32)[:, None]
+        weight = gguf_quants.decode(tensor.tensor_type.name, np.asarray(tensor.data))
+        rows = np.arange(weight.values.shape[0], dtype=np.float32)[:, None]
         order = processor.process(
             weights=rows, name=tensor.name, tensor_key_mapping=names, parsed_parameters=parsed
         )
-        index = torch.from_numpy(order.weights[:, 0].astype(np.int64))
+        index = order.weights[:, 0].astype(np.int64)
         module = names[order.name].removesuffix(".weight")
-        # float32 scales (exact from float16): the product is then gguf's own, scale * value in
-        # float32, wherever it is dequantized.
-        scales = torch.from_numpy(scales).to(torch.float32)
-        packed[module] = (bits, torch.from_numpy(values)[index], scales[index])
-    return packed
+        packed[module] = _rows(weight, index)
+    return _one_layout_per_fusion(packed)
 
 
-def _blocks(data, bits: int):
-    """A Q8_0 or Q4_0 tensor's raw blocks [N, blocks * block bytes] -> signed values int8 [N, K]
-    and float16 scales [N, K / 32] (gguf's layouts: Q8_0 = scale, 32 int8; Q4_0 = scale, 16 bytes
-    whose low nibbles are values 0-15 and high nibbles 16-31, each stored + 8)."""
-    import numpy as np
+def _rows(weight, index):
+    """`weight` with its rows in the order `index`."""
+    from dataclasses import replace
 
-    block_bytes = 2 + GROUP * bits // 8
-    rows = data.shape[0]
-    blocks = data.reshape(rows, -1, block_bytes)
-    scales = blocks[:, :, :2].copy().view(np.float16)[:, :, 0]
-    payload = blocks[:, :, 2:]
-    if bits == 8:
-        values = payload.view(np.int8)
-    else:
-        low = (payload & 0x0F).astype(np.int8) - 8
-        high = (payload >> 4).astype(np.int8) - 8
-        values = np.concatenate([low, high], axis=-1)
-    return values.reshape(rows, -1).copy(), scales.copy()
+    mins = None if weight.mins is None else weight.mins[index]
+    return replace(
+        weight,
+        values=weight.values[index],
+        scales=weight.scales[index],
+        zeros=weight.zeros[index],
+        mins=mins,
+    )
+
+
+def _one_layout_per_fusion(packed: dict) -> dict:
+    """`packed` with the projections the engine fuses (FUSED) in one layout each."""
+    from backend_lib import gguf_quants
+
+    fusions: dict[str, list[str]] = {}
+    for module in packed:
+        parent, _, leaf = module.rpartition(".")
+        fusions.setdefault(f"{parent}.{FUSED.get(leaf, leaf)}", []).append(module)
+    out = {}
+    for members in fusions.values():
+        weights = gguf_quants.harmonize([packed[m] for m in members])
+        out.update(zip(members, weights, strict=True))
+    return out
 
 
 def _write_quantization_config(out: Path, packed: dict) -> None:
-    """config.json's compressed-tensors `quantization_config`: one pack-quantized group per bit
-    width, targeting its modules by name; every other linear (the lm_head) stays float."""
+    """config.json's `quantization_config` (`quant_method: gguf`): each quantized module's bits,
+    group size, whether it has float minimums, and its GGUF types; other linears (the lm_head)
+    stay float."""
     import json
 
-    groups = {}
-    for bits in sorted({b for b, _, _ in packed.values()}):
-        groups[f"group_{bits}"] = {
-            "targets": sorted(m for m, (b, _, _) in packed.items() if b == bits),
-            "weights": {
-                "num_bits": bits,
-                "type": "int",
-                "symmetric": True,
-                "strategy": "group",
-                "group_size": GROUP,
-                "dynamic": False,
-            },
-            "format": "pack-quantized",
+    layers = {
+        module: {
+            "bits": w.bits,
+            "group_size": w.group_size,
+            "float_mins": w.mins is not None,
+            "tensor_types": list(w.tensor_types),
         }
+        for module, w in sorted(packed.items())
+    }
     config_path = out / "config.json"
     config = json.loads(config_path.read_text())
-    config["quantization_config"] = {
-        "quant_method": "compressed-tensors",
-        "format": "pack-quantized",
-        "quantization_status": "compressed",
-        "config_groups": groups,
-        "ignore": [],
-    }
+    config["quantization_config"] = {"quant_method": "gguf", "layers": layers}
     config_path.write_text(json.dumps(config, indent=2))

@@ -7,22 +7,26 @@ Contract, for an out x in = N x K linear:
   in bits [(k * bits) % 32, +bits) of word (k * bits) // 32 of row n (for bits=4, element k is
   nibble k % 8 of word k // 8).
 - `scales` float32 [N, K // group_size]; `zeros` uint8 [N, K // group_size], in u's unsigned
-  domain (a symmetric checkpoint gives 2^(bits - 1)).
-- w[n, k] = (u[n, k] - zeros[n, k // group_size]) * scales[n, k // group_size], in float32.
-- bits in {4, 8}; group_size divides K, and K and group_size are multiples of 32 // bits
-  (per-channel: group_size = K).
+  domain (a symmetric checkpoint gives 2^(bits - 1)); optional `mins` float32 [N, K // group_size]
+  (GGUF's Q4_1 and K-quants: llama.cpp's `d * q - dmin_m`, Q4_1's `d * q + m` as mins = -m).
+- w[n, k] = (u[n, k] - zeros[n, g]) * scales[n, g] (- mins[n, g] where given), g = k // group_size,
+  in float32: the product rounded, then the difference (with zeros 0, numpy's `s * u - m` bit for
+  bit, as gguf-py dequantizes). Without mins nothing is subtracted.
+- bits in {4, 8} (GGUF's 5- and 6-bit values come in 8-bit containers); group_size divides K, and
+  K and group_size are multiples of 32 // bits (per-channel: group_size = K).
 
-`wna16_linear_*(x, qweight, scales, zeros, group_size, bits, bias=None)` returns `x @ w.T + bias`
-for x [M, K], in x's dtype: products accumulated in float32, rounded once to x's dtype.
-Activations are not quantized, except on the CPU op's dynamic int8 path below.
+`wna16_linear_*(x, qweight, scales, zeros, group_size, bits, bias=None, *, mins=None)` returns
+`x @ w.T + bias` for x [M, K], in x's dtype: products accumulated in float32, rounded once to x's
+dtype. Activations are not quantized, except on the CPU op's dynamic int8 path below.
 
 Dynamic int8 activations (`dynamic_int8=True`, 4-bit weights, bfloat16 x, a CPU with AVX512-VNNI:
 `wna16_int8_dot()`; twin `wna16_linear_int8_torch`): each row of x is quantized at the call per
 chunk of K (the group, or for groups over 256 inputs the largest divisor of it within 256 that is a
 multiple of 8: `int8_chunk`), symmetric, xq = round-half-even(x * (127 / max|x|)) with scale
 max|x| / 127 (0 for an all-zero chunk), as OpenVINO's CPU plugin quantizes activations for
-compressed weights by default. Then y = sum over chunks of scale_w * scale_x * (xq . (u - z)), the
-dot products exact in int32, + bias, rounded once to x's dtype.
+compressed weights by default. Then y = sum over chunks of scale_w * scale_x * (xq . (u - z))
+(- min_w * scale_x * sum(xq) with mins), the dot products exact in int32, + bias, rounded once to
+x's dtype.
 
 PyTorch twin (`wna16_linear_torch`): dequantize in float32, float32 matmul, bias, cast; the
 reference, and the fallback wherever no kernel applies.
@@ -34,7 +38,9 @@ CPU fast path (`prepare_wna16_cpu` once at load, then `wna16_linear_cpu` per cal
 unpacks and FMAs straight from the packed words (bfloat16 pairs through AVX512-BF16's dot product
 where it can), or dequantizes blocks of the weight for a GEMM from a row count that depends on the
 ISA (with AVX-512 the direct kernel measured as fast at every M, so only AVX2 and baseline builds
-switch).
+switch). The op takes no mins: `prepare_wna16_cpu` folds them into float zero points,
+z' = z + m / s, so its results with mins (its dequantize-for-GEMM path included) are within rounding
+of the twin's, not bit-identical; a group with s == 0 and m != 0 cannot fold (`cpu_folds_mins`).
 """
 
 from __future__ import annotations
@@ -61,6 +67,8 @@ def _check_layout(
     zeros: torch.Tensor,
     group_size: int,
     bits: int,
+    *,
+    mins: torch.Tensor | None = None,
 ) -> tuple[int, int]:
     """(N, K) of a valid weight; ValueError naming the first bad argument otherwise."""
     if bits not in BITS:
@@ -87,6 +95,15 @@ def _check_layout(
     if zeros.shape != (n, groups) or zeros.is_floating_point() or zeros.is_complex():
         raise ValueError(
             f"zeros must be uint8 [N, K // group_size] = [{n}, {groups}], got {zeros.dtype} {tuple(zeros.shape)}"
+        )
+    if mins is not None and (
+        not isinstance(mins, torch.Tensor)
+        or mins.shape != (n, groups)
+        or mins.dtype != torch.float32
+    ):
+        got = f"{mins.dtype} {tuple(mins.shape)}" if isinstance(mins, torch.Tensor) else type(mins)
+        raise ValueError(
+            f"mins must be float32 [N, K // group_size] = [{n}, {groups}] or None, got {got}"
         )
     return n, k
 
@@ -139,11 +156,16 @@ def dequantize_wna16(
     zeros: torch.Tensor,
     group_size: int,
     bits: int,
+    *,
+    mins: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The weight w [N, K] float32: (u - zeros[group]) * scales[group], as the contract reads."""
-    n, k = _check_layout(qweight, scales, zeros, group_size, bits)
+    """The weight w [N, K] float32: (u - zeros[group]) * scales[group] (- mins[group]), as the
+    contract reads (each operation rounded to float32 on its own)."""
+    n, k = _check_layout(qweight, scales, zeros, group_size, bits, mins=mins)
     u = unpack_wna16(qweight, bits, k).float().view(n, k // group_size, group_size)
     w = (u - zeros.float().unsqueeze(-1)) * scales.float().unsqueeze(-1)
+    if mins is not None:
+        w = w - mins.unsqueeze(-1)
     return w.view(n, k)
 
 
@@ -155,11 +177,13 @@ def wna16_linear_torch(
     group_size: int,
     bits: int,
     bias: torch.Tensor | None = None,
+    *,
+    mins: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The contract in plain PyTorch: x [M, K] @ dequantized w.T in float32, + bias, in x's dtype."""
-    n, k = _check_layout(qweight, scales, zeros, group_size, bits)
+    n, k = _check_layout(qweight, scales, zeros, group_size, bits, mins=mins)
     _check_x(x, k, bias, n)
-    y = x.float() @ dequantize_wna16(qweight, scales, zeros, group_size, bits).T
+    y = x.float() @ dequantize_wna16(qweight, scales, zeros, group_size, bits, mins=mins).T
     if bias is not None:
         y += bias.float()
     return y.to(x.dtype)
@@ -174,6 +198,7 @@ def _wna16_linear_kernel(
     qw_ptr,
     scale_ptr,
     zero_ptr,
+    min_ptr,
     bias_ptr,
     out_ptr,
     M,
@@ -190,6 +215,7 @@ def _wna16_linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HAS_MINS: tl.constexpr = False,
 ):
     PER_WORD: tl.constexpr = 32 // BITS
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -218,6 +244,8 @@ def _wna16_linear_kernel(
         scale = tl.load(scale_ptr + cols64[None, :] * stride_sz + groups, mask=wmask, other=0.0)
         zero = tl.load(zero_ptr + cols64[None, :] * stride_sz + groups, mask=wmask, other=0)
         w = (u.to(tl.float32) - zero.to(tl.float32)) * scale
+        if HAS_MINS:
+            w -= tl.load(min_ptr + cols64[None, :] * stride_sz + groups, mask=wmask, other=0.0)
         acc += tl.dot(x, w.to(x.dtype), input_precision=DOT_PRECISION)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
@@ -236,27 +264,35 @@ def wna16_linear_triton(
     group_size: int,
     bits: int,
     bias: torch.Tensor | None = None,
+    *,
+    mins: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton version of `wna16_linear_torch` (same contract). The weight is dequantized in
     float32 and rounded to x's dtype before the dot (exact for float32 x; float16/bfloat16 x round
-    each weight once, as their GEMMs would)."""
-    n, k = _check_layout(qweight, scales, zeros, group_size, bits)
+    each weight once, as their GEMMs would). With mins, a GPU compile may fuse the product and the
+    difference into one FMA (one rounding instead of two): within rounding of the twin."""
+    n, k = _check_layout(qweight, scales, zeros, group_size, bits, mins=mins)
     _check_x(x, k, bias, n)
     x = x if x.stride(1) == 1 else x.contiguous()
     qweight = qweight.contiguous()
     scales = scales.float().contiguous()
     zeros = zeros.contiguous()
+    if mins is not None:
+        mins = mins.contiguous()  # [N, G] as scales: the kernel reads it with scales' row stride
     m = x.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
     block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
     block_n, block_k = 64, 64
+    # Without mins the launch is the plain kernel's (HAS_MINS keeps its default, False).
+    extra = {} if mins is None else {"HAS_MINS": True}
     _wna16_linear_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
         x,
         qweight,
         scales,
         zeros,
+        mins if mins is not None else scales,  # never read without HAS_MINS
         bias if bias is not None else scales,  # never read without HAS_BIAS
         out,
         m,
@@ -273,6 +309,7 @@ def wna16_linear_triton(
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        **extra,
     )
     return out
 
@@ -293,7 +330,9 @@ class WNA16CPUWeight:
     scales: torch.Tensor
     """float32 [T, K // group_size, 16]: scales[t, g, l] = scales[16 t + l, g]."""
     zeros: torch.Tensor
-    """float32 [T, K // group_size, 16]: the zero points as floats (exact), same order as scales."""
+    """float32 [T, K // group_size, 16]: the zero points as floats (exact), same order as scales;
+    with mins, z' = z + m / s (rounded once; z where s == 0), so s * (u - z') = (u - z) * s - m up
+    to rounding."""
     bits: int
     group_size: int
     out_features: int
@@ -302,16 +341,58 @@ class WNA16CPUWeight:
     """K."""
 
 
+_MAX_FOLDED_SHIFT = 2.0**120
+"""Bound on |m / s| for a fold (`cpu_folds_mins`): z + m / s stays far within float32's range."""
+
+
+def _folded_mins(scales: torch.Tensor, mins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(m / s float64, 0 where s == 0; whether each group folds: s != 0 and |m / s| at most
+    `_MAX_FOLDED_SHIFT` (so not NaN), or s == 0 and m == 0) for scales and mins [N, G]."""
+    s = scales.detach().cpu().double()
+    m = mins.detach().cpu().double()
+    nonzero = s != 0
+    shift = torch.where(nonzero, m / torch.where(nonzero, s, 1.0), 0.0)
+    ok = torch.where(nonzero, shift.abs() <= _MAX_FOLDED_SHIFT, m == 0)
+    return shift, ok
+
+
+def cpu_folds_mins(scales: torch.Tensor, mins: torch.Tensor) -> bool:
+    """Whether `prepare_wna16_cpu(..., mins=mins)` can fold these mins into zero points (z + m / s):
+    for every group s != 0 (with m / s finite, far within float32's range), or s == m == 0. Where
+    False (w is the constant -m in a group with s == 0), use the twin (`wna16_linear_torch`) or
+    the Triton kernel."""
+    if scales.shape != mins.shape:
+        raise ValueError(
+            f"mins must have scales' shape {tuple(scales.shape)}, got {tuple(mins.shape)}"
+        )
+    return bool(_folded_mins(scales, mins)[1].all())
+
+
 def prepare_wna16_cpu(
     qweight: torch.Tensor,
     scales: torch.Tensor,
     zeros: torch.Tensor,
     group_size: int,
     bits: int,
+    *,
+    mins: torch.Tensor | None = None,
 ) -> WNA16CPUWeight:
     """Repack a contract weight once (at load) for `wna16_linear_cpu`; plain PyTorch, so it runs
-    whether or not the C++ library is loaded."""
-    n, k = _check_layout(qweight, scales, zeros, group_size, bits)
+    whether or not the C++ library is loaded. mins are folded into the zero points
+    (`WNA16CPUWeight.zeros`): the op's results are then within rounding of the twin's, not
+    bit-identical. ValueError where they cannot fold (`cpu_folds_mins` False)."""
+    n, k = _check_layout(qweight, scales, zeros, group_size, bits, mins=mins)
+    zero_points = zeros.cpu().float()
+    if mins is not None:  # z' = z + m / s, computed in float64 and rounded once
+        shift, ok = _folded_mins(scales, mins)
+        if not ok.all():
+            row, group = (int(i) for i in (~ok).nonzero()[0])
+            raise ValueError(
+                f"mins cannot fold into zero points for the CPU op: group {group} of row {row} has "
+                f"scale {scales[row, group].item()!r} and min {mins[row, group].item()!r} "
+                "(m / s must be finite; s == 0 needs m == 0): use wna16_linear_torch instead"
+            )
+        zero_points = (zeros.cpu().double() + shift).float()
     qweight = qweight.cpu()
     if bits == 4:
         u = unpack_wna16(qweight, bits, k).view(n, k // 8, 8)[:, :, list(_NIBBLE_ORDER)]
@@ -326,7 +407,7 @@ def prepare_wna16_cpu(
     return WNA16CPUWeight(
         packed=tiled(qweight, torch.int32),
         scales=tiled(scales.cpu(), torch.float32),
-        zeros=tiled(zeros.cpu(), torch.float32),
+        zeros=tiled(zero_points, torch.float32),
         bits=bits,
         group_size=group_size,
         out_features=n,
@@ -371,11 +452,14 @@ def wna16_linear_int8_torch(
     group_size: int,
     bits: int,
     bias: torch.Tensor | None = None,
+    *,
+    mins: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The dynamic int8 path's twin (the module docstring): x's chunks quantized to int8, each
-    chunk's exact dot with u - z scaled by scale_w * scale_x, summed in float64, rounded once
-    (the op folds the chunks in float32: within a bfloat16 ulp of this)."""
-    n, k = _check_layout(qweight, scales, zeros, group_size, bits)
+    chunk's exact dot with u - z scaled by scale_w * scale_x (less min_w * scale_x * sum(xq) with
+    mins), summed in float64, rounded once (the op folds the chunks in float32: within a bfloat16
+    ulp of this)."""
+    n, k = _check_layout(qweight, scales, zeros, group_size, bits, mins=mins)
     _check_x(x, k, bias, n)
     if bits != 4:
         raise ValueError(f"the dynamic int8 path takes 4-bit weights only, got bits={bits}")
@@ -389,7 +473,11 @@ def wna16_linear_int8_torch(
     # [M, H, 1, chunk] x [1, H, N, chunk] -> the exact int dots [M, H, N]
     dots = torch.einsum("mhc,nhc->mhn", xq.double().view(-1, h, chunk), u.view(n, h, chunk))
     qsum = xq.double().view(-1, h, chunk).sum(-1, keepdim=True)
-    y = ((dots - z.T.unsqueeze(0) * qsum) * s.T.unsqueeze(0) * sx.double().unsqueeze(-1)).sum(1)
+    sx = sx.double().unsqueeze(-1)  # [M, H, 1]
+    y = (dots - z.T.unsqueeze(0) * qsum) * s.T.unsqueeze(0) * sx
+    if mins is not None:
+        y = y - mins.double().repeat_interleave(per_chunk, 1).T.unsqueeze(0) * sx * qsum
+    y = y.sum(1)
     if bias is not None:
         y = y + bias.double()
     return y.to(x.dtype)

@@ -3,12 +3,19 @@ Llama-family checkpoint in Hugging Face form, laid out as llama.cpp's converter 
 its metadata keys, its tensor names, the query and key rows permuted for its rotary layout, and
 the byte-level BPE tokenizer as `tokenizer.ggml.*` (gpt2 model: tokens, types, merges).
 
+The K-quants (Q4_K, Q5_K, Q6_K), which gguf-py reads but does not write, are quantized here in
+llama.cpp's block layouts by a plain rounding (`quantize_k`: per sub-block a float range on
+6-bit scales and minimums, or Q6_K's symmetric 8-bit scales), not llama.cpp's search for the
+best scales: what matters is that the blocks are laid out as llama.cpp lays them out.
+
     write_gguf(Path("models/shakespeare-llama"), Path("/tmp/shakespeare.gguf"), "F16")
+    write_gguf(hf_dir, out, {"attn_v": "Q6_K", "ffn_down": "Q6_K"}, default_type="Q4_K")
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import gguf
@@ -24,6 +31,12 @@ GGML_TYPES = {
     "Q8_0": gguf.GGMLQuantizationType.Q8_0,
     "Q4_0": gguf.GGMLQuantizationType.Q4_0,
     "Q4_1": gguf.GGMLQuantizationType.Q4_1,
+    "Q4_K": gguf.GGMLQuantizationType.Q4_K,
+    "Q5_K": gguf.GGMLQuantizationType.Q5_K,
+    "Q6_K": gguf.GGMLQuantizationType.Q6_K,
+    "Q5_0": gguf.GGMLQuantizationType.Q5_0,
+    "Q5_1": gguf.GGMLQuantizationType.Q5_1,
+    "Q2_K": gguf.GGMLQuantizationType.Q2_K,
 }
 LAYER_TENSORS = {
     "input_layernorm": "attn_norm",
@@ -49,11 +62,17 @@ def permute_rotary(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def write_gguf(
-    hf_dir: Path, out: Path, tensor_type: str = "F32", embedding_type: str = "F32"
+    hf_dir: Path,
+    out: Path,
+    tensor_type: str | Mapping[str, str] = "F32",
+    embedding_type: str = "F32",
+    default_type: str = "F32",
+    output_type: str | None = None,
 ) -> Path:
     """Write the checkpoint in `hf_dir` as a GGUF file at `out`; its 2-D projection weights in
-    `tensor_type` (F32, F16, BF16, Q8_0, Q4_0, Q4_1), norms and embeddings in F32 (the
-    embedding in `embedding_type`)."""
+    `tensor_type` (GGML_TYPES), or per projection (a mapping from llama.cpp's short name, e.g.
+    "attn_v", to a type; the others in `default_type`), norms in F32, the embedding in
+    `embedding_type` and an untied output head in `output_type` (None: `embedding_type`)."""
     config = json.loads((hf_dir / "config.json").read_text())
     state = {}
     for file in sorted(hf_dir.glob("*.safetensors")):
@@ -79,8 +98,12 @@ def write_gguf(
             weight = permute_rotary(weight, kv_heads)
         if gguf_name == "token_embd.weight":
             _add(writer, gguf_name, weight, embedding_type)
+        elif gguf_name == "output.weight":
+            _add(writer, gguf_name, weight, output_type or embedding_type)
+        elif weight.ndim == 2:
+            _add(writer, gguf_name, weight, _projection_type(gguf_name, tensor_type, default_type))
         else:
-            _add(writer, gguf_name, weight, tensor_type if weight.ndim == 2 else "F32")
+            _add(writer, gguf_name, weight, "F32")
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -88,13 +111,99 @@ def write_gguf(
     return out
 
 
+def _projection_type(name: str, tensor_type: str | Mapping[str, str], default: str) -> str:
+    if isinstance(tensor_type, str):
+        return tensor_type
+    return tensor_type.get(name.split(".")[2], default)  # blk.<i>.<short name>.weight
+
+
 def _add(writer: gguf.GGUFWriter, name: str, weight: np.ndarray, tensor_type: str) -> None:
+    if tensor_type == "Q2_K":  # gguf-py writes no Q2_K: zero blocks, for refusal tests
+        kind = GGML_TYPES[tensor_type]
+        data = np.zeros((weight.shape[0], weight.shape[1] // 256 * 84), dtype=np.uint8)
+        writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)
+        return
     if tensor_type in NUMPY_TYPES:
         writer.add_tensor(name, weight.astype(NUMPY_TYPES[tensor_type]))
         return
+    if tensor_type in K_QUANTS and weight.shape[1] % 256:
+        tensor_type = K_FALLBACK[tensor_type]  # as llama.cpp: rows not in whole super-blocks
     kind = GGML_TYPES[tensor_type]
-    data = gguf.quants.quantize(weight.astype(np.float32), kind)
+    if tensor_type in K_QUANTS:
+        data = quantize_k(weight.astype(np.float32), tensor_type)
+    else:
+        data = gguf.quants.quantize(weight.astype(np.float32), kind)
     writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)
+
+
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
+K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+"""llama.cpp's type for a tensor whose rows are not whole 256-value super-blocks."""
+
+
+def quantize_k(weight: np.ndarray, kind: str) -> np.ndarray:
+    """float32 [N, K] (K a multiple of 256) -> `kind`'s blocks, uint8 [N, K / 256 * block bytes]."""
+    rows = weight.shape[0]
+    blocks = weight.reshape(-1, 256)
+    data = _q6_k(blocks) if kind == "Q6_K" else _q45_k(blocks, 5 if kind == "Q5_K" else 4)
+    return data.reshape(rows, -1)
+
+
+def _f16_bytes(values: np.ndarray) -> np.ndarray:
+    return values.astype(np.float16).reshape(-1, 1).view(np.uint8)
+
+
+def _q45_k(blocks: np.ndarray, bits: int) -> np.ndarray:
+    """Q4_K / Q5_K: per sub-block of 32, scale = range / (2^bits - 1) and min = -lower bound, on
+    6-bit multiples of the block's d and dmin."""
+    top = (1 << bits) - 1
+    x = blocks.reshape(-1, 8, 32)
+    low = np.minimum(x.min(-1), 0)
+    scale, minimum = (x.max(-1) - low) / top, -low
+    d = _f16_bytes(scale.max(-1) / 63).view(np.float16).astype(np.float32)
+    dmin = _f16_bytes(minimum.max(-1) / 63).view(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.where(d > 0, np.round(scale / d), 0).clip(0, 63).astype(np.uint8)
+        mn = np.where(dmin > 0, np.round(minimum / dmin), 0).clip(0, 63).astype(np.uint8)
+        step = d * sc
+        q = np.where(
+            step[..., None] > 0, np.round((x + (dmin * mn)[..., None]) / step[..., None]), 0
+        )
+    q = q.clip(0, top).astype(np.uint8)
+    packed_scales = np.concatenate(
+        [
+            (sc[:, :4] & 63) | ((sc[:, 4:] >> 4) << 6),
+            (mn[:, :4] & 63) | ((mn[:, 4:] >> 4) << 6),
+            (sc[:, 4:] & 0x0F) | ((mn[:, 4:] & 0x0F) << 4),
+        ],
+        axis=1,
+    )
+    pairs = (q & 0x0F).reshape(-1, 4, 2, 32)
+    qs = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(-1, 128)
+    parts = [_f16_bytes(d), _f16_bytes(dmin), packed_scales]
+    if bits == 5:
+        high = (q >> 4) & 1  # [blocks, 8, 32]: bit i of byte l is sub-block i's value l
+        parts.append((high << np.arange(8, dtype=np.uint8)[None, :, None]).sum(1).astype(np.uint8))
+    return np.concatenate([*parts, qs], axis=1)
+
+
+def _q6_k(blocks: np.ndarray) -> np.ndarray:
+    """Q6_K: per sub-block of 16, a symmetric scale (max |x| / 31) on an int8 multiple of d."""
+    x = blocks.reshape(-1, 16, 16)
+    scale = np.abs(x).max(-1) / 31
+    d = _f16_bytes(scale.max(-1) / 127).view(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.where(d > 0, np.round(scale / d), 0).clip(-128, 127).astype(np.int8)
+        step = d * sc.astype(np.float32)
+        q = np.where(step[..., None] > 0, np.round(x / step[..., None]), 0)
+    u = (q.clip(-32, 31) + 32).astype(np.uint8).reshape(-1, 2, 128)  # two halves of 128
+    low, high = u & 0x0F, u >> 4
+    ql = (low[:, :, :64] | (low[:, :, 64:] << 4)).reshape(-1, 128)
+    quarters = high.reshape(-1, 2, 4, 32)  # value h * 128 + s * 32 + c
+    qh = (quarters << (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]).sum(2)
+    return np.concatenate(
+        [ql, qh.astype(np.uint8).reshape(-1, 64), sc.view(np.uint8), _f16_bytes(d)], axis=1
+    )
 
 
 def _write_metadata(writer: gguf.GGUFWriter, config: dict, name: str) -> None:

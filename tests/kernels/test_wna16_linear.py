@@ -2,18 +2,22 @@
 dequantization against an element-by-element formula on the raw words, the C++ CPU op (both its
 decode and GEMM paths, and the dynamic int8 activations of its AVX512-VNNI path) and the Triton
 kernel (interpreter on CPU: float32 and float16) against the PyTorch twins, strided x, and bad
-arguments.
+arguments; float minimums (GGUF's Q4_1 and K-quants) bit for bit against gguf-py's dequantization,
+and through every path (the C++ op's folded into its zero points).
 
 Tolerances (relative, conftest.TOLERANCE): float32 1e-5, float16 2e-3, bfloat16 1.6e-2.
 """
 
 from __future__ import annotations
 
+import gguf
+import numpy as np
 import pytest
 import torch
 
 from kernels import cpu_extension
 from kernels.wna16_linear import (
+    cpu_folds_mins,
     dequantize_wna16,
     int8_chunk,
     pack_wna16,
@@ -303,6 +307,206 @@ def test_triton_strided_x(device):
     args = [t.to(device) for t in (wide[:, :64], qweight, scales, zeros)]
     got = wna16_linear_triton(*args, 32, 4)
     assert _relative_error(got.cpu(), want) <= 1e-5
+
+
+# --- float minimums (GGUF's Q4_1 and K-quants) ------------------------------------------------------
+
+
+def _mins(scales: torch.Tensor, bits: int, seed: int = 2) -> torch.Tensor:
+    """Minimums as GGUF's give them: a few scales' worth of offset (either sign) per group."""
+    gen = torch.Generator().manual_seed(seed)
+    return scales * ((torch.rand(scales.shape, generator=gen) * 1.5 - 0.5) * (1 << bits))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_dequantize_with_mins_is_numpy_s_u_minus_m_bit_for_bit(bits):
+    n, k, group_size = 6, 128, 32
+    qweight, scales, zeros = _weight(n, k, group_size, bits)
+    mins = _mins(scales, bits)
+    u = unpack_wna16(qweight, bits, k).numpy().astype(np.float32).reshape(n, -1, group_size)
+    s, m = scales.numpy()[..., None], mins.numpy()[..., None]
+    got = dequantize_wna16(qweight, scales, torch.zeros_like(zeros), group_size, bits, mins=mins)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, torch.from_numpy((s * u - m).reshape(n, k)))
+    # With zero points: (u - z) * s, rounded, then - m, rounded.
+    z = zeros.numpy().astype(np.float32)[..., None]
+    got = dequantize_wna16(qweight, scales, zeros, group_size, bits, mins=mins)
+    assert torch.equal(got, torch.from_numpy(((u - z) * s - m).reshape(n, k)))
+    # mins=None subtracts nothing; zero mins give the same weight.
+    plain = dequantize_wna16(qweight, scales, zeros, group_size, bits)
+    assert torch.equal(plain, torch.from_numpy(((u - z) * s).reshape(n, k)))
+    zero_mins = torch.zeros_like(mins)
+    assert torch.equal(
+        dequantize_wna16(qweight, scales, zeros, group_size, bits, mins=zero_mins), plain
+    )
+
+
+def test_gguf_q4_1_blocks_dequantize_exactly_as_gguf():
+    n, k = 8, 256
+    weights = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32)
+    weights[0, :32] = 1.5  # a constant block: d = 0
+    blocks = gguf.quants.quantize(weights, gguf.GGMLQuantizationType.Q4_1)
+    want = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q4_1)
+    # Per block of 32: float16 d, float16 m, 16 bytes: low nibbles values 0-15, high ones 16-31.
+    blocks = blocks.reshape(n, k // 32, 20)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    qs = blocks[..., 4:]
+    u = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, k)
+    got = dequantize_wna16(
+        pack_wna16(torch.from_numpy(u.astype(np.int64)), 4),
+        torch.from_numpy(d),
+        torch.zeros(n, k // 32, dtype=torch.uint8),
+        32,
+        4,
+        mins=torch.from_numpy(-m),
+    )
+    assert torch.equal(got, torch.from_numpy(want))
+
+
+def test_torch_twin_with_mins_is_the_float64_dequantized_matmul():
+    qweight, scales, zeros = _weight(48, 128, 32, 4)
+    mins = _mins(scales, 4)
+    x, bias = _x(9, 128, torch.float32), torch.randn(48)
+    got = wna16_linear_torch(x, qweight, scales, zeros, 32, 4, bias, mins=mins)
+    w = dequantize_wna16(qweight, scales, zeros, 32, 4).double() - mins.double().repeat_interleave(
+        32, 1
+    )
+    want = x.double() @ w.T + bias.double()
+    assert got.dtype == torch.float32 and _relative_error(got, want) <= 1e-6
+    plain = wna16_linear_torch(x, qweight, scales, zeros, 32, 4, bias)
+    assert _relative_error(plain, want) > 1e-2  # the minimums matter
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("with_mins", [False, True], ids=["plain", "mins"])
+def test_triton_with_mins_matches_twin(device, run_poisoned, bits, with_mins):
+    n, k, group_size = 80, 128, 32  # two column blocks (one partial), two K steps
+    qweight, scales, zeros = _weight(n, k, group_size, bits, seed=5)
+    mins = _mins(scales, bits) if with_mins else None
+    for m, with_bias in ((3, True), (17, False)):
+        x = _x(m, k, torch.float32, seed=m)
+        bias = torch.randn(n) if with_bias else None
+        want = wna16_linear_torch(x, qweight, scales, zeros, group_size, bits, bias, mins=mins)
+        args = [t if t is None else t.to(device) for t in (x, qweight, scales, zeros, bias)]
+        got = run_poisoned(
+            wna16_linear_triton,
+            *args[:4],
+            group_size,
+            bits,
+            args[4],
+            mins=None if mins is None else mins.to(device),
+        )
+        assert _relative_error(got.cpu(), want) <= 1e-5
+
+
+def test_int8_twin_with_mins_is_its_float64_formula():
+    n, k, group_size = 24, 512, 512  # per-channel: chunks of 256 sharing a group's min
+    qweight, scales, zeros = _weight(n, k, group_size, 4, seed=9)
+    mins = _mins(scales, 4)
+    x, bias = _x(5, k, torch.float32), torch.randn(n)
+    got = wna16_linear_int8_torch(x, qweight, scales, zeros, group_size, 4, bias, mins=mins)
+    chunk = int8_chunk(group_size, 4)
+    xq, sx = quantize_activations_int8(x, chunk)
+    u = unpack_wna16(qweight, 4, k).double()
+    want = bias.double().expand(5, n).clone()
+    for h in range(k // chunk):
+        g = h * chunk // group_size
+        xh = xq[:, h * chunk : (h + 1) * chunk].double()
+        dots = xh @ (u[:, h * chunk : (h + 1) * chunk] - zeros[:, g, None].double()).T
+        s, m = scales[:, g].double(), mins[:, g].double()
+        want += sx[:, h, None].double() * (s * dots - m * xh.sum(1, keepdim=True))
+    assert got.dtype == torch.float32 and _relative_error(got, want) <= 1e-6
+    # Zero minimums subtract exact zeros: the plain path's bits.
+    plain = wna16_linear_int8_torch(x, qweight, scales, zeros, group_size, 4, bias)
+    zero_mins = torch.zeros_like(mins)
+    assert torch.equal(
+        wna16_linear_int8_torch(x, qweight, scales, zeros, group_size, 4, bias, mins=zero_mins),
+        plain,
+    )
+
+
+@pytest.mark.parametrize("cpu_dtype", CPU_DTYPES, ids=CPU_DTYPE_IDS)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [32, 256], ids=["g32", "per_channel"])
+def test_cpu_op_with_folded_mins_matches_twin(
+    cpu_kernels, assert_close, cpu_dtype, bits, group_size
+):
+    n, k = 72, 256
+    qweight, scales, zeros = _weight(n, k, group_size, bits, seed=group_size + bits)
+    mins = _mins(scales, bits)
+    prepared = prepare_wna16_cpu(qweight, scales, zeros, group_size, bits, mins=mins)
+    for m in (1, 2, 3, 4, 64):
+        bias = torch.randn(n).to(cpu_dtype)
+        x = _x(m, k, cpu_dtype, seed=m)
+        want = wna16_linear_torch(x, qweight, scales, zeros, group_size, bits, bias, mins=mins)
+        for gemm_min_rows in (1 << 30, 1):  # decode kernel, dequantize-for-GEMM path
+            got = wna16_linear_cpu(x, prepared, bias, gemm_min_rows=gemm_min_rows)
+            assert got.shape == (m, n) and got.dtype == cpu_dtype
+            if cpu_dtype == torch.bfloat16 and gemm_min_rows == 1 << 30:
+                _within_a_bfloat16_ulp(got, want)  # float32 sums, one rounding
+            else:  # float32 (~1e-6 measured); the GEMM's weight rounded to bfloat16 (~5e-3)
+                assert_close(got, want, cpu_dtype)
+
+
+@needs_int8_dot
+@pytest.mark.parametrize("group_size,k", [(32, 256), (512, 512)])
+def test_cpu_int8_path_with_folded_mins_matches_its_twin(cpu_kernels, group_size, k):
+    n = 72
+    qweight, scales, zeros = _weight(n, k, group_size, 4, seed=group_size)
+    mins = _mins(scales, 4)
+    prepared = prepare_wna16_cpu(qweight, scales, zeros, group_size, 4, mins=mins)
+    for m in (1, 3, 4, 17):
+        bias = torch.randn(n).bfloat16()
+        x = _x(m, k, torch.bfloat16, seed=m)
+        got = wna16_linear_cpu(x, prepared, bias, dynamic_int8=True)
+        want = wna16_linear_int8_torch(x, qweight, scales, zeros, group_size, 4, bias, mins=mins)
+        assert got.shape == (m, n) and got.dtype == torch.bfloat16
+        _within_a_bfloat16_ulp(got, want)
+
+
+def test_mins_with_a_zero_scale_fold_only_when_zero(cpu_kernels, assert_close):
+    qweight, scales, zeros = _weight(20, 64, 32, 4)
+    mins = _mins(scales, 4)
+    assert cpu_folds_mins(scales, mins)
+    scales[3, 1] = 0.0  # w is the constant -m there: no zero point gives it
+    assert not cpu_folds_mins(scales, mins)
+    with pytest.raises(ValueError, match=r"^mins .*group 1 of row 3"):
+        prepare_wna16_cpu(qweight, scales, zeros, 32, 4, mins=mins)
+    mins[3, 1] = float("nan")
+    assert not cpu_folds_mins(scales, mins)
+    mins[3, 1] = 0.0  # w is 0 there: folds (the zero point stays)
+    assert cpu_folds_mins(scales, mins)
+    prepared = prepare_wna16_cpu(qweight, scales, zeros, 32, 4, mins=mins)
+    assert prepared.zeros.isfinite().all() and prepared.zeros[0, 1, 3] == zeros[3, 1]
+    x = _x(3, 64, torch.float32)
+    want = wna16_linear_torch(x, qweight, scales, zeros, 32, 4, mins=mins)
+    assert_close(wna16_linear_cpu(x, prepared), want, torch.float32)
+
+
+@pytest.mark.parametrize(
+    "mins",
+    [
+        torch.zeros(8, 3),
+        torch.zeros(8, 2, dtype=torch.float64),
+        torch.zeros(8, 2, dtype=torch.float16),
+        torch.zeros(8, 2, dtype=torch.int32),
+        torch.zeros(2, 8),
+    ],
+    ids=["shape", "float64", "float16", "int32", "transposed"],
+)
+def test_bad_mins_are_rejected_naming_mins(mins):
+    qweight, scales, zeros = _weight(8, 64, 32, 4)
+    x = torch.zeros(2, 64)
+    for call in (
+        lambda: dequantize_wna16(qweight, scales, zeros, 32, 4, mins=mins),
+        lambda: wna16_linear_torch(x, qweight, scales, zeros, 32, 4, mins=mins),
+        lambda: wna16_linear_triton(x, qweight, scales, zeros, 32, 4, mins=mins),
+        lambda: wna16_linear_int8_torch(x, qweight, scales, zeros, 32, 4, mins=mins),
+        lambda: prepare_wna16_cpu(qweight, scales, zeros, 32, 4, mins=mins),
+    ):
+        with pytest.raises(ValueError, match="^mins "):
+            call()
 
 
 # --- bad arguments --------------------------------------------------------------------------------

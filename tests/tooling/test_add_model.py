@@ -76,10 +76,10 @@ def test_a_gguf_file_is_added_as_an_llm_and_an_unsupported_one_refused(tmp_path)
     config = read_config((tmp_path / "repo" / "m" / "config.pbtxt").read_text())
     assert config["parameters"]["model"]["string_value"] == str(f16)
     assert config["backend"] == "python" and "text_input" in str(config["input"])
-    q4_1 = write_gguf(SHAKESPEARE, tmp_path / "shakespeare-q4_1.gguf", "Q4_1")
-    result = _add_model(q4_1, tmp_path / "other")
+    q2_k = write_gguf(SHAKESPEARE, tmp_path / "shakespeare-q2_k.gguf", "Q2_K")
+    result = _add_model(q2_k, tmp_path / "other")
     assert result.returncode != 0
-    assert "blk.0.attn_q.weight is Q4_1" in result.stderr
+    assert "blk.0.attn_q.weight is Q2_K" in result.stderr
     assert not (tmp_path / "other").exists()
 
 

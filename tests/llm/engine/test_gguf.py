@@ -1,26 +1,31 @@
 """GGUF checkpoints: the default Shakespeare model written as GGUF with the `gguf` package (as
 llama.cpp's converter lays it out, tooling/gguf_checkpoints.py) loads with `model: <file>.gguf`,
 and greedy tokens equal transformers' on the same file (`gguf_file=`) for F32, F16 and BF16
-tensors (and the original checkpoint's for F32) and for Q8_0 and Q4_0 projections, loaded as
-stored (W8A16 / W4A16 group 32) with weights bit-identical to `gguf.quants.dequantize`; other
-tensor types and a cut-short file are refused at load, naming the tensor and its type."""
+tensors (and the original checkpoint's for F32), for quantized projections, loaded as stored,
+mixed as llama.cpp's K-quant files mix them, and for a quantized embedding; every quantized
+type's weights are bit-identical to `gguf.quants.dequantize`; other tensor types and a cut-short
+file are refused at load, naming the tensor and its type."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from backend_lib.config import ConfigError
+from backend_lib.gguf_checkpoint import PACKED_TYPES, materialize
 from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.engine.llm_engine import LLMEngine
+from backend_lib.llm.execution.checkpoint_quantization import read_checkpoint_quantization
+from kernels.wna16_linear import dequantize_wna16
 from tests.llm.engine_helpers import greedy
 from tests.llm.shakespeare_helpers import SHAKESPEARE
 from tooling.gguf_checkpoints import write_gguf
 from tooling.hf_reference import hf_greedy
-from tooling.quantized_checkpoints import reference_dequantized_weights
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -73,32 +78,76 @@ def test_a_second_load_reuses_the_converted_checkpoint(tmp_path, cache):
     assert (converted / "model.safetensors").stat().st_mtime_ns == stamp
 
 
-@pytest.mark.parametrize("tensor_type", ["Q8_0", "Q4_0"])
-def test_q8_0_and_q4_0_load_as_stored_and_dequantize_as_gguf_does(tensor_type, tmp_path, cache):
-    """The converted checkpoint is compressed-tensors W8A16 / W4A16 group 32, and its weights as
-    compressed-tensors itself decompresses them equal, bit for bit, gguf's dequantization of the
-    file (through transformers, which also undoes llama.cpp's rotary row order)."""
+@pytest.mark.parametrize("tensor_type", PACKED_TYPES)
+def test_quantized_projections_load_as_stored_and_dequantize_as_gguf_does(
+    tensor_type, tmp_path, cache
+):
+    """The converted checkpoint stores each projection's values, scales, zero points and
+    minimums (`quant_method: gguf`), and its weights as the engine dequantizes them equal, bit for
+    bit, gguf's dequantization of the file (through transformers, which also undoes llama.cpp's
+    rotary row order). K-quants fall back, as llama.cpp does, where rows are not whole
+    256-value super-blocks (ffn_down here)."""
     path = write_gguf(SHAKESPEARE, tmp_path / "shakespeare.gguf", tensor_type)
-    engine = engine_on(path)
-    bits = {"Q8_0": 8, "Q4_0": 4}[tensor_type]
-    assert engine.runner.checkpoint.quantization.describe() == (
-        f"compressed-tensors pack-quantized W{bits}A16 group 32 symmetric"
-    )
-    engine.close()
-    (converted,) = cache.iterdir()
-    ours = reference_dequantized_weights(converted)
+    converted = materialize(path, str(path))
+    config = json.loads((converted / "config.json").read_text())
+    quantization = read_checkpoint_quantization(config)
+    assert quantization.describe().startswith("gguf ") and tensor_type in quantization.describe()
+    ours = _dequantized(converted, config["quantization_config"]["layers"])
     source = {"pretrained_model_name_or_path": tmp_path, "gguf_file": path.name}
     gguf_values = AutoModelForCausalLM.from_pretrained(**source, dtype=torch.float32).state_dict()
     assert len(ours) == 7 * 6  # every projection of the 6 layers
     for name, weight in ours.items():
-        assert torch.equal(weight.to(torch.float32), gguf_values[name]), name
+        assert torch.equal(weight, gguf_values[name]), name
+
+
+def _dequantized(converted: Path, layers: dict) -> dict[str, torch.Tensor]:
+    """Each quantized module's weight as the engine's twin dequantizes the stored tensors."""
+    tensors = load_file(converted / "model.safetensors")
+    weights = {}
+    for module, spec in layers.items():
+        mins = tensors.get(f"{module}.weight_min")
+        weights[f"{module}.weight"] = dequantize_wna16(
+            tensors[f"{module}.weight_packed"],
+            tensors[f"{module}.weight_scale"],
+            tensors[f"{module}.weight_zero"],
+            spec["group_size"],
+            spec["bits"],
+            **({} if mins is None else {"mins": mins}),
+        )
+    return weights
+
+
+MIXES = {
+    # llama.cpp's Q4_K_M: attn_v and ffn_down one size up (ffn_down's rows fall back to Q8_0),
+    # so q, k (Q4_K) and v (Q6_K), fused into one projection, share one layout; the embedding
+    # in Q8_0, loaded dequantized.
+    "Q4_K_M": ({"attn_v": "Q6_K", "ffn_down": "Q6_K"}, "Q4_K", "Q8_0"),
+    "Q5_K_and_legacy": ({"attn_q": "Q4_1", "ffn_gate": "Q5_0", "ffn_down": "Q5_1"}, "Q5_K", "F32"),
+}
+
+
+@pytest.mark.parametrize("mix", sorted(MIXES))
+def test_a_k_quant_mix_gives_transformers_tokens_on_the_same_file(mix, tmp_path, cache):
+    types, default, embedding = MIXES[mix]
+    path = write_gguf(
+        SHAKESPEARE, tmp_path / f"{mix}.gguf", types, embedding_type=embedding, default_type=default
+    )
+    engine = engine_on(path)
+    try:
+        assert engine.runner.checkpoint.quantization.describe().startswith("gguf ")
+        (out,) = engine.generate([PROMPT], greedy(NUM_TOKENS))
+    finally:
+        engine.close()
+    source = {"pretrained_model_name_or_path": tmp_path, "gguf_file": path.name}
+    reference = AutoModelForCausalLM.from_pretrained(**source, dtype=torch.float32)
+    assert out.outputs[0].token_ids == hf_greedy(reference, out.prompt_token_ids, NUM_TOKENS)
 
 
 @pytest.mark.parametrize(
     ("settings", "tensor"),
     [
-        ({"tensor_type": "Q4_1"}, "blk.0.attn_q.weight is Q4_1"),
-        ({"embedding_type": "Q8_0"}, "token_embd.weight is Q8_0"),
+        ({"tensor_type": "Q2_K"}, "blk.0.attn_q.weight is Q2_K"),
+        ({"embedding_type": "Q2_K"}, "token_embd.weight is Q2_K"),
     ],
 )
 def test_another_tensor_type_is_refused_naming_the_tensor(settings, tensor, tmp_path, cache):

@@ -4,6 +4,7 @@
 - format.py: `QuantizedFormat`, what every format shares (regrouping the tensor stream per layer).
 - compressed_tensors.py: llm-compressor's compressed-tensors format.
 - gptq.py, awq.py (their shared part: packed_int.py): GPTQ and AWQ (GEMM) checkpoints.
+- gguf_blocks.py: GGUF's quantized tensors, as a converted GGUF checkpoint stores them.
 - layers.py: the staging layers the loader fills, and the layers that compute after loading.
 """
 
@@ -17,6 +18,7 @@ from backend_lib.llm.execution.checkpoint_quantization.compressed_tensors import
     CompressedTensorsFormat,
 )
 from backend_lib.llm.execution.checkpoint_quantization.format import QuantizedFormat
+from backend_lib.llm.execution.checkpoint_quantization.gguf_blocks import GGUFFormat
 from backend_lib.llm.execution.checkpoint_quantization.gptq import GPTQFormat
 from backend_lib.llm.execution.checkpoint_quantization.scheme import CheckpointFormatError
 
@@ -24,7 +26,7 @@ CheckpointQuantization = QuantizedFormat
 """A parsed checkpoint quantization format (`method`, `describe()`, `scheme_for(module)`,
 `stored_layers(tensor_names)`, `translate(tensors, layers)`)."""
 
-_FORMATS = {f.method: f for f in (CompressedTensorsFormat, GPTQFormat, AWQFormat)}
+_FORMATS = {f.method: f for f in (CompressedTensorsFormat, GPTQFormat, AWQFormat, GGUFFormat)}
 SUPPORTED_METHODS = tuple(_FORMATS)
 
 

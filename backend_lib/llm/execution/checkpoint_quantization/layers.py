@@ -51,11 +51,12 @@ class StagingLinear(nn.Module):
             self.qweight = _staging((n, k * scheme.num_bits // 32), torch.int32)
             self.scales = _staging((n, groups), torch.float32)
             self.zeros = _staging((n, groups), torch.uint8)
+            self.mins = _staging((n, groups), torch.float32) if scheme.float_mins else None
         else:
             dtype = torch.int8 if scheme.kind == "int8_dynamic" else torch.float8_e4m3fn
             self.qweight = _staging((n, k), dtype)
             self.scales = _staging((n, 1), torch.float32)
-            self.zeros = None
+            self.zeros = self.mins = None
         has_bias = linear.bias is not None
         self.bias = _staging((n,), linear.bias.dtype) if has_bias else None
         self.perm: torch.Tensor | None = None
@@ -79,6 +80,9 @@ class StagingLinear(nn.Module):
                 "differ); they share an input, so a checkpoint quantized from it has one order"
             )
 
+    def _mins(self) -> torch.Tensor | None:
+        return None if self.mins is None else self.mins.data
+
     def _input_order(self) -> torch.Tensor | None:
         """`perm`, or None where it is the identity."""
         if self.perm is None:
@@ -93,7 +97,9 @@ class StagingLinear(nn.Module):
         q, scales = self.qweight.data, self.scales.data
         if self.scheme.kind == "wna16":
             group = self.scheme.group_size_for(self.in_features)
-            weight = wna16.dequantize_wna16(q, scales, self.zeros.data, group, self.scheme.num_bits)
+            weight = wna16.dequantize_wna16(
+                q, scales, self.zeros.data, group, self.scheme.num_bits, mins=self._mins()
+            )
             perm = self._input_order()
             if perm is not None:  # back to the checkpoint's input order
                 weight = torch.empty_like(weight).index_copy_(1, perm, weight)
@@ -109,7 +115,8 @@ class StagingLinear(nn.Module):
         if self.scheme.kind == "wna16":
             group = self.scheme.group_size_for(self.in_features)
             bits, perm = self.scheme.num_bits, self._input_order()
-            return WNA16Linear(q, scales, self.zeros.data, group, bits, bias, perm, dynamic_int8)
+            zeros, mins = self.zeros.data, self._mins()
+            return WNA16Linear(q, scales, zeros, group, bits, bias, perm, dynamic_int8, mins)
         if self.scheme.kind == "int8_dynamic":
             return QuantizedLinear(q, scales[:, 0], bias, "int8")
         if Fp8Linear.runs_on(q.device) and self.scheme.dynamic_activations:
@@ -214,7 +221,10 @@ class WNA16Linear(nn.Module):
     kernel (its weights prepared once, here) where the extension is built, else the PyTorch twin.
     `perm` (int64 [K], optional): the weight's column j multiplies input perm[j], so the kernel
     computes on x[:, perm] (GPTQ act-order). `dynamic_int8`: on the C++ kernel, 4-bit weights
-    with bfloat16 x take the op's dynamic int8 activations (`wna16_linear_int8_torch`'s contract)."""
+    with bfloat16 x take the op's dynamic int8 activations (`wna16_linear_int8_torch`'s contract).
+    `mins` (float32 [N, K / group_size], optional): float minimums subtracted after scaling; the
+    C++ kernel takes them folded into its zero points where it can (`cpu_folds_mins`), else the
+    twin computes."""
 
     def __init__(
         self,
@@ -226,6 +236,7 @@ class WNA16Linear(nn.Module):
         bias: torch.Tensor | None,
         perm: torch.Tensor | None = None,
         dynamic_int8: bool = False,
+        mins: torch.Tensor | None = None,
     ):
         super().__init__()
         self.out_features = qweight.shape[0]
@@ -233,14 +244,17 @@ class WNA16Linear(nn.Module):
         self.group_size, self.bits = group_size, bits
         self.bias, self.perm = bias, perm
         # Plain attributes, not parameters: never in a state dict, never cast by `.to(dtype)`.
-        self.qweight, self.scales, self.zeros = qweight, scales, zeros
+        self.qweight, self.scales, self.zeros, self.mins = qweight, scales, zeros, mins
         self._prepared = None
         if qweight.device.type == "cuda":
             self.backend = "triton"
-        elif wna16.wna16_cpu_takes(scales):
+        elif wna16.wna16_cpu_takes(scales) and (mins is None or wna16.cpu_folds_mins(scales, mins)):
             self.backend = "cpu"
-            self._prepared = wna16.prepare_wna16_cpu(qweight, scales, zeros, group_size, bits)
-            self.qweight = self.scales = self.zeros = None  # the prepared copy is the one used
+            self._prepared = wna16.prepare_wna16_cpu(
+                qweight, scales, zeros, group_size, bits, mins=mins
+            )
+            # The prepared copy is the one used.
+            self.qweight = self.scales = self.zeros = self.mins = None
         else:
             self.backend = "torch"
         self.dynamic_int8 = dynamic_int8 and self.backend == "cpu" and bits == 4
@@ -248,7 +262,7 @@ class WNA16Linear(nn.Module):
     @property
     def weight_bytes(self) -> int:
         """Bytes of the quantized weight, its scales and zero points (as loaded)."""
-        held = (self.qweight, self.scales, self.zeros)
+        held = tuple(t for t in (self.qweight, self.scales, self.zeros, self.mins) if t is not None)
         if self._prepared is not None:
             held = (self._prepared.packed, self._prepared.scales, self._prepared.zeros)
         return sum(t.numel() * t.element_size() for t in held)
@@ -288,7 +302,14 @@ class WNA16Linear(nn.Module):
                 wna16.wna16_linear_triton if self.backend == "triton" else wna16.wna16_linear_torch
             )
             y = run(
-                x2, self.qweight, self.scales, self.zeros, self.group_size, self.bits, self.bias
+                x2,
+                self.qweight,
+                self.scales,
+                self.zeros,
+                self.group_size,
+                self.bits,
+                self.bias,
+                **({} if self.mins is None else {"mins": self.mins}),
             )
         return y.view(*leading, self.out_features)
 

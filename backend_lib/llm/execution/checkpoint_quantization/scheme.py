@@ -12,8 +12,9 @@ Staging tensors of a linear with N outputs and K inputs:
 - `wna16` (int weights, 4 or 8 bits, 16/32-bit activations):
   `qweight` int32 [N, K * bits / 32] (element k of a row: bits [(k * bits) % 32, +bits) of word
   (k * bits) // 32, unsigned u in [0, 2^bits)), `scales` float32 [N, K / group_size],
-  `zeros` uint8 [N, K / group_size] in the same unsigned domain; w = (u - zero) * scale
-  (kernels/wna16_linear.py).
+  `zeros` uint8 [N, K / group_size] in the same unsigned domain, and with float minimums
+  (`WeightScheme.float_mins`: GGUF's Q4_1 and K-quants) `mins` float32 [N, K / group_size];
+  w = (u - zero) * scale (- min) (kernels/wna16_linear.py).
 - `int8_dynamic` (W8A8: symmetric int8 weights, int8 activations quantized per token at run time):
   `qweight` int8 [N, K], `scales` float32 [N, 1].
 - `fp8` (float8_e4m3fn weights, activations in the model dtype or fp8 per token at run time):
@@ -45,6 +46,8 @@ class WeightScheme:
     dynamic_activations: bool
     """True: activations are quantized per token at run time (W8A8, FP8 dynamic); False: they stay
     in the model dtype (weight-only)."""
+    float_mins: bool = False
+    """A float minimum per group is subtracted after scaling (int weights only)."""
 
     @property
     def kind(self) -> StagingKind:
@@ -62,7 +65,8 @@ class WeightScheme:
         acts = "8" if self.dynamic_activations else "16"
         weights = f"W{self.num_bits}A{acts}" if self.type == "int" else f"FP8 (A{acts})"
         detail = f"group {self.group_size}" if self.strategy == "group" else self.strategy
-        return f"{weights} {detail} {'symmetric' if self.symmetric else 'asymmetric'}"
+        zero = "symmetric" if self.symmetric else "asymmetric"
+        return f"{weights} {detail} {zero}" + (" with float minimums" if self.float_mins else "")
 
 
 @dataclass(frozen=True)
