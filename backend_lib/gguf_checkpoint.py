@@ -105,6 +105,8 @@ def check_tensor_types(path: Path, spec: str) -> None:
 
 
 def _convert(path: Path, out: Path) -> None:
+    import json
+
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -142,6 +144,12 @@ def _convert(path: Path, out: Path) -> None:
     if packed:
         _write_quantization_config(out, packed)
     AutoTokenizer.from_pretrained(**source).save_pretrained(out)
+    # Its tokenizer.json is the whole tokenizer; an architecture's own class may not reload what
+    # it saved (GemmaTokenizer without an unknown token), so the generic fast class reads it.
+    tokenizer_config = out / "tokenizer_config.json"
+    fields = json.loads(tokenizer_config.read_text())
+    fields["tokenizer_class"] = "PreTrainedTokenizerFast"
+    tokenizer_config.write_text(json.dumps(fields, indent=2))
 
 
 def _packed_projections(path: Path, model) -> dict:

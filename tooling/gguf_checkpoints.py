@@ -1,7 +1,8 @@
 """GGUF files for the tests, written with the `gguf` package (the format's own library) from a
-Llama-family checkpoint in Hugging Face form, laid out as llama.cpp's converter lays them out:
-its metadata keys, its tensor names, the query and key rows permuted for its rotary layout, and
-the byte-level BPE tokenizer as `tokenizer.ggml.*` (gpt2 model: tokens, types, merges).
+Llama, Qwen2 or Gemma 2 checkpoint in Hugging Face form, laid out as llama.cpp's converter lays
+them out: its architecture's metadata keys, its tensor names (Qwen2's q/k/v biases, Gemma 2's four
+norms), a Llama's query and key rows permuted for its rotary layout, Gemma's norms stored as
+1 + w, and the byte-level BPE tokenizer as `tokenizer.ggml.*` (gpt2 model: tokens, types, merges).
 
 The K-quants (Q4_K, Q5_K, Q6_K), which gguf-py reads but does not write, are quantized here in
 llama.cpp's block layouts by a plain rounding (`quantize_k`: per sub-block a float range on
@@ -77,25 +78,12 @@ def write_gguf(
     state = {}
     for file in sorted(hf_dir.glob("*.safetensors")):
         state.update(load_file(file))
-    writer = gguf.GGUFWriter(str(out), "llama")
+    arch = ARCHITECTURES[config["model_type"]]
+    writer = gguf.GGUFWriter(str(out), arch)
     _write_metadata(writer, config, hf_dir.name)
     _write_tokenizer(writer, hf_dir, config)
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    names = {
-        "model.embed_tokens.weight": "token_embd.weight",
-        "model.norm.weight": "output_norm.weight",
-    }
-    if not config.get("tie_word_embeddings", False):
-        names["lm_head.weight"] = "output.weight"
-    for i in range(config["num_hidden_layers"]):
-        for hf, ours in LAYER_TENSORS.items():
-            names[f"model.layers.{i}.{hf}.weight"] = f"blk.{i}.{ours}.weight"
-    for hf_name, gguf_name in names.items():
-        weight = state[hf_name].to(torch.float32).numpy()
-        if gguf_name.endswith("attn_q.weight"):
-            weight = permute_rotary(weight, heads)
-        elif gguf_name.endswith("attn_k.weight"):
-            weight = permute_rotary(weight, kv_heads)
+    for hf_name, gguf_name in _tensor_names(config, arch, state).items():
+        weight = _as_llama_cpp_stores(state[hf_name].to(torch.float32).numpy(), gguf_name, config)
         if gguf_name == "token_embd.weight":
             _add(writer, gguf_name, weight, embedding_type)
         elif gguf_name == "output.weight":
@@ -109,6 +97,49 @@ def write_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "gemma2": "gemma2"}
+"""config.json's model_type -> llama.cpp's architecture name."""
+GEMMA2_NORMS = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+
+
+def _tensor_names(config: dict, arch: str, state: dict) -> dict[str, str]:
+    """Hugging Face tensor name -> llama.cpp's, for every tensor written."""
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+    }
+    if not config.get("tie_word_embeddings", False):
+        names["lm_head.weight"] = "output.weight"
+    layer_tensors = dict(LAYER_TENSORS)
+    if arch == "gemma2":
+        del layer_tensors["post_attention_layernorm"]
+        layer_tensors.update(GEMMA2_NORMS)
+    for i in range(config["num_hidden_layers"]):
+        for hf, ours in layer_tensors.items():
+            names[f"model.layers.{i}.{hf}.weight"] = f"blk.{i}.{ours}.weight"
+            bias = f"model.layers.{i}.{hf}.bias"
+            if bias in state:  # Qwen2's q/k/v biases
+                names[bias] = f"blk.{i}.{ours}.bias"
+    return names
+
+
+def _as_llama_cpp_stores(weight: np.ndarray, name: str, config: dict) -> np.ndarray:
+    """A tensor as llama.cpp's converter writes it: a Llama's query and key rows in its rotary
+    order; Gemma's norm weights w as 1 + w (transformers' GGUF reader subtracts the 1)."""
+    arch = ARCHITECTURES[config["model_type"]]
+    if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
+        heads = config["num_attention_heads" if "attn_q" in name else "num_key_value_heads"]
+        return permute_rotary(weight, heads)
+    if arch == "gemma2" and name.endswith("norm.weight"):
+        return weight + 1
+    return weight
 
 
 def _projection_type(name: str, tensor_type: str | Mapping[str, str], default: str) -> str:
@@ -216,6 +247,10 @@ def _write_metadata(writer: gguf.GGUFWriter, config: dict, name: str) -> None:
     writer.add_head_count_kv(config["num_key_value_heads"])
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     writer.add_rope_dimension_count(head_dim)
+    if config["model_type"] == "gemma2":
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+        writer.add_sliding_window(config["sliding_window"])
     rope = config.get("rope_parameters") or {}
     writer.add_rope_freq_base(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
@@ -245,3 +280,40 @@ def _write_tokenizer(writer: gguf.GGUFWriter, hf_dir: Path, config: dict) -> Non
     if config.get("pad_token_id") is not None:
         writer.add_pad_token_id(config["pad_token_id"])
     writer.add_add_bos_token(True)
+
+
+FAMILIES = ("Qwen2ForCausalLM", "Gemma2ForCausalLM")
+"""The other architectures `build_family_checkpoint` builds."""
+
+
+def build_family_checkpoint(arch: str, out: Path, seed: int = 0) -> Path:
+    """A random `arch` checkpoint (FAMILIES) of the Shakespeare model's width (hidden 256: whole
+    K-quant super-blocks) on its tokenizer, to write as GGUF. Gemma's head is tied, as in its real
+    checkpoints (transformers' GGUF reader maps no other), and its embedding drawn small, so that
+    the tied head over the sqrt(hidden)-scaled embedding does not only repeat the last token."""
+    from safetensors.torch import save_file
+
+    from tooling.checkpoints import SHAKESPEARE_DIR, build_checkpoint
+
+    vocab = json.loads((SHAKESPEARE_DIR / "config.json").read_text())["vocab_size"]
+    model = build_checkpoint(
+        arch,
+        out,
+        seed,
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=512,
+        head_dim=64,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    if arch.startswith("Gemma"):
+        state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+        state["model.embed_tokens.weight"] = state["model.embed_tokens.weight"] * 0.05
+        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (out / name).write_bytes((SHAKESPEARE_DIR / name).read_bytes())
+    return out

@@ -24,7 +24,7 @@ from backend_lib.llm.execution.checkpoint_quantization import read_checkpoint_qu
 from kernels.wna16_linear import dequantize_wna16
 from tests.llm.engine_helpers import greedy
 from tests.llm.shakespeare_helpers import SHAKESPEARE
-from tooling.gguf_checkpoints import write_gguf
+from tooling.gguf_checkpoints import FAMILIES, build_family_checkpoint, write_gguf
 from tooling.hf_reference import hf_greedy
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -167,3 +167,29 @@ def test_a_cut_short_gguf_is_refused(tmp_path, cache):
         engine_on(path)
     assert info.value.key == "model"
     assert "cut short" in info.value.reason or "not a complete GGUF" in info.value.reason
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+@pytest.mark.parametrize("mix", ["F32", "Q4_K_M"])
+def test_qwen2_and_gemma2_ggufs_give_transformers_tokens(arch, mix, tmp_path, cache):
+    """Qwen2 (q/k/v biases, no rotary row order) and Gemma 2 (norms stored as 1 + w, four norms
+    a layer, sliding windows), written as llama.cpp writes them, float or K-quant mixed."""
+    source_dir = build_family_checkpoint(arch, tmp_path / arch)
+    types = (
+        {"tensor_type": "F32"}
+        if mix == "F32"
+        else {
+            "tensor_type": MIXES[mix][0],
+            "default_type": MIXES[mix][1],
+        }
+    )
+    path = write_gguf(source_dir, tmp_path / f"{arch}-{mix}.gguf", **types)
+    engine = engine_on(path)
+    try:
+        (out,) = engine.generate([PROMPT], greedy(NUM_TOKENS))
+    finally:
+        engine.close()
+    source = {"pretrained_model_name_or_path": tmp_path, "gguf_file": path.name}
+    assert out.prompt_token_ids == AutoTokenizer.from_pretrained(**source)(PROMPT).input_ids
+    reference = AutoModelForCausalLM.from_pretrained(**source, dtype=torch.float32)
+    assert out.outputs[0].token_ids == hf_greedy(reference, out.prompt_token_ids, NUM_TOKENS)
