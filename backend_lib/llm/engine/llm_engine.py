@@ -174,7 +174,7 @@ class LLMEngine:
         lora_modules: Mapping[str, str | Path] | None = None,
     ) -> LLMEngine:
         """Engine on the checkpoint `config.model` (resolved against `base_dir`)."""
-        model_dir = resolve_model_path(config.model, Path(base_dir))
+        model_dir = resolve_model_path(config.model, Path(base_dir), config.gguf_file)
         return cls(config, model_dir, device, lora_modules=lora_modules, base_dir=base_dir)
 
     def _lora_registry(self, lora_modules: Mapping[str, str | Path] | None) -> LoRARegistry | None:

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--version", default="1")
     args = parser.parse_args(argv)
     config = node_config(args.model_dir, args.version, dict(os.environ))
-    checkpoint = resolve_model_path(config.model, args.model_dir)
+    checkpoint = resolve_model_path(config.model, args.model_dir, config.gguf_file)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sys.exit(run_node(config, checkpoint, device))
 

@@ -193,3 +193,26 @@ def test_qwen2_and_gemma2_ggufs_give_transformers_tokens(arch, mix, tmp_path, ca
     assert out.prompt_token_ids == AutoTokenizer.from_pretrained(**source)(PROMPT).input_ids
     reference = AutoModelForCausalLM.from_pretrained(**source, dtype=torch.float32)
     assert out.outputs[0].token_ids == hf_greedy(reference, out.prompt_token_ids, NUM_TOKENS)
+
+
+def test_a_directory_with_gguf_file_loads_the_same_file(tmp_path, cache):
+    path = write_gguf(SHAKESPEARE, tmp_path / "shakespeare.gguf", "Q8_0")
+    config = LLMConfig(
+        model=str(tmp_path), gguf_file=path.name, dtype="float32", num_blocks=64, max_model_len=256
+    )
+    config.validate()
+    engine = LLMEngine.from_config(config, tmp_path, torch.device("cpu"))
+    try:
+        (out,) = engine.generate([PROMPT], greedy(NUM_TOKENS))
+    finally:
+        engine.close()
+    direct = engine_on(path)
+    try:
+        assert direct.generate([PROMPT], greedy(NUM_TOKENS))[0].outputs == out.outputs
+    finally:
+        direct.close()
+    for name in ("../shakespeare.gguf", "shakespeare.bin"):
+        bad = LLMConfig(model=str(tmp_path), gguf_file=name, num_blocks=64, max_model_len=256)
+        with pytest.raises(ConfigError) as info:
+            LLMEngine.from_config(bad, tmp_path, torch.device("cpu"))
+        assert info.value.key == "gguf_file"
