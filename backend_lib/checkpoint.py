@@ -131,6 +131,8 @@ def _gguf_in(directory: Path, name: str) -> Path:
         raise ConfigError("gguf_file", name, "expected the name of a .gguf file in `model`")
     if not directory.is_dir():
         raise ConfigError("model", str(directory), "gguf_file needs `model` to be a directory")
+    if not (directory / name).is_file():
+        raise ConfigError("gguf_file", name, f"no such file in {directory}")
     return directory / name
 
 

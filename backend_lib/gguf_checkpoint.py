@@ -3,7 +3,7 @@
 The file is read by transformers' GGUF support (`gguf_file=`: config and tokenizer from the
 metadata, tensors through the `gguf` package, llama.cpp's rotary row order undone) and written
 once, losslessly, in this engine's checkpoint form (config.json, model.safetensors, tokenizer.json)
-under `$XDG_CACHE_HOME/triton-llm/gguf/<digest of the file's path, size and time>/`; the loader then
+under `$XDG_CACHE_HOME/triton-llm/gguf/<digest of the converter's version, the file's path, size and time>/`; the loader then
 reads that directory like any checkpoint.
 
 Tensor types: F32, F16 and BF16 (float values, kept exactly), and Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
@@ -43,6 +43,8 @@ PROJECTIONS = tuple(
     f"{name}.weight"
     for name in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 )
+CONVERTER_VERSION = 2
+"""Part of a conversion's cache key: a file converted by an older converter is converted again."""
 DONE = ".complete"
 """Written last in a cache directory: one without it is an interrupted conversion."""
 
@@ -64,7 +66,8 @@ def materialize(path: Path, spec: str) -> Path:
         raise ConfigError("model", spec, f"no GGUF file at {path}")
     check_tensor_types(path, spec)
     stat = path.stat()
-    digest = hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    key = f"{CONVERTER_VERSION}:{path}:{stat.st_size}:{stat.st_mtime_ns}"
+    digest = hashlib.sha256(key.encode()).hexdigest()
     out = cache_root() / digest[:32]
     if (out / DONE).exists():
         return out
@@ -209,7 +212,8 @@ def _rows(weight, index):
 
 
 def _one_layout_per_fusion(packed: dict) -> dict:
-    """`packed` with the projections the engine fuses (FUSED) in one layout each."""
+    """`packed` with the projections the engine fuses (FUSED) in one layout each; a fusion with
+    a member stored as floats (a per-tensor F16 override) stays float whole, dequantized."""
     from backend_lib import gguf_quants
 
     fusions: dict[str, list[str]] = {}
@@ -217,7 +221,10 @@ def _one_layout_per_fusion(packed: dict) -> dict:
         parent, _, leaf = module.rpartition(".")
         fusions.setdefault(f"{parent}.{FUSED.get(leaf, leaf)}", []).append(module)
     out = {}
-    for members in fusions.values():
+    for fusion, members in fusions.items():
+        group = fusion.rpartition(".")[2]
+        if len(members) < sum(g == group for g in FUSED.values()):
+            continue  # a member is float: transformers' dequantized values serve them all
         weights = gguf_quants.harmonize([packed[m] for m in members])
         out.update(zip(members, weights, strict=True))
     return out

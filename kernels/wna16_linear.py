@@ -40,7 +40,8 @@ where it can), or dequantizes blocks of the weight for a GEMM from a row count t
 ISA (with AVX-512 the direct kernel measured as fast at every M, so only AVX2 and baseline builds
 switch). The op takes no mins: `prepare_wna16_cpu` folds them into float zero points,
 z' = z + m / s, so its results with mins (its dequantize-for-GEMM path included) are within rounding
-of the twin's, not bit-identical; a group with s == 0 and m != 0 cannot fold (`cpu_folds_mins`).
+of the twin's, not bit-identical; a group with s == 0 and m != 0 (the constant -m) is stored as
+u = 0, z' = 1, s' = m; only non-finite minimums cannot fold (`cpu_folds_mins`).
 """
 
 from __future__ import annotations
@@ -345,27 +346,62 @@ _MAX_FOLDED_SHIFT = 2.0**120
 """Bound on |m / s| for a fold (`cpu_folds_mins`): z + m / s stays far within float32's range."""
 
 
-def _folded_mins(scales: torch.Tensor, mins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(m / s float64, 0 where s == 0; whether each group folds: s != 0 and |m / s| at most
-    `_MAX_FOLDED_SHIFT` (so not NaN), or s == 0 and m == 0) for scales and mins [N, G]."""
+def _folded_mins(
+    scales: torch.Tensor, mins: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For scales and mins [N, G]: (m / s float64, 0 where s == 0; the groups that are the
+    constant -m (s == 0, m != 0); whether each group folds: |m / s| at most `_MAX_FOLDED_SHIFT`
+    (so not NaN) where s != 0, m finite where s == 0)."""
     s = scales.detach().cpu().double()
     m = mins.detach().cpu().double()
     nonzero = s != 0
     shift = torch.where(nonzero, m / torch.where(nonzero, s, 1.0), 0.0)
-    ok = torch.where(nonzero, shift.abs() <= _MAX_FOLDED_SHIFT, m == 0)
-    return shift, ok
+    ok = torch.where(nonzero, shift.abs() <= _MAX_FOLDED_SHIFT, m.isfinite())
+    return shift, ~nonzero & (m != 0), ok
 
 
 def cpu_folds_mins(scales: torch.Tensor, mins: torch.Tensor) -> bool:
     """Whether `prepare_wna16_cpu(..., mins=mins)` can fold these mins into zero points (z + m / s):
-    for every group s != 0 (with m / s finite, far within float32's range), or s == m == 0. Where
-    False (w is the constant -m in a group with s == 0), use the twin (`wna16_linear_torch`) or
-    the Triton kernel."""
+    for every group s != 0 with m / s finite and far within float32's range, or s == 0 with m
+    finite (the constant -m, stored exactly as u = 0, z = 1, s = m). Where False (a NaN or
+    infinite minimum, an overflowing m / s), use the twin (`wna16_linear_torch`) or the Triton
+    kernel."""
     if scales.shape != mins.shape:
         raise ValueError(
             f"mins must have scales' shape {tuple(scales.shape)}, got {tuple(mins.shape)}"
         )
-    return bool(_folded_mins(scales, mins)[1].all())
+    return bool(_folded_mins(scales, mins)[2].all())
+
+
+def _fold_mins(
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    mins: torch.Tensor,
+    group_size: int,
+    bits: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(zero points, scales, qweight) on the host with the mins folded in: z' = z + m / s
+    (float64, rounded once); a group with s == 0 and m != 0 is the constant -m, stored as u = 0,
+    z' = 1, s' = m, which the op computes exactly as (0 - 1) * m. ValueError where a group cannot
+    fold (`cpu_folds_mins`)."""
+    shift, constant, ok = _folded_mins(scales, mins)
+    if not ok.all():
+        row, group = (int(i) for i in (~ok).nonzero()[0])
+        raise ValueError(
+            f"mins cannot fold into zero points for the CPU op: group {group} of row {row} has "
+            f"scale {scales[row, group].item()!r} and min {mins[row, group].item()!r} "
+            "(m / s must be finite, and m finite): use wna16_linear_torch instead"
+        )
+    zero_points = (zeros.cpu().double() + shift).float()
+    if constant.any():
+        n, k = qweight.shape[0], qweight.shape[1] * 32 // bits
+        zero_points[constant] = 1.0
+        scales = torch.where(constant, mins.cpu().float(), scales)
+        u = unpack_wna16(qweight, bits, k).view(n, k // group_size, group_size).clone()
+        u[constant] = 0
+        qweight = pack_wna16(u.view(n, k), bits)
+    return zero_points, scales, qweight
 
 
 def prepare_wna16_cpu(
@@ -382,18 +418,9 @@ def prepare_wna16_cpu(
     (`WNA16CPUWeight.zeros`): the op's results are then within rounding of the twin's, not
     bit-identical. ValueError where they cannot fold (`cpu_folds_mins` False)."""
     n, k = _check_layout(qweight, scales, zeros, group_size, bits, mins=mins)
-    zero_points = zeros.cpu().float()
-    if mins is not None:  # z' = z + m / s, computed in float64 and rounded once
-        shift, ok = _folded_mins(scales, mins)
-        if not ok.all():
-            row, group = (int(i) for i in (~ok).nonzero()[0])
-            raise ValueError(
-                f"mins cannot fold into zero points for the CPU op: group {group} of row {row} has "
-                f"scale {scales[row, group].item()!r} and min {mins[row, group].item()!r} "
-                "(m / s must be finite; s == 0 needs m == 0): use wna16_linear_torch instead"
-            )
-        zero_points = (zeros.cpu().double() + shift).float()
-    qweight = qweight.cpu()
+    zero_points, scales, qweight = zeros.cpu().float(), scales.cpu().float(), qweight.cpu()
+    if mins is not None:
+        zero_points, scales, qweight = _fold_mins(qweight, scales, zeros, mins, group_size, bits)
     if bits == 4:
         u = unpack_wna16(qweight, bits, k).view(n, k // 8, 8)[:, :, list(_NIBBLE_ORDER)]
         qweight = pack_wna16(u.reshape(n, k), bits)
@@ -406,7 +433,7 @@ def prepare_wna16_cpu(
 
     return WNA16CPUWeight(
         packed=tiled(qweight, torch.int32),
-        scales=tiled(scales.cpu(), torch.float32),
+        scales=tiled(scales, torch.float32),
         zeros=tiled(zero_points, torch.float32),
         bits=bits,
         group_size=group_size,

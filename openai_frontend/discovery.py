@@ -108,7 +108,11 @@ class ModelInfo:
                 f"tokenizer of model `{self.name}`"
             )
         try:
-            return resolve_model_path(self.parameters.get("model", ""), self.model_dir)
+            return resolve_model_path(
+                self.parameters.get("model", ""),
+                self.model_dir,
+                self.parameters.get("gguf_file", ""),
+            )
         except ConfigError as exc:
             raise APIError(500, str(exc), "internal_server_error") from None
 

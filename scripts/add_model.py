@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Add a model to a Triton model repository from a local Hugging Face checkpoint directory, or
-an LLM from a GGUF file with float tensors (llama.cpp's format; backend_lib/gguf_checkpoint.py).
+an LLM from a GGUF file (llama.cpp's format; backend_lib/gguf_checkpoint.py).
 
 The kind (llm, embedding, rerank) is detected from the checkpoint's architecture (a SPLADE
 SparseEncoder is an embedding model with `mode: sparse`); `config.pbtxt` and the versioned `model.py`

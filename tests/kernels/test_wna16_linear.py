@@ -465,23 +465,27 @@ def test_cpu_int8_path_with_folded_mins_matches_its_twin(cpu_kernels, group_size
         _within_a_bfloat16_ulp(got, want)
 
 
-def test_mins_with_a_zero_scale_fold_only_when_zero(cpu_kernels, assert_close):
-    qweight, scales, zeros = _weight(20, 64, 32, 4)
-    mins = _mins(scales, 4)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_mins_with_a_zero_scale_fold_as_a_constant_group(cpu_kernels, assert_close, bits):
+    # A K-quant sub-block whose 6-bit scale rounded to 0 keeps its minimum: w is -m there.
+    qweight, scales, zeros = _weight(20, 64, 32, bits)
+    mins = _mins(scales, bits)
+    scales[3, 1] = 0.0
     assert cpu_folds_mins(scales, mins)
-    scales[3, 1] = 0.0  # w is the constant -m there: no zero point gives it
-    assert not cpu_folds_mins(scales, mins)
-    with pytest.raises(ValueError, match=r"^mins .*group 1 of row 3"):
-        prepare_wna16_cpu(qweight, scales, zeros, 32, 4, mins=mins)
+    prepared = prepare_wna16_cpu(qweight, scales, zeros, 32, bits, mins=mins)
+    x = _x(3, 64, torch.float32)
+    want = wna16_linear_torch(x, qweight, scales, zeros, 32, bits, mins=mins)
+    assert_close(wna16_linear_cpu(x, prepared), want, torch.float32)
+    assert_close(wna16_linear_cpu(x, prepared, gemm_min_rows=1), want, torch.float32)
+    mins[3, 1] = 0.0  # w is 0 there: the zero point stays
+    prepared = prepare_wna16_cpu(qweight, scales, zeros, 32, bits, mins=mins)
+    assert prepared.zeros[0, 1, 3] == zeros[3, 1]
+    want = wna16_linear_torch(x, qweight, scales, zeros, 32, bits, mins=mins)
+    assert_close(wna16_linear_cpu(x, prepared), want, torch.float32)
     mins[3, 1] = float("nan")
     assert not cpu_folds_mins(scales, mins)
-    mins[3, 1] = 0.0  # w is 0 there: folds (the zero point stays)
-    assert cpu_folds_mins(scales, mins)
-    prepared = prepare_wna16_cpu(qweight, scales, zeros, 32, 4, mins=mins)
-    assert prepared.zeros.isfinite().all() and prepared.zeros[0, 1, 3] == zeros[3, 1]
-    x = _x(3, 64, torch.float32)
-    want = wna16_linear_torch(x, qweight, scales, zeros, 32, 4, mins=mins)
-    assert_close(wna16_linear_cpu(x, prepared), want, torch.float32)
+    with pytest.raises(ValueError, match=r"^mins .*group 1 of row 3"):
+        prepare_wna16_cpu(qweight, scales, zeros, 32, bits, mins=mins)
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,9 @@
 """A frontend in front of a tritonserver under explicit model control: a model loaded or unloaded
 in Triton appears in or disappears from `/v1/models` without restarting the frontend; and a burst
 beyond the llm's tiny `max_num_seqs` + `max_queue_size` gets 429s with `Retry-After` in OpenAI's
-error shape, while the accepted requests complete correctly. One server for both."""
+error shape, while the accepted requests complete correctly. One server for both. And the
+frontend finds the tokenizer of an llm given as a directory plus `gguf_file`, as the backend
+does."""
 
 from __future__ import annotations
 
@@ -102,3 +104,16 @@ def test_models_follow_triton_and_a_full_queue_is_429(tmp_path, make_server, mak
         assert (choice["text"], choice["finish_reason"]) == (expected, "length")
         assert response.json()["usage"]["completion_tokens"] == PARAMS["max_tokens"]
     assert wait_engine_idle(server) == (0, 0)
+
+
+def test_the_frontend_reads_the_tokenizer_of_a_directory_with_gguf_file(tmp_path, monkeypatch):
+    from backend_lib.gguf_checkpoint import materialize
+    from openai_frontend.discovery import ModelInfo
+    from tests.llm.shakespeare_helpers import SHAKESPEARE
+    from tooling.gguf_checkpoints import write_gguf
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = write_gguf(SHAKESPEARE, tmp_path / "shakespeare.gguf", "F16")
+    parameters = {"model": str(tmp_path), "gguf_file": path.name}
+    info = ModelInfo("llm", "1", "llm", parameters, tmp_path)
+    assert info.checkpoint() == materialize(path, str(path))

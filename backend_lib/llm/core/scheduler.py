@@ -395,9 +395,10 @@ class Scheduler:
     def _schedule_running(
         self, out: SchedulerOutput, budget: int, seqs: list[Sequence], may_preempt: bool = True
     ) -> int:
-        # First to last. Under fcfs a running prefill is never older than a running decode: a later
-        # sequence is only admitted with budget the earlier prefill left over, i.e. its last
-        # chunk, so decodes are never stalled behind a long prompt. Under priority a prefill of
+        # First to last. Under fcfs a running prefill is rarely older than a running decode: a
+        # later sequence is only admitted with budget the earlier prefill left over, i.e. its last
+        # chunk (or a chunk ended before an image computed whole, step 5), so decodes are seldom
+        # stalled behind a long prompt. Under priority a prefill of
         # higher priority may take the budget first: that is the policy.
         kv = self.kv_cache_manager
         for seq in seqs:

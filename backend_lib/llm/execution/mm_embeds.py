@@ -142,7 +142,8 @@ def _encoder_outputs(
             missing[f.digest] = f
     cache.misses += len(missing)
     if missing:
-        encoded = encode([f.data for f in missing.values()])
+        # The processor's tensors are made on the host: the tower takes them on its device.
+        encoded = encode([_on(f.data, device) for f in missing.values()])
         for f, rows in zip(missing.values(), encoded, strict=True):
             if len(rows) != f.length:
                 raise ValueError(
@@ -151,3 +152,8 @@ def _encoder_outputs(
             outputs[f.digest] = rows
             cache.put(f.digest, rows)
     return outputs
+
+
+def _on(data: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
+    """An image's processed tensors on `device` (other values as they are)."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in data.items()}

@@ -123,6 +123,8 @@ MIXES = {
     # in Q8_0, loaded dequantized.
     "Q4_K_M": ({"attn_v": "Q6_K", "ffn_down": "Q6_K"}, "Q4_K", "Q8_0"),
     "Q5_K_and_legacy": ({"attn_q": "Q4_1", "ffn_gate": "Q5_0", "ffn_down": "Q5_1"}, "Q5_K", "F32"),
+    # A per-tensor F16 override of attn_v: q, k and v, fused, stay float together.
+    "Q8_0_with_f16_v": ({"attn_v": "F16"}, "Q8_0", "F32"),
 }
 
 
@@ -211,7 +213,7 @@ def test_a_directory_with_gguf_file_loads_the_same_file(tmp_path, cache):
         assert direct.generate([PROMPT], greedy(NUM_TOKENS))[0].outputs == out.outputs
     finally:
         direct.close()
-    for name in ("../shakespeare.gguf", "shakespeare.bin"):
+    for name in ("../shakespeare.gguf", "shakespeare.bin", "missing.gguf"):
         bad = LLMConfig(model=str(tmp_path), gguf_file=name, num_blocks=64, max_model_len=256)
         with pytest.raises(ConfigError) as info:
             LLMEngine.from_config(bad, tmp_path, torch.device("cpu"))
