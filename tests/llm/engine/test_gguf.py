@@ -48,23 +48,29 @@ def engine_on(path: Path) -> LLMEngine:
     return LLMEngine.from_config(config, path.parent, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("tensor_type", ["F32", "F16", "BF16", "Q8_0", "Q4_0"])
-def test_a_float_gguf_gives_transformers_tokens_on_the_same_file(tensor_type, tmp_path, cache):
-    path = write_gguf(SHAKESPEARE, tmp_path / f"shakespeare-{tensor_type}.gguf", tensor_type)
+def generate_and_check(path: Path) -> list[int]:
+    """The engine's greedy tokens on the GGUF file at `path`, checked equal to transformers' on
+    the same file (prompt ids from its tokenizer, then `generate`)."""
     engine = engine_on(path)
     try:
         (out,) = engine.generate([PROMPT], greedy(NUM_TOKENS))
     finally:
         engine.close()
-    source = {"pretrained_model_name_or_path": tmp_path, "gguf_file": path.name}
-    tokenizer = AutoTokenizer.from_pretrained(**source)
-    assert out.prompt_token_ids == tokenizer(PROMPT).input_ids
+    source = {"pretrained_model_name_or_path": path.parent, "gguf_file": path.name}
+    assert out.prompt_token_ids == AutoTokenizer.from_pretrained(**source)(PROMPT).input_ids
     reference = AutoModelForCausalLM.from_pretrained(**source, dtype=torch.float32)
-    want = hf_greedy(reference, out.prompt_token_ids, NUM_TOKENS)
-    assert out.outputs[0].token_ids == want
+    assert out.outputs[0].token_ids == hf_greedy(reference, out.prompt_token_ids, NUM_TOKENS)
+    return out.outputs[0].token_ids
+
+
+@pytest.mark.parametrize("tensor_type", ["F32", "F16", "BF16", "Q8_0", "Q4_0"])
+def test_a_float_gguf_gives_transformers_tokens_on_the_same_file(tensor_type, tmp_path, cache):
+    path = write_gguf(SHAKESPEARE, tmp_path / f"shakespeare-{tensor_type}.gguf", tensor_type)
+    tokens = generate_and_check(path)
     if tensor_type == "F32":  # the file holds the checkpoint's own values
         original = AutoModelForCausalLM.from_pretrained(SHAKESPEARE, dtype=torch.float32)
-        assert hf_greedy(original, out.prompt_token_ids, NUM_TOKENS) == want
+        ids = AutoTokenizer.from_pretrained(SHAKESPEARE)(PROMPT).input_ids
+        assert hf_greedy(original, ids, NUM_TOKENS) == tokens
     assert len(list(cache.iterdir())) == 1
 
 
@@ -134,15 +140,10 @@ def test_a_k_quant_mix_gives_transformers_tokens_on_the_same_file(mix, tmp_path,
     path = write_gguf(
         SHAKESPEARE, tmp_path / f"{mix}.gguf", types, embedding_type=embedding, default_type=default
     )
-    engine = engine_on(path)
-    try:
-        assert engine.runner.checkpoint.quantization.describe().startswith("gguf ")
-        (out,) = engine.generate([PROMPT], greedy(NUM_TOKENS))
-    finally:
-        engine.close()
-    source = {"pretrained_model_name_or_path": tmp_path, "gguf_file": path.name}
-    reference = AutoModelForCausalLM.from_pretrained(**source, dtype=torch.float32)
-    assert out.outputs[0].token_ids == hf_greedy(reference, out.prompt_token_ids, NUM_TOKENS)
+    generate_and_check(path)
+    config = json.loads((materialize(path, str(path)) / "config.json").read_text())
+    floats = 3 * 6 if types.get("attn_v") == "F16" else 0  # q, k, v of the 6 layers
+    assert len(config["quantization_config"]["layers"]) == 7 * 6 - floats
 
 
 @pytest.mark.parametrize(
@@ -185,16 +186,7 @@ def test_qwen2_and_gemma2_ggufs_give_transformers_tokens(arch, mix, tmp_path, ca
             "default_type": MIXES[mix][1],
         }
     )
-    path = write_gguf(source_dir, tmp_path / f"{arch}-{mix}.gguf", **types)
-    engine = engine_on(path)
-    try:
-        (out,) = engine.generate([PROMPT], greedy(NUM_TOKENS))
-    finally:
-        engine.close()
-    source = {"pretrained_model_name_or_path": tmp_path, "gguf_file": path.name}
-    assert out.prompt_token_ids == AutoTokenizer.from_pretrained(**source)(PROMPT).input_ids
-    reference = AutoModelForCausalLM.from_pretrained(**source, dtype=torch.float32)
-    assert out.outputs[0].token_ids == hf_greedy(reference, out.prompt_token_ids, NUM_TOKENS)
+    generate_and_check(write_gguf(source_dir, tmp_path / f"{arch}-{mix}.gguf", **types))
 
 
 def test_a_directory_with_gguf_file_loads_the_same_file(tmp_path, cache):
