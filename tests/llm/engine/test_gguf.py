@@ -63,6 +63,7 @@ def generate_and_check(path: Path) -> list[int]:
     return out.outputs[0].token_ids
 
 
+@pytest.mark.sample(3)  # the quantized types run in the mix tests below
 @pytest.mark.parametrize("tensor_type", ["F32", "F16", "BF16", "Q8_0", "Q4_0"])
 def test_a_float_gguf_gives_transformers_tokens_on_the_same_file(tensor_type, tmp_path, cache):
     path = write_gguf(SHAKESPEARE, tmp_path / f"shakespeare-{tensor_type}.gguf", tensor_type)
@@ -84,6 +85,7 @@ def test_a_second_load_reuses_the_converted_checkpoint(tmp_path, cache):
     assert (converted / "model.safetensors").stat().st_mtime_ns == stamp
 
 
+@pytest.mark.sample(3)  # every type's blocks: tests/llm/execution/test_gguf_quants.py
 @pytest.mark.parametrize("tensor_type", PACKED_TYPES)
 def test_quantized_projections_load_as_stored_and_dequantize_as_gguf_does(
     tensor_type, tmp_path, cache
@@ -172,6 +174,7 @@ def test_a_cut_short_gguf_is_refused(tmp_path, cache):
     assert "cut short" in info.value.reason or "not a complete GGUF" in info.value.reason
 
 
+@pytest.mark.sample(2)
 @pytest.mark.parametrize("arch", FAMILIES)
 @pytest.mark.parametrize("mix", ["F32", "Q4_K_M"])
 def test_qwen2_and_gemma2_ggufs_give_transformers_tokens(arch, mix, tmp_path, cache):
