@@ -30,9 +30,10 @@ the PyTorch path dequantizes the context it gathers.
 PyTorch path (CPU production, reference): single-token queries are grouped by context length (so
 padding to a group's longest wastes little) and each group shares one batched gather and one masked
 SDPA call, its GQA query heads folded into query rows; each longer chunk gets its own SDPA call with
-a causal mask offset by its prefix, its upper bound visible_until when given (decode groups need
-none: a single new token's limit is its own position). The grouping (a `TorchAttentionPlan`)
-depends only on the batch metadata: the engine builds it once per step and every layer reuses it.
+a causal mask offset by its prefix, its upper bound visible_until in a chunk holding a span (the
+plan marks those; decode groups need none: a single new token's limit is its own position). The
+grouping (a `TorchAttentionPlan`) depends only on the batch metadata: the engine builds it once per
+step and every layer reuses it.
 
 C++ path (CPU production, `paged_attention_cpu`: the "torch" backend on CPU when
 kernels/csrc/paged_attention_cpu.cpp is built, see kernels/cpu_extension.py): work items like the
@@ -129,6 +130,8 @@ class _Prefill:
     end: int
     context_len: int
     block_ids: torch.Tensor
+    limited: bool = False
+    """It holds a bidirectional span: masked by visible_until (other chunks stay causal)."""
 
 
 @dataclass
@@ -189,6 +192,7 @@ def plan_paged_attention_torch(
 
     query_lens = [starts[b + 1] - starts[b] for b in range(num_seqs)]
     to_op = [b for b in range(num_seqs) if native and _native_takes(query_lens[b], context_lens[b])]
+    spans: set[int] = set()
     if visible_until is not None:
         spans = _bidirectional_seqs(visible_until, starts, context_lens)
         if any(query_lens[b] == 1 for b in spans):
@@ -218,6 +222,7 @@ def plan_paged_attention_torch(
             starts[b + 1],
             context_lens[b],
             tables[b, : triton.cdiv(context_lens[b], block_size)],
+            b in spans,
         )
         for b in own
         if query_lens[b] > 1
@@ -368,6 +373,7 @@ def paged_attention_torch(
         plan = plan_paged_attention_torch(
             query_start_loc, seq_lens, block_tables, k_cache, visible_until=visible_until
         )
+    _check_plan_limits(plan, visible_until)
     for group, visible in zip(plan.decode_groups, plan.decode_masks(sliding_window), strict=True):
         out[group.rows] = _decode_attention_torch(
             q[group.rows],
@@ -393,9 +399,16 @@ def paged_attention_torch(
             softcap,
             k_scale,
             v_scale,
-            None if visible_until is None else visible_until[rows],
+            visible_until[rows] if chunk.limited else None,
         ).to(out.dtype)
     return out
+
+
+def _check_plan_limits(plan: TorchAttentionPlan, visible_until: torch.Tensor | None) -> None:
+    """A plan used with visible_until must have been built with it: only then are its span
+    chunks marked and kept from the C++ op (which is causal)."""
+    if visible_until is not None and not plan.limits:
+        raise ValueError("visible_until needs a plan built with it (plan_paged_attention_*)")
 
 
 def _check_cache_scales(
@@ -480,8 +493,7 @@ def paged_attention_cpu(
         plan = plan_paged_attention_cpu(
             query_start_loc, seq_lens, block_tables, k_cache, visible_until=visible_until
         )
-    if visible_until is not None and plan.native_seqs is not None and not plan.limits:
-        raise ValueError("visible_until needs a plan built with it (the C++ op is causal)")
+    _check_plan_limits(plan, visible_until)
     if plan.native_seqs is not None:
         tensors = (q, k_cache, v_cache, out)
         scales = () if k_scale is None else (k_scale, v_scale)
