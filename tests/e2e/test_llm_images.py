@@ -287,7 +287,9 @@ def test_64_concurrent_requests_at_the_pixel_limit_stay_within_memory(served):
     finally:
         done.set()
         sampler.join()
-    assert all(a.choices[0].message.content for a in answers)
+    # Every request is answered (a random model may end one at once with EOS: empty text).
+    assert len(answers) == 64
+    assert all(a.choices[0].finish_reason in ("stop", "length") for a in answers)
     assert peak[0] - baseline < 64 * 2**20, f"grew {(peak[0] - baseline) / 2**20:.0f} MiB"
     picture = encoded(40, 30, seed=3)
     expected = _reference(root, [{"type": "text", "text": QUESTION}, {"type": "image"}], picture)
