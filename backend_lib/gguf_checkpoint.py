@@ -6,13 +6,17 @@ once, losslessly, in this engine's checkpoint form (config.json, model.safetenso
 under `$XDG_CACHE_HOME/triton-llm/gguf/<digest of the converter's version, the file's path, size and time>/`; the loader then
 reads that directory like any checkpoint.
 
+Architectures: those both transformers' GGUF reader and this engine know; tested are llama.cpp's
+llama, qwen2, qwen3, gemma2, gemma3 (text) and phi3 files (tests/llm/engine/test_gguf.py).
+
 Tensor types: F32, F16 and BF16 (float values, kept exactly), and Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
 Q4_K, Q5_K and Q6_K. The layers' projections in those types load as stored: their blocks are decoded into the
 WNA16 layers' values, scales, zero points and float minimums (backend_lib/gguf_quants.py) and
 saved as a `quant_method: gguf` checkpoint (checkpoint_quantization/gguf_blocks.py), whose weights
 dequantize bit for bit as `gguf.quants.dequantize` does and run on the WNA16 kernels. Projections
-fused into one (q/k/v, gate/up) but stored in different types are brought to one layout without
-changing a value. Other tensors in those types (an embedding, the output head) load dequantized,
+the engine fuses into one (q/k/v, gate/up) but stored in different types are brought to one layout
+without changing a value; Phi-3's, stored fused (attn_qkv, and ffn_up holding gate and up), load
+whole into the fused layers. Other tensors in those types (an embedding, the output head) load dequantized,
 exactly. Any other type is refused at load, naming the tensor and its type, as is a file that is
 not a complete GGUF.
 """
@@ -32,18 +36,27 @@ FLOAT_TYPES = ("F32", "F16", "BF16")
 PACKED_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 """Quantized types loaded as stored in the projections (backend_lib/gguf_quants.py)."""
 FUSED = {
-    "q_proj": "qkv",
-    "k_proj": "qkv",
-    "v_proj": "qkv",
-    "gate_proj": "gate_up",
-    "up_proj": "gate_up",
+    "q_proj": "qkv_proj",
+    "k_proj": "qkv_proj",
+    "v_proj": "qkv_proj",
+    "gate_proj": "gate_up_proj",
+    "up_proj": "gate_up_proj",
 }
-"""Projections the engine fuses into one: they share one layout."""
-PROJECTIONS = tuple(
-    f"{name}.weight"
-    for name in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+"""Projections the engine fuses into one (Phi-3's checkpoints, and its GGUF files, hold them fused
+already): they share one layout."""
+PROJECTIONS = (
+    "ATTN_Q",
+    "ATTN_K",
+    "ATTN_V",
+    "ATTN_QKV",
+    "ATTN_OUT",
+    "FFN_GATE",
+    "FFN_UP",
+    "FFN_DOWN",
 )
-CONVERTER_VERSION = 2
+"""The layers' projections, as gguf-py's tensor-name map types them (`gguf.MODEL_TENSOR`): Phi-3's
+fused attn_qkv, and its ffn_up holding gate and up, among them."""
+CONVERTER_VERSION = 3
 """Part of a conversion's cache key: a file converted by an older converter is converted again."""
 DONE = ".complete"
 """Written last in a cache directory: one without it is an interrupted conversion."""
@@ -171,13 +184,7 @@ def _packed_projections(path: Path, model) -> dict:
     from backend_lib import gguf_quants
 
     reader = gguf.GGUFReader(str(path))
-    quantized = [
-        t
-        for t in reader.tensors
-        if t.tensor_type.name in PACKED_TYPES
-        and t.name.startswith("blk.")
-        and t.name.endswith(PROJECTIONS)
-    ]
+    quantized = _quantized_projections(reader)
     if not quantized:
         return {}
     parsed = load_gguf_checkpoint(str(path), return_tensors=False)
@@ -194,7 +201,29 @@ def _packed_projections(path: Path, model) -> dict:
         index = order.weights[:, 0].astype(np.int64)
         module = names[order.name].removesuffix(".weight")
         packed[module] = _rows(weight, index)
-    return _one_layout_per_fusion(packed)
+    modules = [n.removesuffix(".weight") for n in model.state_dict() if n.endswith(".weight")]
+    return _one_layout_per_fusion(packed, modules)
+
+
+def _quantized_projections(reader) -> list:
+    """The tensors of `reader` that are a layer's projection weight (PROJECTIONS, by gguf-py's
+    tensor-name map of the file's architecture) in a PACKED_TYPES type."""
+    import gguf
+
+    architecture = reader.fields["general.architecture"].contents()
+    arch = next((a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == architecture), None)
+    if arch is None:  # transformers, which read the file first, knows no more architectures
+        return []
+    blocks = reader.fields[f"{architecture}.block_count"].contents()
+    names = gguf.get_tensor_name_map(arch, blocks)
+    kinds = {gguf.MODEL_TENSOR[p] for p in PROJECTIONS}
+    return [
+        t
+        for t in reader.tensors
+        if t.tensor_type.name in PACKED_TYPES
+        and t.name.endswith(".weight")
+        and names.get_type(t.name.removesuffix(".weight")) in kinds
+    ]
 
 
 def _rows(weight, index):
@@ -211,19 +240,19 @@ def _rows(weight, index):
     )
 
 
-def _one_layout_per_fusion(packed: dict) -> dict:
-    """`packed` with the projections the engine fuses (FUSED) in one layout each; a fusion with
-    a member stored as floats (a per-tensor F16 override) stays float whole, dequantized."""
+def _one_layout_per_fusion(packed: dict, modules: list[str]) -> dict:
+    """`packed` with the projections the engine fuses (FUSED; `modules`: the model's) in one
+    layout each; a fusion with a member stored as floats (a per-tensor F16 override) stays float
+    whole, dequantized."""
     from backend_lib import gguf_quants
 
     fusions: dict[str, list[str]] = {}
-    for module in packed:
+    for module in modules:
         parent, _, leaf = module.rpartition(".")
         fusions.setdefault(f"{parent}.{FUSED.get(leaf, leaf)}", []).append(module)
     out = {}
-    for fusion, members in fusions.items():
-        group = fusion.rpartition(".")[2]
-        if len(members) < sum(g == group for g in FUSED.values()):
+    for members in fusions.values():
+        if not all(m in packed for m in members):
             continue  # a member is float: transformers' dequantized values serve them all
         weights = gguf_quants.harmonize([packed[m] for m in members])
         out.update(zip(members, weights, strict=True))

@@ -1,8 +1,11 @@
 """GGUF files for the tests, written with the `gguf` package (the format's own library) from a
-Llama, Qwen2 or Gemma 2 checkpoint in Hugging Face form, laid out as llama.cpp's converter lays
-them out: its architecture's metadata keys, its tensor names (Qwen2's q/k/v biases, Gemma 2's four
-norms), a Llama's query and key rows permuted for its rotary layout, Gemma's norms stored as
-1 + w, and the byte-level BPE tokenizer as `tokenizer.ggml.*` (gpt2 model: tokens, types, merges).
+Llama, Qwen2, Qwen3, Gemma 2, Gemma 3 (text) or Phi-3 checkpoint in Hugging Face form, laid out as
+llama.cpp's converter (convert_hf_to_gguf.py) lays them out: its architecture's metadata keys, the
+tensor names of gguf-py's own map (`gguf.get_tensor_name_map`: Qwen2's q/k/v biases, the q/k
+norms of Qwen3 and Gemma 3, Gemma's four norms a layer, Phi-3's fused `attn_qkv` and its `ffn_up`
+holding gate and up), a Llama's query and key rows permuted for its rotary layout, Gemma's norms
+stored as 1 + w, and the byte-level BPE tokenizer as `tokenizer.ggml.*` (gpt2 model: tokens,
+types, merges).
 
 The K-quants (Q4_K, Q5_K, Q6_K), which gguf-py reads but does not write, are quantized here in
 llama.cpp's block layouts by a plain rounding (`quantize_k`: per sub-block a float range on
@@ -16,12 +19,13 @@ best scales: what matters is that the blocks are laid out as llama.cpp lays them
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import gguf
 import numpy as np
 import torch
+from gguf import MODEL_ARCH
 from safetensors.torch import load_file
 
 NUMPY_TYPES = {"F32": np.float32, "F16": np.float16}
@@ -39,17 +43,17 @@ GGML_TYPES = {
     "Q5_1": gguf.GGMLQuantizationType.Q5_1,
     "Q2_K": gguf.GGMLQuantizationType.Q2_K,
 }
-LAYER_TENSORS = {
-    "input_layernorm": "attn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
+ARCHITECTURES = {
+    "llama": MODEL_ARCH.LLAMA,
+    "qwen2": MODEL_ARCH.QWEN2,
+    "qwen3": MODEL_ARCH.QWEN3,
+    "gemma2": MODEL_ARCH.GEMMA2,
+    "gemma3_text": MODEL_ARCH.GEMMA3,
+    "phi3": MODEL_ARCH.PHI3,
 }
+"""config.json's model_type -> llama.cpp's architecture."""
+GEMMAS = (MODEL_ARCH.GEMMA2, MODEL_ARCH.GEMMA3)
+"""Architectures whose RMSNorm scales by 1 + w: llama.cpp stores 1 + w."""
 
 
 def permute_rotary(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -79,11 +83,13 @@ def write_gguf(
     for file in sorted(hf_dir.glob("*.safetensors")):
         state.update(load_file(file))
     arch = ARCHITECTURES[config["model_type"]]
-    writer = gguf.GGUFWriter(str(out), arch)
-    _write_metadata(writer, config, hf_dir.name)
+    writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[arch])
+    _write_metadata(writer, config, arch, hf_dir.name)
     _write_tokenizer(writer, hf_dir, config)
-    for hf_name, gguf_name in _tensor_names(config, arch, state).items():
-        weight = _as_llama_cpp_stores(state[hf_name].to(torch.float32).numpy(), gguf_name, config)
+    for hf_name, gguf_name in _tensor_names(arch, config, state).items():
+        weight = _as_llama_cpp_stores(
+            state[hf_name].to(torch.float32).numpy(), hf_name, arch, config
+        )
         if gguf_name == "token_embd.weight":
             _add(writer, gguf_name, weight, embedding_type)
         elif gguf_name == "output.weight":
@@ -99,45 +105,35 @@ def write_gguf(
     return out
 
 
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "gemma2": "gemma2"}
-"""config.json's model_type -> llama.cpp's architecture name."""
-GEMMA2_NORMS = {
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "post_attention_norm",
-    "pre_feedforward_layernorm": "ffn_norm",
-    "post_feedforward_layernorm": "post_ffw_norm",
-}
+def _tensor_names(arch: MODEL_ARCH, config: dict, state: dict) -> dict[str, str]:
+    """Hugging Face tensor name -> llama.cpp's, by gguf-py's map of `arch`, for every tensor
+    written: the checkpoint's, less a tied head, in its order (llama.cpp's converter walks the
+    safetensors file's sorted names: blk.0.ffn_down before blk.0.attn_q)."""
+    names = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
+    tied = config.get("tie_word_embeddings", False)
+    out = {}
+    for hf_name in state:
+        if (tied and hf_name == "lm_head.weight") or hf_name.endswith(".rotary_emb.inv_freq"):
+            continue  # a tied head is the embedding; rotary tables are computed, not stored
+        gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if gguf_name is None:
+            raise ValueError(
+                f"{hf_name} has no {gguf.MODEL_ARCH_NAMES[arch]} name in gguf-py's map"
+            )
+        out[hf_name] = gguf_name
+    return out
 
 
-def _tensor_names(config: dict, arch: str, state: dict) -> dict[str, str]:
-    """Hugging Face tensor name -> llama.cpp's, for every tensor written."""
-    names = {
-        "model.embed_tokens.weight": "token_embd.weight",
-        "model.norm.weight": "output_norm.weight",
-    }
-    if not config.get("tie_word_embeddings", False):
-        names["lm_head.weight"] = "output.weight"
-    layer_tensors = dict(LAYER_TENSORS)
-    if arch == "gemma2":
-        del layer_tensors["post_attention_layernorm"]
-        layer_tensors.update(GEMMA2_NORMS)
-    for i in range(config["num_hidden_layers"]):
-        for hf, ours in layer_tensors.items():
-            names[f"model.layers.{i}.{hf}.weight"] = f"blk.{i}.{ours}.weight"
-            bias = f"model.layers.{i}.{hf}.bias"
-            if bias in state:  # Qwen2's q/k/v biases
-                names[bias] = f"blk.{i}.{ours}.bias"
-    return names
-
-
-def _as_llama_cpp_stores(weight: np.ndarray, name: str, config: dict) -> np.ndarray:
+def _as_llama_cpp_stores(
+    weight: np.ndarray, hf_name: str, arch: MODEL_ARCH, config: dict
+) -> np.ndarray:
     """A tensor as llama.cpp's converter writes it: a Llama's query and key rows in its rotary
-    order; Gemma's norm weights w as 1 + w (transformers' GGUF reader subtracts the 1)."""
-    arch = ARCHITECTURES[config["model_type"]]
-    if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
-        heads = config["num_attention_heads" if "attn_q" in name else "num_key_value_heads"]
+    order (the other architectures here rotate halves, NEOX-style, as transformers does); Gemma's
+    norm weights w, q/k norms included, as 1 + w (transformers' GGUF reader subtracts the 1)."""
+    if arch == MODEL_ARCH.LLAMA and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+        heads = config["num_attention_heads" if "q_proj" in hf_name else "num_key_value_heads"]
         return permute_rotary(weight, heads)
-    if arch == "gemma2" and name.endswith("norm.weight"):
+    if arch in GEMMAS and hf_name.endswith("norm.weight"):
         return weight + 1
     return weight
 
@@ -237,24 +233,88 @@ def _q6_k(blocks: np.ndarray) -> np.ndarray:
     )
 
 
-def _write_metadata(writer: gguf.GGUFWriter, config: dict, name: str) -> None:
+def _write_metadata(writer: gguf.GGUFWriter, config: dict, arch: MODEL_ARCH, name: str) -> None:
+    """The keys llama.cpp's converter writes for `arch`: its base model's, then the
+    architecture's own (ARCH_METADATA)."""
     writer.add_name(name)
+    writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
-    writer.add_block_count(config["num_hidden_layers"])
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(config["num_attention_heads"])
     writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_rope_freq_base(_rope_theta(config))
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    if config.get("head_dim") is not None:  # written where config.json names one
+        writer.add_key_length(config["head_dim"])
+        writer.add_value_length(config["head_dim"])
+    writer.add_vocab_size(config["vocab_size"])
+    if arch in ARCH_METADATA:
+        ARCH_METADATA[arch](writer, config)
+
+
+def _rope_theta(config: dict) -> float:
+    """The rope base llama.cpp stores: Gemma 3's global layers' (its local ones' is fixed)."""
+    rope = config.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)
+    return rope.get("rope_theta", config.get("rope_theta", 10000.0))
+
+
+def _llama_metadata(writer: gguf.GGUFWriter, config: dict) -> None:
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     writer.add_rope_dimension_count(head_dim)
-    if config["model_type"] == "gemma2":
-        writer.add_key_length(head_dim)
-        writer.add_value_length(head_dim)
-        writer.add_sliding_window(config["sliding_window"])
+
+
+def _gemma2_metadata(writer: gguf.GGUFWriter, config: dict) -> None:
+    writer.add_sliding_window(config["sliding_window"])
+    writer.add_attn_logit_softcapping(config["attn_logit_softcapping"])
+    writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+
+
+GEMMA3_GLOBAL_EVERY = 6
+"""llama.cpp's Gemma 3 attends globally in every sixth layer and locally in the others: the
+file holds no pattern."""
+
+
+def _gemma3_metadata(writer: gguf.GGUFWriter, config: dict) -> None:
+    layers = config["num_hidden_layers"]
+    fixed = [
+        "full_attention" if (i + 1) % GEMMA3_GLOBAL_EVERY == 0 else "sliding_attention"
+        for i in range(layers)
+    ]
+    if config.get("layer_types", fixed) != fixed:
+        raise ValueError(f"Gemma 3 layer_types {config['layer_types']}: a GGUF holds {fixed}")
+    writer.add_sliding_window(config["sliding_window"])
+    if config.get("final_logit_softcapping"):
+        writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+    full = (config.get("rope_parameters") or {}).get("full_attention") or {}
+    if full.get("rope_type") == "linear":  # the larger Gemma 3s' global layers
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(full["factor"])
+
+
+def _phi3_metadata(writer: gguf.GGUFWriter, config: dict) -> None:
     rope = config.get("rope_parameters") or {}
-    writer.add_rope_freq_base(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_vocab_size(config["vocab_size"])
+    if rope.get("rope_type", "default") != "default":
+        # llama.cpp stores LongRoPE's factors as rope_factors_long / _short tensors, which no
+        # reader here reads (transformers' GGUF support maps neither them nor rope.scaling.*).
+        raise NotImplementedError(f"Phi-3 with rope_type {rope['rope_type']!r}")
+    original = config.get("original_max_position_embeddings") or config["max_position_embeddings"]
+    rotary = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    writer.add_rope_scaling_orig_ctx_len(original)
+    writer.add_rope_dimension_count(
+        int(rotary * config["hidden_size"]) // config["num_attention_heads"]
+    )
+    writer.add_sliding_window(config.get("sliding_window") or 0)  # 0: none (llama.cpp's mark)
+
+
+ARCH_METADATA: dict[MODEL_ARCH, Callable[[gguf.GGUFWriter, dict], None]] = {
+    MODEL_ARCH.LLAMA: _llama_metadata,
+    MODEL_ARCH.GEMMA2: _gemma2_metadata,
+    MODEL_ARCH.GEMMA3: _gemma3_metadata,
+    MODEL_ARCH.PHI3: _phi3_metadata,
+}
+"""The keys an architecture's converter class adds (Qwen2 and Qwen3 add none)."""
 
 
 def _write_tokenizer(writer: gguf.GGUFWriter, hf_dir: Path, config: dict) -> None:
@@ -282,24 +342,64 @@ def _write_tokenizer(writer: gguf.GGUFWriter, hf_dir: Path, config: dict) -> Non
     writer.add_add_bos_token(True)
 
 
-FAMILIES = ("Qwen2ForCausalLM", "Gemma2ForCausalLM")
-"""The other architectures `build_family_checkpoint` builds."""
+FAMILIES = (
+    "Phi3ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Gemma3ForCausalLM",
+    "Qwen2ForCausalLM",
+    "Gemma2ForCausalLM",
+)
+"""The other architectures `build_family_checkpoint` builds, the least like a Llama first."""
+FAMILY_SETTINGS: dict[str, dict] = {
+    # Qwen3's own head_dim (not hidden / heads): transformers' GGUF reader maps no
+    # qwen3.attention.key_length and takes Qwen3Config's default, 128.
+    "Qwen3ForCausalLM": dict(head_dim=128),
+    # Gemma's attention scale is not in the file: llama.cpp takes 1 / sqrt(head_dim),
+    # transformers its configs' default query_pre_attn_scalar (256), so head_dim is 256, as in
+    # Gemma's own; the soft-caps are Gemma 2's (transformers' reader takes its defaults).
+    "Gemma2ForCausalLM": dict(
+        head_dim=256,
+        query_pre_attn_scalar=256,
+        attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0,
+    ),
+    # Six layers: five local (window 8, shorter than the tests' prompts) and one global, the
+    # pattern llama.cpp fixes; one key/value head, rope bases 1e6 (global) and 10000 (local)
+    # unscaled, as Gemma 3 1B.
+    "Gemma3ForCausalLM": dict(
+        num_hidden_layers=6,
+        num_key_value_heads=1,
+        head_dim=256,
+        query_pre_attn_scalar=256,
+        sliding_window=8,
+        layer_types=None,
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    ),
+    # Phi-3 mini 4k's form: untied head, plain rope over the whole context.
+    "Phi3ForCausalLM": dict(
+        tie_word_embeddings=False,
+        original_max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    ),
+}
+"""Per architecture, settings a GGUF file holds as the checkpoint has them: each reader (llama.cpp,
+transformers' `gguf_file=`) gets the checkpoint's own model back."""
 
 
 def build_family_checkpoint(arch: str, out: Path, seed: int = 0) -> Path:
     """A random `arch` checkpoint (FAMILIES) of the Shakespeare model's width (hidden 256: whole
-    K-quant super-blocks) on its tokenizer, to write as GGUF. Gemma's head is tied, as in its real
-    checkpoints (transformers' GGUF reader maps no other), and its embedding drawn small, so that
-    the tied head over the sqrt(hidden)-scaled embedding does not only repeat the last token."""
+    K-quant super-blocks) on its tokenizer, to write as GGUF (FAMILY_SETTINGS). Gemma's head is
+    tied, as in its real checkpoints, and its embedding drawn small, so that the tied head over
+    the sqrt(hidden)-scaled embedding does not only repeat the last token."""
     from safetensors.torch import save_file
 
     from tooling.checkpoints import SHAKESPEARE_DIR, build_checkpoint
 
     vocab = json.loads((SHAKESPEARE_DIR / "config.json").read_text())["vocab_size"]
-    model = build_checkpoint(
-        arch,
-        out,
-        seed,
+    settings = dict(
         vocab_size=vocab,
         hidden_size=256,
         intermediate_size=512,
@@ -310,6 +410,7 @@ def build_family_checkpoint(arch: str, out: Path, seed: int = 0) -> Path:
         eos_token_id=2,
         pad_token_id=0,
     )
+    model = build_checkpoint(arch, out, seed, **{**settings, **FAMILY_SETTINGS.get(arch, {})})
     if arch.startswith("Gemma"):
         state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
         state["model.embed_tokens.weight"] = state["model.embed_tokens.weight"] * 0.05

@@ -4,7 +4,9 @@ and greedy tokens equal transformers' on the same file (`gguf_file=`) for F32, F
 tensors (and the original checkpoint's for F32), for quantized projections, loaded as stored,
 mixed as llama.cpp's K-quant files mix them, and for a quantized embedding; every quantized
 type's weights are bit-identical to `gguf.quants.dequantize`; other tensor types and a cut-short
-file are refused at load, naming the tensor and its type."""
+file are refused at load, naming the tensor and its type. Random Qwen2, Qwen3, Gemma 2, Gemma 3
+and Phi-3 checkpoints, written as llama.cpp writes each, give transformers' tokens too, in F32
+(the checkpoint's own tokens) and K-quant mixed (every projection loaded as stored)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from backend_lib.config import ConfigError
 from backend_lib.gguf_checkpoint import PACKED_TYPES, materialize
@@ -48,9 +50,9 @@ def engine_on(path: Path) -> LLMEngine:
     return LLMEngine.from_config(config, path.parent, torch.device("cpu"))
 
 
-def generate_and_check(path: Path) -> list[int]:
+def generate_and_check(path: Path) -> tuple[list[int], PreTrainedModel]:
     """The engine's greedy tokens on the GGUF file at `path`, checked equal to transformers' on
-    the same file (prompt ids from its tokenizer, then `generate`)."""
+    the same file (prompt ids from its tokenizer, then `generate`), and transformers' model."""
     engine = engine_on(path)
     try:
         (out,) = engine.generate([PROMPT], greedy(NUM_TOKENS))
@@ -60,19 +62,24 @@ def generate_and_check(path: Path) -> list[int]:
     assert out.prompt_token_ids == AutoTokenizer.from_pretrained(**source)(PROMPT).input_ids
     reference = AutoModelForCausalLM.from_pretrained(**source, dtype=torch.float32)
     assert out.outputs[0].token_ids == hf_greedy(reference, out.prompt_token_ids, NUM_TOKENS)
-    return out.outputs[0].token_ids
+    return out.outputs[0].token_ids, reference
 
 
 @pytest.mark.sample(3)  # the quantized types run in the mix tests below
 @pytest.mark.parametrize("tensor_type", ["F32", "F16", "BF16", "Q8_0", "Q4_0"])
 def test_a_float_gguf_gives_transformers_tokens_on_the_same_file(tensor_type, tmp_path, cache):
     path = write_gguf(SHAKESPEARE, tmp_path / f"shakespeare-{tensor_type}.gguf", tensor_type)
-    tokens = generate_and_check(path)
+    tokens, _ = generate_and_check(path)
     if tensor_type == "F32":  # the file holds the checkpoint's own values
-        original = AutoModelForCausalLM.from_pretrained(SHAKESPEARE, dtype=torch.float32)
-        ids = AutoTokenizer.from_pretrained(SHAKESPEARE)(PROMPT).input_ids
-        assert hf_greedy(original, ids, NUM_TOKENS) == tokens
+        assert _checkpoint_greedy(SHAKESPEARE) == tokens
     assert len(list(cache.iterdir())) == 1
+
+
+def _checkpoint_greedy(checkpoint: Path) -> list[int]:
+    """transformers' greedy tokens on the Hugging Face checkpoint `checkpoint` itself."""
+    original = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    ids = AutoTokenizer.from_pretrained(checkpoint)(PROMPT).input_ids
+    return hf_greedy(original, ids, NUM_TOKENS)
 
 
 def test_a_second_load_reuses_the_converted_checkpoint(tmp_path, cache):
@@ -127,9 +134,9 @@ def _dequantized(converted: Path, layers: dict) -> dict[str, torch.Tensor]:
 
 MIXES = {
     # llama.cpp's Q4_K_M: attn_v and ffn_down one size up (ffn_down's rows fall back to Q8_0),
-    # so q, k (Q4_K) and v (Q6_K), fused into one projection, share one layout; the embedding
-    # in Q8_0, loaded dequantized.
-    "Q4_K_M": ({"attn_v": "Q6_K", "ffn_down": "Q6_K"}, "Q4_K", "Q8_0"),
+    # so q, k (Q4_K) and v (Q6_K), fused into one projection, share one layout; Phi-3's fused
+    # attn_qkv in Q5_K; the embedding in Q8_0, loaded dequantized.
+    "Q4_K_M": ({"attn_v": "Q6_K", "ffn_down": "Q6_K", "attn_qkv": "Q5_K"}, "Q4_K", "Q8_0"),
     "Q5_K_and_legacy": ({"attn_q": "Q4_1", "ffn_gate": "Q5_0", "ffn_down": "Q5_1"}, "Q5_K", "F32"),
     # A per-tensor F16 override of attn_v: q, k and v, fused, stay float together.
     "Q8_0_with_f16_v": ({"attn_v": "F16"}, "Q8_0", "F32"),
@@ -151,7 +158,7 @@ def test_a_k_quant_mix_gives_transformers_tokens_on_the_same_file(mix, tmp_path,
 @pytest.mark.parametrize(
     ("settings", "tensor"),
     [
-        ({"tensor_type": "Q2_K"}, "blk.0.attn_q.weight is Q2_K"),
+        ({"tensor_type": "Q2_K"}, "blk.0.ffn_down.weight is Q2_K"),  # the first in the file
         ({"embedding_type": "Q2_K"}, "token_embd.weight is Q2_K"),
     ],
 )
@@ -174,22 +181,34 @@ def test_a_cut_short_gguf_is_refused(tmp_path, cache):
     assert "cut short" in info.value.reason or "not a complete GGUF" in info.value.reason
 
 
-@pytest.mark.sample(2)
+@pytest.mark.sample(5)
 @pytest.mark.parametrize("arch", FAMILIES)
-@pytest.mark.parametrize("mix", ["F32", "Q4_K_M"])
-def test_qwen2_and_gemma2_ggufs_give_transformers_tokens(arch, mix, tmp_path, cache):
-    """Qwen2 (q/k/v biases, no rotary row order) and Gemma 2 (norms stored as 1 + w, four norms
-    a layer, sliding windows), written as llama.cpp writes them, float or K-quant mixed."""
+@pytest.mark.parametrize("mix", ["Q4_K_M", "F32"])
+def test_other_architectures_give_transformers_tokens_on_the_same_file(arch, mix, tmp_path, cache):
+    """Qwen2 (q/k/v biases, no rotary row order), Qwen3 (q/k norms), Gemma 2 (norms stored as
+    1 + w, four norms a layer, sliding windows), Gemma 3 (q/k norms too, five local layers to a
+    global one, two rope bases) and Phi-3 (q/k/v and gate/up stored fused), written as llama.cpp
+    writes them. In F32 the file holds the checkpoint's own model: its tokens are the
+    checkpoint's too. K-quant mixed, every projection loads as stored, fused ones too, its
+    weights bit for bit those transformers dequantizes."""
     source_dir = build_family_checkpoint(arch, tmp_path / arch)
     types = (
         {"tensor_type": "F32"}
         if mix == "F32"
-        else {
-            "tensor_type": MIXES[mix][0],
-            "default_type": MIXES[mix][1],
-        }
+        else {"tensor_type": MIXES[mix][0], "default_type": MIXES[mix][1]}
     )
-    generate_and_check(write_gguf(source_dir, tmp_path / f"{arch}-{mix}.gguf", **types))
+    path = write_gguf(source_dir, tmp_path / f"{arch}-{mix}.gguf", **types)
+    tokens, reference = generate_and_check(path)
+    if mix == "F32":
+        assert _checkpoint_greedy(source_dir) == tokens
+        return
+    converted = materialize(path, str(path))
+    layers = json.loads((converted / "config.json").read_text())["quantization_config"]["layers"]
+    ours = _dequantized(converted, layers)
+    gguf_values = reference.state_dict()
+    assert set(ours) == {name for name in gguf_values if name.endswith("_proj.weight")}
+    for name, weight in ours.items():
+        assert torch.equal(weight, gguf_values[name]), name
 
 
 def test_a_directory_with_gguf_file_loads_the_same_file(tmp_path, cache):
