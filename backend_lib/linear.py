@@ -9,6 +9,17 @@ polynomial made the encoders' up-projection 20% slower than the plain packed GEM
 torch's in-place GELU (1024 x 384 -> 1536 rows: 21.4 vs 17.7 ms, AMD EPYC, AVX2), so there the
 GELU runs after the GEMM. Everywhere else (CUDA, float16, a torch build without oneDNN) it is
 `F.linear` followed by the activation or add.
+
+Small M (a decode step's rows, up to `GEMV_MAX_ROWS`): there oneDNN's GEMM streams the weight
+below what a plain read of it achieves (~14 us fixed per call; on Intel Sapphire Rapids,
+Llama-3.2-1B's projections at M = 1, 1 / 2 threads: 0.91 / 0.90 of a plain read in float32,
+0.86-0.88 / 0.81-0.85 in bfloat16), so those calls go to the C++ blocked GEMV (kernels/gemv.py):
+0.99 / 1.02 and 0.88-0.93 / 0.92-0.94 there. It reads the
+packed bytes themselves through a view, as oneDNN packs these weights in a layout a GEMV streams
+well (blocks of output rows, k-major); the view exists only where every packed byte was checked
+against that layout at load (`gemv.onednn_blocked_view`) and the C++ library is built, otherwise
+oneDNN serves every M. One copy of each weight either way; the GEMM path (prefill) is untouched.
+bench/gemv_bandwidth.py measures both.
 """
 
 from __future__ import annotations
@@ -16,6 +27,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from kernels import gemv
 
 # Activation name -> (eager function, oneDNN post-op attr, oneDNN algorithm).
 _ACTIVATIONS = {
@@ -27,6 +40,14 @@ _ACTIVATIONS = {
 }
 
 _ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
+
+GEMV_MAX_ROWS = {torch.float32: 16, torch.bfloat16: 1}
+"""Per weight dtype, up to how many rows the blocked GEMV runs instead of oneDNN's GEMM (the default
+of `Linear.gemv_max_rows`). Measured crossovers (Sapphire Rapids, one thread, GB/s of weight
+bytes, GEMV vs oneDNN; 2 threads alike): float32 wins at every M tried (M = 8: 14.1 vs 12.4; 16:
+11.5 vs 10.1; 32: 7.8 vs 7.3), past 16 it is compute-bound and prefill-sized calls are oneDNN's;
+bfloat16 only at M = 1 (17.2 vs 16.0; M = 2: 15.4 vs 15.9, M = 4: 14.2 vs 17.5): vdpbf16ps issues
+once every two cycles there, and oneDNN's AMX kernel overtakes it."""
 
 # Activations applied in place after the packed GEMM where oneDNN's epilogue is slower.
 _INPLACE_GELU = {
@@ -66,6 +87,13 @@ class Linear:
             self._post_op, self._algorithm = _ACTIVATIONS["none"][1:]
         # Keep the plain weight only when it is the one used (no second copy in memory).
         self.weight = weight.contiguous() if self._packed is None else None
+        # The small-M path: the packed bytes viewed in the GEMV's layout (no copy), where they are.
+        self._blocked = (
+            None if self._packed is None else gemv.onednn_blocked_view(self._packed, weight)
+        )
+        self._gemv_bias = None if bias is None else bias.float().contiguous()
+        self.gemv_max_rows = GEMV_MAX_ROWS.get(weight.dtype, 0)
+        """Up to how many rows the GEMV serves (0: never)."""
 
     @staticmethod
     def _pack(weight: torch.Tensor) -> torch.Tensor | None:
@@ -78,10 +106,28 @@ class Linear:
     def uses_onednn(self) -> bool:
         return self._packed is not None
 
+    @property
+    def uses_gemv(self) -> bool:
+        """Whether calls of up to `gemv_max_rows` rows go to the blocked GEMV."""
+        return self._blocked is not None and self.gemv_max_rows > 0
+
+    def _gemv(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        y = torch.ops.llm_cpu.blocked_gemv(x, self._blocked, self.out_features, self._gemv_bias)
+        if residual is not None:
+            return y.add_(residual)
+        return y if self._eager_act is None else self._eager_act(y)
+
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """`activation(x @ W.T + b)`, plus `residual` when given (then activation must be none)."""
         if residual is not None and self._eager_act is not None:
             raise ValueError("a residual is added only to a linear without activation")
+        if (
+            self._blocked is not None
+            and x.shape[0] <= self.gemv_max_rows
+            and x.dtype == self._blocked.dtype
+            and x.stride(-1) == 1
+        ):
+            return self._gemv(x, residual)
         if self._packed is not None:
             if residual is not None:  # the add runs in the GEMM epilogue
                 return torch.ops.mkldnn._linear_pointwise.binary(

@@ -213,3 +213,29 @@ def test_packed_linear_gelu_either_way_matches_torch(monkeypatch, activation, ep
     approximate = "tanh" if activation == "gelu_tanh" else "none"
     expected = F.gelu(F.linear(x, weight, bias), approximate=approximate)
     torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("activation", ["none", "gelu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_small_m_gemv_matches_the_gemm(activation, dtype):
+    """A call of up to `gemv_max_rows` rows runs the blocked GEMV over the packed weight's own bytes
+    (kernels/gemv.py) where it can: the same results as oneDNN's GEMM, its residual add and
+    activation included; more rows, and `gemv_max_rows` 0, take the GEMM."""
+    torch.manual_seed(0)
+    weight, bias = torch.randn(100, 70, dtype=dtype), torch.randn(100, dtype=dtype)
+    layer = Linear(weight, bias, activation)
+    if not layer.uses_onednn:
+        pytest.skip(f"oneDNN does not pack {dtype} here")
+    assert layer.uses_gemv == (layer._blocked is not None) and layer.gemv_max_rows > 0
+    gemm = Linear(weight, bias, activation)
+    gemm.gemv_max_rows = 0
+    assert not gemm.uses_gemv
+    tolerance = 1e-5 if dtype == torch.float32 else 0.1
+    for rows in {1, layer.gemv_max_rows, layer.gemv_max_rows + 1}:
+        x, residual = torch.randn(rows, 70, dtype=dtype), torch.randn(rows, 100, dtype=dtype)
+        torch.testing.assert_close(layer(x), gemm(x), atol=tolerance, rtol=tolerance)
+        if activation == "none":
+            got = layer(x, residual=residual)
+            torch.testing.assert_close(
+                got, gemm(x, residual=residual), atol=tolerance, rtol=tolerance
+            )
