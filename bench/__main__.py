@@ -73,6 +73,10 @@ BENCHMARKS = (
     SuiteEntry("parallel", "Tensor and pipeline parallelism: TP=2 and PP=2 vs TP=1"),
     SuiteEntry("engine_peers", "LLM engine vs OpenVINO GenAI and CTranslate2 (CPU)"),
     SuiteEntry("quantized_engine", "W4A16 checkpoint vs bfloat16 and OpenVINO GenAI int4"),
+    SuiteEntry("real_sizes", "Real sizes: a 1B Llama vs OpenVINO GenAI and llama.cpp (CPU)"),
+    SuiteEntry(
+        "gguf_perplexity", "GGUF perplexity: the engine vs llama.cpp on the same files (CPU)"
+    ),
     SuiteEntry("batching_spread", "Continuous vs static batching"),
     SuiteEntry("prefix_cache", "Prefix caching"),
     SuiteEntry("kv_offload", "KV offload tier: multi-turn agents, tier on vs off"),

@@ -228,6 +228,58 @@ TARGETS = (
         "speculative decoding with the shipped one-layer draft model vs plain decoding, one "
         "request at a time, on the same prompts (the default LLM, float32, CPU)",
     ),
+    *(
+        Target(
+            f"c1_bandwidth_fraction_{p}",
+            0.9,
+            f"{p} decode at one request, 1B Llama shape: weight bytes per token x tokens/s / a "
+            "plain read's bytes/s on the same threads (CPU, worse of 1 and 2 threads)",
+        )
+        for p in ("f32", "bf16", "int4")
+    ),
+    *(
+        Target(
+            f"c1_decode_vs_openvino_genai_{p}",
+            minimum,
+            f"{p} decode tokens/s at one request vs OpenVINO GenAI, 1B Llama shape (CPU, worse "
+            "of 1 and 2 threads)",
+        )
+        for p, minimum in (("f32", 1.0), ("bf16", 1.0), ("int4", 1.5))
+    ),
+    *(
+        Target(
+            f"c1_decode_vs_llama_cpp_{p}",
+            1.2,
+            f"{p} decode tokens/s at one request vs llama.cpp on the same GGUF file, 1B Llama "
+            "shape (CPU, worse of 1 and 2 threads)",
+        )
+        for p in ("f32", "bf16", "q4_0")
+    ),
+    *(
+        Target(
+            f"c16_throughput_vs_openvino_genai_{p}",
+            1.2,
+            f"{p} output tokens/s with 16 requests at once vs OpenVINO GenAI's continuous "
+            "batching, 1B Llama shape (CPU, worse of 1 and 2 threads)",
+        )
+        for p in ("bf16", "int4")
+    ),
+    *(
+        Target(
+            f"gguf_perplexity_vs_llama_cpp_{key}",
+            0.01,
+            f"held-out perplexity of the default model written as a {kind} GGUF file, the engine "
+            "vs llama.cpp on the same file and token ids: abs(ours - llama.cpp) / llama.cpp",
+            at_most=True,
+        )
+        for key, kind in (("q8_0", "Q8_0"), ("q4_k", "Q4_K (Q4_K_M mix)"), ("q4_0", "Q4_0"))
+    ),
+    Target(
+        "small_model_c1_vs_openvino_genai",
+        1.0,
+        "decode tokens/s at one request on the default benchmark model (32.5M parameters, "
+        "float32) vs OpenVINO GenAI (CPU, worse of 1 and 2 threads)",
+    ),
     Target(
         "spec_ngram_vs_openvino_genai_prompt_lookup_c1",
         1.0,

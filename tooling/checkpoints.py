@@ -224,10 +224,15 @@ GPU = Sizes(1536, 4096, 16, 12, 4, 32000, 256, (32, 512), (32, 256), 32)
 
 
 def build_random_llama(
-    sizes: Sizes, out_dir: Path, seed: int = 0, max_positions: int = 1024
+    sizes: Sizes,
+    out_dir: Path,
+    seed: int = 0,
+    max_positions: int = 1024,
+    byte_level_tokenizer: bool = False,
 ) -> int:
     """A random Llama of `sizes` admitting `max_positions` tokens, plus a word-level tokenizer
-    ("w3 w17 ..." is ids 3, 17, ...), saved to `out_dir`; returns the parameter count.
+    ("w3 w17 ..." is ids 3, 17, ...), or with `byte_level_tokenizer` one that GGUF tools take
+    (`write_byte_level_tokenizer`), saved to `out_dir`; returns the parameter count.
 
     Rotary positions have no weights, so `max_positions` changes nothing but the config."""
     config = transformers.LlamaConfig(
@@ -248,7 +253,10 @@ def build_random_llama(
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(config)
     model.save_pretrained(out_dir)
-    write_word_level_tokenizer(sizes.vocab, Path(out_dir))
+    write_tokenizer = (
+        write_byte_level_tokenizer if byte_level_tokenizer else write_word_level_tokenizer
+    )
+    write_tokenizer(sizes.vocab, Path(out_dir))
     return sum(p.numel() for p in model.parameters())
 
 
@@ -260,6 +268,33 @@ def write_word_level_tokenizer(vocab_size: int, out_dir: Path) -> None:
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+    special = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **special})
+    )
+
+
+def write_byte_level_tokenizer(vocab_size: int, out_dir: Path) -> None:
+    """A byte-level BPE tokenizer of exactly `vocab_size` tokens (0-2: pad, bos, eos; then the 256
+    byte symbols; then fillers "w<i>"), as tokenizer.json: a model of the benchmarks' vocabulary
+    that GGUF tools take (llama.cpp's gpt2 tokenizer model needs merges: one, "w 1")."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    for symbol in bytes_to_unicode().values():
+        vocab[symbol] = len(vocab)
+    for i in range(1, vocab_size):
+        if len(vocab) == vocab_size:
+            break
+        vocab.setdefault(f"w{i}", len(vocab))
+    if len(vocab) != vocab_size or "w1" not in vocab:
+        raise ValueError(f"a byte-level vocabulary needs more than 260 tokens, not {vocab_size}")
+    tokenizer = Tokenizer(models.BPE(vocab, [("w", "1")]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(["<pad>", "<s>", "</s>"])
     tokenizer.save(str(out_dir / "tokenizer.json"))
     special = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
     (out_dir / "tokenizer_config.json").write_text(

@@ -76,8 +76,9 @@ def write_gguf(
 ) -> Path:
     """Write the checkpoint in `hf_dir` as a GGUF file at `out`; its 2-D projection weights in
     `tensor_type` (GGML_TYPES), or per projection (a mapping from llama.cpp's short name, e.g.
-    "attn_v", to a type; the others in `default_type`), norms in F32, the embedding in
-    `embedding_type` and an untied output head in `output_type` (None: `embedding_type`)."""
+    "attn_v", or one layer's tensor, e.g. "blk.2.attn_v", to a type; the others in
+    `default_type`), norms in F32, the embedding in `embedding_type` and an untied output head in
+    `output_type` (None: `embedding_type`)."""
     config = json.loads((hf_dir / "config.json").read_text())
     state = {}
     for file in sorted(hf_dir.glob("*.safetensors")):
@@ -139,9 +140,12 @@ def _as_llama_cpp_stores(
 
 
 def _projection_type(name: str, tensor_type: str | Mapping[str, str], default: str) -> str:
+    """The type of projection `name` (blk.<i>.<short name>.weight): its own entry in
+    `tensor_type` ("blk.2.attn_v"), else its short name's ("attn_v"), else `default`."""
     if isinstance(tensor_type, str):
         return tensor_type
-    return tensor_type.get(name.split(".")[2], default)  # blk.<i>.<short name>.weight
+    layer_tensor = name.removesuffix(".weight")
+    return tensor_type.get(layer_tensor, tensor_type.get(layer_tensor.split(".")[2], default))
 
 
 def _add(writer: gguf.GGUFWriter, name: str, weight: np.ndarray, tensor_type: str) -> None:

@@ -29,7 +29,10 @@ class PeerWorker:
     def __init__(self, threads: int):
         self.threads = threads
         self.cpu_seconds = 0.0
-        """The CPU seconds (all the worker's threads) of the latest generate or encode."""
+        """The CPU seconds (all the worker's threads) of the latest generate, encode or score."""
+        self.latencies: list[dict] | None = None
+        """The latest generate's per-request {"ttft", "tpot", "tokens"} (seconds), from systems
+        that time each token's arrival; else None."""
         thread_vars = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
         environ = {**os.environ, **dict.fromkeys(thread_vars, str(threads))}
         environ["PYTHONPATH"] = str(env.REPO_ROOT)
@@ -78,7 +81,15 @@ class PeerWorker:
             "generate", system=system, prompts=prompts, max_tokens=max_tokens, outputs=outputs
         )
         self.cpu_seconds = answer["cpu_seconds"]
+        self.latencies = answer.get("latencies")
         return answer["outputs"], answer["seconds"]
+
+    def score(self, system: str, windows: list[list[int]]) -> tuple[list[float], float]:
+        """Each window's summed negative log-likelihood of its tokens after the first (a system
+        that scores: llama_cpp_scorer), and the seconds the peer took."""
+        answer = self.call("score", system=system, windows=windows)
+        self.cpu_seconds = answer["cpu_seconds"]
+        return answer["nll"], answer["seconds"]
 
     def encode(
         self, system: str, texts: list[str] | None = None, outputs: bool = True

@@ -8,6 +8,8 @@
 - openvino-llm-int4: the same with NNCF's weight compression `--weight-format int4 --group-size 128
   --sym --ratio 1.0 --backup-precision none`: every projection int4 symmetric in groups of 128;
   the embeddings and lm_head (NNCF's default: int8) stay in their original precision;
+- openvino-llm-int8: the same with NNCF's `--weight-format int8` (every weight 8-bit, asymmetric
+  per output channel: its default int8 compression);
 - ctranslate2-llm: `ctranslate2.converters.TransformersConverter`, float32 weights;
 - openvino-encoder: `optimum-cli export openvino --task feature-extraction --weight-format fp32`;
 - onnx-encoder: `torch.onnx.export` (torch.export-based: transformers 5's mask code does not trace
@@ -27,6 +29,7 @@ from pathlib import Path
 
 COMPRESSED = {"f16", "bf16", "i8", "u8", "i4", "u4", "nf4"}
 FP32 = ("--weight-format", "fp32")
+INT8 = ("--weight-format", "int8")
 INT4 = (
     *("--weight-format", "int4", "--group-size", "128", "--sym", "--ratio", "1.0"),
     *("--backup-precision", "none"),
@@ -37,12 +40,13 @@ def optimum_export(source: Path, dest: Path, task: str, weights: tuple[str, ...]
     cli = Path(sys.executable).with_name("optimum-cli")
     command = [str(cli), "export", "openvino", "--model", str(source), "--task", task, *weights]
     subprocess.run([*command, str(dest)], check=True)
-    return {"command": " ".join(command[1:]), **ir_weights(dest, int4=weights == INT4)}
+    info = ir_weights(dest, compressed={INT4: ("i4", "u4"), INT8: ("i8", "u8")}.get(weights))
+    return {"command": " ".join(command[1:]), **info}
 
 
-def ir_weights(dest: Path, int4: bool = False) -> dict:
-    """Element types of the IR's large constants; fails on compressed weights, or (`int4`) on
-    no 4-bit ones, then naming the weights left in float."""
+def ir_weights(dest: Path, compressed: tuple[str, ...] | None = None) -> dict:
+    """Element types of the IR's large constants; fails on compressed weights, or (`compressed`:
+    the element types wanted) on none of those, then naming the weights left in float."""
     import openvino as ov
 
     model = ov.Core().read_model(dest / "openvino_model.xml")
@@ -53,9 +57,9 @@ def ir_weights(dest: Path, int4: bool = False) -> dict:
     ]
     types = Counter(str(op.get_element_type().get_type_name()) for op in large)
     info = {"weight_element_types": dict(types), "openvino": ov.__version__}
-    if int4:
-        if not {"i4", "u4"} & set(types):
-            raise SystemExit(f"the int4 export holds no 4-bit weights: {dict(types)}")
+    if compressed:
+        if not set(compressed) & set(types):
+            raise SystemExit(f"the export holds no {'/'.join(compressed)} weights: {dict(types)}")
         info["float_weights"] = sorted(
             op.get_friendly_name()
             for op in large
@@ -119,6 +123,8 @@ def onnx_encoder(source: Path, dest: Path) -> dict:
 def main(target: str, source: Path, dest: Path) -> None:
     if target == "openvino-llm":
         info = optimum_export(source, dest, "text-generation-with-past")
+    elif target == "openvino-llm-int8":
+        info = optimum_export(source, dest, "text-generation-with-past", INT8)
     elif target == "openvino-llm-int4":
         info = optimum_export(source, dest, "text-generation-with-past", INT4)
     elif target == "ctranslate2-llm":

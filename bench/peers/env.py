@@ -25,8 +25,32 @@ NO_DEPS = Path(__file__).with_name("no-deps.txt")
 VENV = Path(os.environ.get("BENCH_PEERS_VENV", REPO_ROOT / ".venv-peers"))
 CACHE = Path(os.environ.get("BENCH_PEERS_CACHE", REPO_ROOT / ".cache" / "bench-peers"))
 STAMP = ".bench-peers-stamp"
-CHECK_IMPORTS = "import openvino, openvino_genai, ctranslate2, onnxruntime, optimum.intel"
+CHECK_IMPORTS = (
+    "import openvino, openvino_genai, ctranslate2, onnxruntime, optimum.intel, llama_cpp"
+)
 PIP_TIMEOUT_S = 1800
+LLAMA_CPP = "llama-cpp-python==0.3.36"
+"""llama.cpp's Python binding, built from its source distribution (PyPI has no CPU wheel) for this
+CPU's instruction sets (`llama_cpp_cmake_args`), its wheel cached per CPU under WHEELS."""
+GGML_ISA_FLAGS = {
+    "sse4_2": "GGML_SSE42",
+    "avx": "GGML_AVX",
+    "avx2": "GGML_AVX2",
+    "fma": "GGML_FMA",
+    "f16c": "GGML_F16C",
+    "bmi2": "GGML_BMI2",
+    "avx_vnni": "GGML_AVX_VNNI",
+    "avx512f": "GGML_AVX512",
+    "avx512vbmi": "GGML_AVX512_VBMI",
+    "avx512_vnni": "GGML_AVX512_VNNI",
+    "avx512_bf16": "GGML_AVX512_BF16",
+}
+"""/proc/cpuinfo flag -> the ggml option that compiles for it. AMX is left out: llama.cpp's AMX
+kernels (chosen for Q4_0/Q8_0 when built with -march=native on a CPU that has AMX) died with
+SIGILL at `tilezero` on this project's VMs, though the kernel grants the tile state; the other
+options are what -march=native would enable."""
+WHEELS = REPO_ROOT / ".cache" / "wheels"
+BUILD_TIMEOUT_S = 3600
 
 
 class PeersUnavailable(RuntimeError):
@@ -52,9 +76,51 @@ def ensure() -> None:
     pip = [str(VENV / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check"]
     run_step("pip install the pinned peers", [*pip, "-q", "-r", str(REQUIREMENTS)], PIP_TIMEOUT_S)
     run_step("pip install --no-deps", [*pip, "-q", "--no-deps", "-r", str(NO_DEPS)], PIP_TIMEOUT_S)
+    wheel = llama_cpp_wheel()
+    install = [*pip, "-q", "--no-deps", "--force-reinstall", str(wheel)]  # same version, new build
+    run_step("pip install llama.cpp's wheel", install, PIP_TIMEOUT_S)
     run_step("import the peers", [str(VENV / "bin" / "python"), "-c", CHECK_IMPORTS], 300)
     stamp.write_text(wanted + "\n")
     progress(f"peers: {VENV} ready")
+
+
+def llama_cpp_wheel() -> Path:
+    """The llama-cpp-python wheel built for this CPU, building it first if needed (about 3
+    minutes on 2 cores)."""
+    folder = WHEELS / f"llama-cpp-{cpu_features_hash()}"
+    built = sorted(folder.glob("llama_cpp_python-*.whl"))
+    if built:
+        return built[-1]
+    ignore_all(WHEELS)
+    environ = {**os.environ, "CMAKE_ARGS": llama_cpp_cmake_args()}
+    environ.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
+    # --no-cache-dir: pip's wheel cache keys on the source alone, not on CMAKE_ARGS.
+    command = [str(VENV / "bin" / "python"), "-m", "pip", "wheel", "--no-deps", "--no-cache-dir"]
+    command.append(LLAMA_CPP)
+    run_step("build llama.cpp's wheel", [*command, "-w", str(folder)], BUILD_TIMEOUT_S, environ)
+    return next(folder.glob("llama_cpp_python-*.whl"))
+
+
+def llama_cpp_cmake_args() -> str:
+    """The build's CMake options: this CPU's instruction sets (GGML_ISA_FLAGS), only the
+    library (no tools, tests or examples)."""
+    flags = set(_cpu_flags())
+    options = {"GGML_NATIVE": "OFF", "LLAMA_CURL": "OFF"}
+    options |= {f"LLAMA_BUILD_{part}": "OFF" for part in ("TESTS", "EXAMPLES", "TOOLS", "SERVER")}
+    options |= {name: "ON" if flag in flags else "OFF" for flag, name in GGML_ISA_FLAGS.items()}
+    return " ".join(f"-D{name}={value}" for name, value in options.items())
+
+
+def cpu_features_hash() -> str:
+    """What the build depends on: the CPU's instruction sets and the build's options."""
+    return hashlib.sha256(llama_cpp_cmake_args().encode()).hexdigest()[:12]
+
+
+def _cpu_flags() -> list[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return line.split(":", 1)[1].split()
+    return []
 
 
 def ignore_all(directory: Path) -> None:
@@ -65,13 +131,14 @@ def ignore_all(directory: Path) -> None:
 
 def requirements_hash() -> str:
     """What a build depends on: the pins."""
-    return hashlib.sha256(REQUIREMENTS.read_bytes() + NO_DEPS.read_bytes()).hexdigest()
+    pins = REQUIREMENTS.read_bytes() + NO_DEPS.read_bytes() + LLAMA_CPP.encode()
+    return hashlib.sha256(pins + llama_cpp_cmake_args().encode()).hexdigest()
 
 
-def run_step(name: str, command: list[str], timeout: float) -> None:
+def run_step(name: str, command: list[str], timeout: float, environ=None) -> None:
     progress(f"peers: {name}: {' '.join(command)}")
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environ)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise PeersUnavailable(f"building {VENV} failed at step '{name}': {exc}") from exc
     if proc.returncode != 0:

@@ -7,8 +7,12 @@ stderr first, so nothing a library prints can corrupt the answers. Requests:
 
     {"op": "load", "system": S, "path": P, "threads": N, "dtype": "float32" | "bfloat16", ...}
     {"op": "generate", "system": S, "prompts": [[ids]], "max_tokens": [n], "outputs": bool}
+        -> also "latencies": per request {"ttft", "tpot", "tokens"} where the system times them
     {"op": "encode", "system": S, "texts": [...] (optional: the previous ones), "outputs": bool}
+    {"op": "score", "system": S, "windows": [[ids]]} -> "nll": per window, the summed negative
+        log-likelihood of its tokens after the first (a system that scores: llama_cpp_scorer)
     {"op": "matmul", "threads": N, "in_features": K, "out_features": N, "rows": M, "seconds": T}
+    {"op": "weight_bytes", "path": P, "float_bytes": 2 | 4}: an OpenVINO IR's bytes per token
     {"op": "quit"}
 
 Answers: {"ok": true, ...} or {"ok": false, "error": "..."}. Token ids in and out, never text, so
@@ -28,6 +32,8 @@ import numpy as np
 
 LLM_SYSTEMS = (
     "openvino_genai",
+    "openvino_genai_stepped",
+    "llama_cpp",
     "openvino_genai_prompt_lookup",
     "openvino_genai_pipeline",
     "ctranslate2",
@@ -133,6 +139,171 @@ class OpenVINOGenAIPipeline:
             result = self.pipe.generate(ids, config)
             outputs.append(list(result.tokens[0]))
         return outputs
+
+
+class OpenVINOGenAIStepped:
+    """`openvino_genai.ContinuousBatchingPipeline` driven request by request: every request added
+    at once (`add_request`), then `step()` until all finish, each new token's arrival timed, so
+    each request's time to first token and time per output token are known (`latencies`).
+    Greedy, EOS ignored, prefix caching off; settings as `OpenVINOGenAI`'s."""
+
+    def __init__(self, path: str, threads: int, dtype: str, settings: dict):
+        self.batched = OpenVINOGenAI(path, threads, dtype, settings)
+        self.info = self.batched.info
+        self.latencies: list[dict] = []
+
+    def generate(self, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
+        ov, genai, pipe = self.batched.ov, self.batched.genai, self.batched.pipe
+        clock = StreamClock(len(prompts))
+        handles = []
+        for i, (prompt, n) in enumerate(zip(prompts, max_tokens, strict=True)):
+            config = genai.GenerationConfig()
+            config.max_new_tokens = n
+            config.ignore_eos = True
+            config.do_sample = False
+            ids = ov.Tensor(np.asarray([prompt], dtype=np.int64))
+            handles.append(pipe.add_request(i, ids, config))
+        outputs: list[list[int]] = [[] for _ in prompts]
+        while pipe.has_non_finished_requests():
+            pipe.step()
+            for i, handle in enumerate(handles):
+                if handle.can_read():
+                    for out in handle.read().values():
+                        outputs[i] += list(out.generated_ids)
+                        clock.tokens(i, len(outputs[i]))
+        self.latencies = clock.latencies()
+        return outputs
+
+
+class StreamClock:
+    """Each request's token arrivals since the clock started: its time to first token and its
+    time per output token after the first (vLLM's TPOT), in seconds."""
+
+    def __init__(self, requests: int):
+        self.started = time.perf_counter()
+        self.first: list[float | None] = [None] * requests
+        self.last: list[float | None] = [None] * requests
+        self.count = [0] * requests
+
+    def tokens(self, request: int, count: int) -> None:
+        """`request` now has `count` tokens in all."""
+        now = time.perf_counter()
+        if self.first[request] is None:
+            self.first[request] = now
+        self.last[request], self.count[request] = now, count
+
+    def latencies(self) -> list[dict]:
+        return [
+            {
+                "ttft": first - self.started,
+                "tpot": (last - first) / (n - 1) if n > 1 else None,
+                "tokens": n,
+            }
+            for first, last, n in zip(self.first, self.last, self.count, strict=True)
+            if first is not None and last is not None
+        ]
+
+
+_GGML_TYPES = {"F32": 0, "F16": 1, "BF16": 30}
+"""ggml's type ids (ggml.h's enum ggml_type) for a KV cache type."""
+
+
+class LlamaCpp:
+    """llama.cpp through llama-cpp-python's `Llama` on a GGUF file, one request at a time (its
+    Python API decodes one sequence): the KV cache emptied before each request (no prefix reuse,
+    as the engine starts empty), the prompt's token ids given as they are (no BOS added), greedy
+    (temperature 0: llama.cpp's greedy sampler), EOS ignored; each token's arrival timed."""
+
+    def __init__(self, path: str, threads: int, dtype: str, settings: dict):
+        import llama_cpp
+
+        kv_type = settings.get("kv_cache_type")  # None: llama.cpp's default (F16)
+        kv = {} if kv_type is None else dict.fromkeys(("type_k", "type_v"), _GGML_TYPES[kv_type])
+        self.llm = llama_cpp.Llama(
+            model_path=path,
+            n_ctx=settings["n_ctx"],
+            n_batch=settings["n_batch"],
+            n_threads=threads,
+            n_threads_batch=threads,
+            verbose=False,
+            **kv,
+        )
+        self.latencies: list[dict] = []
+        self.info = {
+            "kv_cache_type": kv_type or "F16",
+            "n_ctx": settings["n_ctx"],
+            "n_batch": settings["n_batch"],
+            "n_threads": threads,
+            "llama_cpp_python": llama_cpp.__version__,
+            "system_info": llama_cpp.llama_print_system_info().decode(),
+        }
+
+    def generate(self, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
+        outputs, latencies = [], []
+        for prompt, n in zip(prompts, max_tokens, strict=True):
+            self.llm.reset()
+            clock = StreamClock(1)
+            tokens: list[int] = []
+            stream = self.llm.generate(prompt, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0)
+            for token in stream:
+                tokens.append(int(token))
+                clock.tokens(0, len(tokens))
+                if len(tokens) == n:
+                    break
+            outputs.append(tokens)
+            latencies += clock.latencies()
+        self.latencies = latencies
+        return outputs
+
+
+class LlamaCppScorer:
+    """llama.cpp (llama-cpp-python's `Llama`, keeping every position's logits: `logits_all`)
+    scoring windows of token ids, one at a time: each evaluated from an empty KV cache, its ids
+    given as they are (no BOS added), in one batch; its negative log-likelihood is `window_nll`
+    of the logits llama.cpp returns (float32, taken to float64). Settings: n_ctx (at least the
+    longest window), kv_cache_type (F32, F16: llama.cpp's default, or BF16)."""
+
+    def __init__(self, path: str, threads: int, dtype: str, settings: dict):
+        import llama_cpp
+
+        kv_type = settings.get("kv_cache_type", "F16")
+        self.llm = llama_cpp.Llama(
+            model_path=path,
+            n_ctx=settings["n_ctx"],
+            n_batch=settings["n_ctx"],  # a window is one batch
+            logits_all=True,
+            n_threads=threads,
+            n_threads_batch=threads,
+            type_k=_GGML_TYPES[kv_type],
+            type_v=_GGML_TYPES[kv_type],
+            verbose=False,
+        )
+        self.info = {
+            "kv_cache_type": kv_type,
+            "n_ctx": self.llm.n_ctx(),
+            "n_threads": threads,
+            "llama_cpp_python": llama_cpp.__version__,
+            "system_info": llama_cpp.llama_print_system_info().decode(),
+        }
+
+    def score(self, windows: list[list[int]]) -> list[float]:
+        nll = []
+        for window in windows:
+            self.llm.reset()  # the next eval starts at position 0, the cache's entries dropped
+            self.llm.eval(window)
+            nll.append(window_nll(self.llm.scores[: len(window)], window))
+        return nll
+
+
+def window_nll(logits: np.ndarray, window: list[int]) -> float:
+    """The summed negative log-likelihood of window[1:], each token under the logits of the
+    position before it (logits [len(window), vocab]; the last row scores nothing), from a
+    log-softmax in float64."""
+    rows = np.asarray(logits[: len(window) - 1], dtype=np.float64)
+    top = rows.max(axis=1, keepdims=True)
+    log_norm = top[:, 0] + np.log(np.exp(rows - top).sum(axis=1))
+    chosen = rows[np.arange(len(rows)), np.asarray(window[1:])]
+    return float((log_norm - chosen).sum())
 
 
 class CTranslate2:
@@ -269,6 +440,9 @@ SYSTEMS = {
     "openvino_genai": OpenVINOGenAI,
     "openvino_genai_prompt_lookup": OpenVINOGenAIPipeline,
     "openvino_genai_pipeline": OpenVINOGenAIPipeline,
+    "openvino_genai_stepped": OpenVINOGenAIStepped,
+    "llama_cpp": LlamaCpp,
+    "llama_cpp_scorer": LlamaCppScorer,
     "ctranslate2": CTranslate2,
     "openvino": OpenVINOEncoder,
     "onnxruntime": OnnxRuntimeEncoder,
@@ -298,12 +472,22 @@ class Worker:
             "seconds": seconds,
             "cpu_seconds": cpu_seconds,
             "outputs": result if outputs else None,
+            "latencies": getattr(self.systems[system], "latencies", None),
         }
+
+    def score(self, system: str, windows: list[list[int]]) -> dict:
+        started, cpu = time.perf_counter(), time.process_time()
+        nll = self.systems[system].score(windows)
+        seconds = time.perf_counter() - started
+        return {"nll": nll, "seconds": seconds, "cpu_seconds": time.process_time() - cpu}
 
     def matmul(
         self, threads: int, in_features: int, out_features: int, rows: int, seconds: float
     ) -> dict:
         return {"gflops": _matmul_rate(threads, in_features, out_features, rows, seconds)}
+
+    def weight_bytes(self, path: str, float_bytes: int) -> dict:
+        return {"bytes": _ir_weight_bytes(path, float_bytes)}
 
     def encode(self, system: str, texts=None, outputs: bool = True) -> dict:
         if texts is not None:
@@ -318,6 +502,43 @@ class Worker:
                 embeddings.astype(np.float32).tobytes()
             ).decode()
         return answer
+
+
+def _ir_weight_bytes(path: str, float_bytes: int) -> int:
+    """Weight bytes an OpenVINO LLM IR reads per decoded token: each large constant that reaches
+    a MatMul (directly or through its decompression ops), float ones at `float_bytes` per value
+    (the inference precision: the CPU plugin converts float weights at compile time), compressed
+    ones as stored; the token embedding (reaching a Gather) left out."""
+    import openvino as ov
+
+    model = ov.Core().read_model(os.path.join(path, "openvino_model.xml"))
+    total = 0
+    for op in model.get_ops():
+        if op.get_type_name() != "Constant" or not op.get_output_size():
+            continue
+        values = int(np.prod([int(d) for d in op.get_output_shape(0)]))
+        if values < 4096 or _feeds(op) != "MatMul":
+            continue
+        kind = op.get_element_type()
+        total += values * float_bytes if kind.is_real() else values * kind.bitwidth // 8
+    return total
+
+
+def _feeds(op, depth: int = 6) -> str | None:
+    """ "MatMul" or "Gather": which one `op`'s value reaches first through elementwise ops."""
+    frontier = [op]
+    for _ in range(depth):
+        consumers = [
+            target.get_node()
+            for node in frontier
+            for output in node.outputs()
+            for target in output.get_target_inputs()
+        ]
+        for node in consumers:
+            if node.get_type_name() in ("MatMul", "Gather"):
+                return node.get_type_name()
+        frontier = consumers
+    return None
 
 
 def _matmul_rate(threads: int, in_features: int, out_features: int, rows: int, seconds: float):

@@ -101,5 +101,14 @@ PEER_KEYS = {
 OTHER_PEER_KEYS = {
     "quantized_engine": {"engine_w4a16_vs_openvino_genai_int4"},
     "spec_decode": {"spec_ngram_vs_openvino_genai_prompt_lookup_c1"},
+    "gguf_perplexity": {f"gguf_perplexity_vs_llama_cpp_{t}" for t in ("q8_0", "q4_k", "q4_0")},
+    "real_sizes": {
+        *(f"c1_bandwidth_fraction_{p}" for p in ("bf16", "int4")),
+        *(f"c1_decode_vs_openvino_genai_{p}" for p in ("f32", "bf16", "int4")),
+        *(f"c1_decode_vs_llama_cpp_{p}" for p in ("f32", "bf16", "q4_0")),
+        *(f"c16_throughput_vs_openvino_genai_{p}" for p in ("bf16", "int4")),
+        "small_model_c1_vs_openvino_genai",
+    },
 }
-"""Peer figures of benchmarks that give figures of their own too (missing in --quick mode)."""
+"""Figures missing in --quick mode of benchmarks that give figures of their own too: the peer
+figures, and real_sizes' other precisions (its quick run is float32 only)."""
