@@ -46,6 +46,7 @@ u = 0, z' = 1, s' = m; only non-finite minimums cannot fold (`cpu_folds_mins`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -516,6 +517,29 @@ def wna16_int8_dot() -> bool:
     return cpu_extension.load() and bool(torch.ops.llm_cpu.wna16_int8_dot())
 
 
+AMX_GEMM_MIN_ROWS = {False: 32, True: 192}
+"""On a CPU with AMX and bfloat16 x, from how many rows the op's dequantize-then-GEMM path (oneDNN's
+bfloat16 GEMM runs on the AMX tiles) beats its decode kernels: keyed by `dynamic_int8`, 32 rows
+against the bfloat16-dot kernel, 192 against the int8 one. Measured on Sapphire Rapids, 4-bit g128,
+Llama-3.2-1B's qkv / gate_up / down, 1 and 2 threads (2 threads, ms, decode-bf16 / decode-int8 /
+GEMM: M = 32: 2.0 / 0.46 / 1.8, 10.3 / 2.3 / 9.0, 5.3 / 1.2 / 4.3; M = 192: 12.9 / 2.9 / 2.6,
+61.0 / 14.1 / 13.4, 30.7 / 6.5 / 5.6; M = 512: - / 6.8 / 3.8, - / 43.2 / 19.8, - / 21.5 / 17.8).
+Without AMX the build's own crossover holds (kAutoGemmMinRows in the C++: AVX-512 never)."""
+
+
+def gemm_min_rows(dtype: torch.dtype, dynamic_int8: bool) -> int:
+    """`wna16_linear_cpu`'s gemm_min_rows for x of `dtype`: AMX_GEMM_MIN_ROWS in bfloat16 on a CPU
+    with AMX, else -1 (the build's crossover)."""
+    if dtype == torch.bfloat16 and _has_amx():
+        return AMX_GEMM_MIN_ROWS[dynamic_int8]
+    return -1
+
+
+@functools.cache
+def _has_amx() -> bool:
+    return bool(torch.cpu._is_amx_tile_supported()) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def wna16_cpu_takes(x: torch.Tensor) -> bool:
     """Whether `wna16_linear_cpu` takes x: the C++ library is loaded, x is a CPU float32 or
     bfloat16 tensor. Otherwise call `wna16_linear_torch` (or the Triton kernel on CUDA)."""
@@ -532,7 +556,8 @@ def wna16_linear_cpu(
     """`wna16_linear_torch`'s contract on a prepared weight through the C++ op; only where
     `wna16_cpu_takes(x)`. x [M, K] float32 or bfloat16 (any row stride; a strided K is copied)
     -> [M, N] in x's dtype. `gemm_min_rows`: from how many rows the op dequantizes blocks of the
-    weight for a GEMM instead of unpacking per FMA; -1: the crossover measured for the build's ISA
+    weight for a GEMM instead of unpacking per FMA (`gemm_min_rows()`: what the layers pass); -1:
+    the crossover measured for the build's ISA
     (AVX-512: never; AVX2: 64 rows; baseline: always; kAutoGemmMinRows in the C++).
     `dynamic_int8`: `wna16_linear_int8_torch`'s contract instead, where it applies (4-bit
     weights, bfloat16 x, fewer than gemm_min_rows rows, `wna16_int8_dot()`); elsewhere ignored."""

@@ -32,7 +32,9 @@
 // Prefill (M >= gemm_min_rows): blocks of output rows are dequantized exactly as the contract reads,
 // (u - z) * s in float32 (the twin's bits), into a [K, block] tile of x's dtype (in parallel), and
 // each block is one at::addmm (oneDNN/MKL, all threads) into its columns of the output. Where that
-// pays depends on the ISA (kAutoGemmMinRows): with AVX-512 never, as measured.
+// pays depends on the ISA (kAutoGemmMinRows): with AVX-512 never, as measured on AMD EPYC; where
+// oneDNN's bfloat16 GEMM runs on AMX tiles the callers pass their own crossover
+// (kernels/wna16_linear.py: gemm_min_rows).
 //
 // One ISA per build (kernels/cpu_extension.py): AVX-512, AVX2 or the baseline. The decode and
 // dequantize kernels are written once, as templates over a vector-width traits type (Vec512, Vec256:

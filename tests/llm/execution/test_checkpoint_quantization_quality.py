@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from kernels import wna16_linear
 from kernels.wna16_linear import wna16_int8_dot
 from tests.llm.execution.perplexity_helpers import engine_perplexity, passages, runner
 from tests.llm.quantized_checkpoint_helpers import quantized_shakespeare
@@ -49,9 +50,14 @@ def test_perplexity_of_the_stored_checkpoint_is_within_its_gate(float32_perplexi
     reason="int8 activations need the C++ kernels built for AVX-512 on a CPU with AVX512-VNNI",
 )
 @pytest.mark.parametrize("preset", ["W4A16_G128", "W4A16_G64_ASYM"])
-def test_int8_activations_in_bfloat16_stay_within_the_w4a16_gate(float32_perplexity, preset):
+def test_int8_activations_in_bfloat16_stay_within_the_w4a16_gate(
+    float32_perplexity, preset, monkeypatch
+):
     """The 4-bit layers' dynamic int8 activations (bfloat16 model) against float32, under the
-    same gate as the stored checkpoint; and they do change the result (the path ran)."""
+    same gate as the stored checkpoint; and they do change the result (the path ran). Every
+    passage takes them on all its rows, as decode steps do: on a CPU with AMX a long prefill
+    would take the dequantize-then-GEMM path instead (`AMX_GEMM_MIN_ROWS`)."""
+    monkeypatch.setattr(wna16_linear, "AMX_GEMM_MIN_ROWS", {False: 1 << 30, True: 1 << 30})
     checkpoint = quantized_shakespeare(preset)
     ppl = {
         acts: engine_perplexity(

@@ -275,12 +275,15 @@ class WNA16Linear(nn.Module):
             return self.forward
         op, prepared = torch.ops.llm_cpu.wna16_linear.default, self._prepared
         args = (prepared.packed, prepared.scales, prepared.zeros, self.bits, self.group_size)
-        tail = (self.out_features, self.bias, -1, self.dynamic_int8)
-        takes = (torch.float32, torch.bfloat16)
+        out, bias, dynamic_int8 = self.out_features, self.bias, self.dynamic_int8
+        gemm_rows = {
+            t: wna16.gemm_min_rows(t, dynamic_int8) for t in (torch.float32, torch.bfloat16)
+        }
 
         def call(x: torch.Tensor) -> torch.Tensor:
-            if x.dtype in takes and x.dim() == 2 and x.stride(1) == 1:
-                return op(x, *args, *tail)
+            rows = gemm_rows.get(x.dtype)
+            if rows is not None and x.dim() == 2 and x.stride(1) == 1:
+                return op(x, *args, out, bias, rows, dynamic_int8)
             return self.forward(x)
 
         return call
@@ -292,8 +295,9 @@ class WNA16Linear(nn.Module):
             x2 = x2.index_select(1, self.perm)
         if self._prepared is not None:
             if wna16.wna16_cpu_takes(x2):
+                rows = wna16.gemm_min_rows(x2.dtype, self.dynamic_int8)
                 y = wna16.wna16_linear_cpu(
-                    x2, self._prepared, self.bias, dynamic_int8=self.dynamic_int8
+                    x2, self._prepared, self.bias, rows, dynamic_int8=self.dynamic_int8
                 )
             else:  # e.g. float16 activations: the op computes in float32 or bfloat16
                 y = wna16.wna16_linear_cpu(x2.float(), self._prepared, self.bias).to(x.dtype)
