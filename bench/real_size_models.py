@@ -13,7 +13,9 @@ the code that writes it):
   head as `llama-quantize` leaves them for that type (Q4_0: embedding Q4_0, head Q6_K).
 
 A partial build is never taken for a finished one: each artefact is written under a temporary
-name and renamed when complete.
+name and renamed when complete. Building one removes its stale versions (the same artefact under
+another key), and new GGUF files remove the engine's conversions of the old ones (CONVERSIONS):
+a 1B model in every format takes ~30 GB.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CACHE = REPO_ROOT / ".cache" / "real-sizes"
 SHAPE = Sizes(hidden=2048, intermediate=8192, layers=16, heads=32, kv_heads=8, vocab=32000)
 """Llama-3.2-1B's shape (head_dim 64; 1.1B parameters with an untied head)."""
+CONVERSIONS = CACHE / "xdg"
+"""The engine's GGUF conversions ($XDG_CACHE_HOME of the benchmark's process)."""
 MAX_POSITIONS = 2048
 GGUF_TYPES = {
     # type: (projections, token embedding, output head)
@@ -51,6 +55,7 @@ def hf_checkpoint(seed: int = 0) -> Path:
     """The float32 checkpoint, built first if needed (about a minute, 4.4 GB)."""
     out = model_dir(seed) / "hf"
     if not _done(out):
+        _remove_stale(out.parent)
         progress(f"real sizes: building the random 1B Llama in {out}")
         with _building(out) as partial:
             build_random_llama(SHAPE, partial, seed, MAX_POSITIONS, byte_level_tokenizer=True)
@@ -65,6 +70,7 @@ def w4a16_checkpoint(seed: int = 0) -> Path:
     out = model_dir(seed) / f"w4a16-g128-{key}"
     if not _done(out):
         source = hf_checkpoint(seed)
+        _remove_stale(out)
         progress(f"real sizes: quantizing {source} to W4A16 g128 in {out}")
         with _building(out) as partial:
             write_compressed_tensors_checkpoint(source, partial, PRESETS["W4A16_G128"])
@@ -80,6 +86,9 @@ def gguf_file(kind: str, seed: int = 0) -> Path:
     if not out.exists():
         source = hf_checkpoint(seed)
         projections, embedding, head = GGUF_TYPES[kind]
+        if not out.parent.exists():
+            _remove_stale(out.parent)
+            shutil.rmtree(CONVERSIONS, ignore_errors=True)
         progress(f"real sizes: writing {out}")
         out.parent.mkdir(parents=True, exist_ok=True)
         partial = out.with_suffix(".partial")
@@ -108,6 +117,17 @@ def _key(seed: int, library: str, writer: str) -> str:
     digest.update(version(library.replace("_", "-")).encode())
     digest.update((REPO_ROOT / writer).read_bytes())
     return digest.hexdigest()[:12]
+
+
+def _remove_stale(artefact: Path) -> None:
+    """Remove the other keys' versions of `artefact` (<name>-<key>: its siblings <name>-*)."""
+    name = artefact.name.rpartition("-")[0]
+    if not artefact.parent.exists():
+        return
+    for stale in artefact.parent.glob(f"{name}-*"):
+        if stale != artefact and stale.is_dir():
+            progress(f"real sizes: removing the stale {stale}")
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _done(folder: Path) -> bool:

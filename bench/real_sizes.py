@@ -473,8 +473,9 @@ def run(args: argparse.Namespace, scratch: Path) -> dict:
     device = cli.default_device(args.device)
     if device.type != "cpu":
         raise SystemExit("bench.real_sizes compares CPU systems: run it with --device cpu")
-    # The engine's GGUF conversions are cached beside the models, not in ~/.cache.
-    os.environ.setdefault("XDG_CACHE_HOME", str(models.CACHE / "xdg"))
+    # The engine's GGUF conversions are cached beside the models (pruned with them), not in
+    # ~/.cache.
+    os.environ["XDG_CACHE_HOME"] = str(models.CONVERSIONS)
     precisions, skipped = chosen_precisions(args)
     no_peers = plan.why_no_peers(args, device)
     if args.quick:
@@ -493,6 +494,9 @@ def run(args: argparse.Namespace, scratch: Path) -> dict:
         worker = None if no_peers else PeerWorker(threads)
         try:
             for precision in precisions:
+                if worker and not worker.alive:  # a peer crashed it: the next gets a new one
+                    worker.close()
+                    worker = PeerWorker(threads)
                 if no_peers:
                     paths, reasons = {}, dict.fromkeys(PEERS, no_peers)
                 else:
@@ -500,6 +504,9 @@ def run(args: argparse.Namespace, scratch: Path) -> dict:
                 record = measure(args, precision, threads, worker, paths, bandwidth)
                 record["excluded"] = {**reasons, **record["excluded"]}
                 runs.append(record)
+            if worker and not worker.alive:
+                worker.close()
+                worker = PeerWorker(threads)
             small_ov = None if no_peers else small_model_export(small_dir)
             small_runs.append(measure_small(args, threads, worker, small_dir, small_ov))
         finally:

@@ -23,6 +23,21 @@ class PeerError(RuntimeError):
     """A request the worker could not carry out (its message), or a worker that died."""
 
 
+AMX_CAP = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}
+"""oneDNN's instruction sets capped below AMX (OpenVINO reads oneDNN's variable)."""
+
+
+def openvino_isa_cap(threads: int) -> dict[str, str]:
+    """The worker's environment for OpenVINO at `threads`: on a CPU with AMX at one thread, oneDNN
+    capped below AMX. There OpenVINO 2026.4's CPU plugin dies with SIGFPE in bfloat16 (its
+    continuous batching and its LLMPipeline alike; at two threads, or with AMX capped, it runs),
+    seen on this project's Sapphire Rapids VMs; the cap costs it AMX's prefill GEMMs only (a
+    one-row decode GEMV does not use AMX)."""
+    if threads != 1 or "amx_bf16" not in env.cpu_flags():
+        return {}
+    return dict(AMX_CAP)
+
+
 class PeerWorker:
     """One worker process running its peers with `threads` threads; a context manager."""
 
@@ -36,6 +51,7 @@ class PeerWorker:
         thread_vars = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
         environ = {**os.environ, **dict.fromkeys(thread_vars, str(threads))}
         environ["PYTHONPATH"] = str(env.REPO_ROOT)
+        environ.update(openvino_isa_cap(threads))
         self.proc = subprocess.Popen(
             [str(env.python()), "-m", "bench.peers.worker"],
             cwd=env.REPO_ROOT,
@@ -45,6 +61,10 @@ class PeerWorker:
             text=True,
             preexec_fn=die_with_parent(),
         )
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
 
     def call(self, op: str, **request) -> dict:
         assert self.proc.stdin is not None and self.proc.stdout is not None

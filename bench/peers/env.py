@@ -104,7 +104,7 @@ def llama_cpp_wheel() -> Path:
 def llama_cpp_cmake_args() -> str:
     """The build's CMake options: this CPU's instruction sets (GGML_ISA_FLAGS), only the
     library (no tools, tests or examples)."""
-    flags = set(_cpu_flags())
+    flags = set(cpu_flags())
     options = {"GGML_NATIVE": "OFF", "LLAMA_CURL": "OFF"}
     options |= {f"LLAMA_BUILD_{part}": "OFF" for part in ("TESTS", "EXAMPLES", "TOOLS", "SERVER")}
     options |= {name: "ON" if flag in flags else "OFF" for flag, name in GGML_ISA_FLAGS.items()}
@@ -116,7 +116,7 @@ def cpu_features_hash() -> str:
     return hashlib.sha256(llama_cpp_cmake_args().encode()).hexdigest()[:12]
 
 
-def _cpu_flags() -> list[str]:
+def cpu_flags() -> list[str]:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("flags"):
             return line.split(":", 1)[1].split()

@@ -70,6 +70,7 @@ class OpenVINOGenAI:
         self.info = {
             "scheduler": {k: getattr(scheduler, k) for k in _SCHEDULER_FIELDS},
             "properties": self.properties,
+            "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
             "openvino": ov.__version__,
             "openvino_genai": genai.__version__,
         }

@@ -115,12 +115,12 @@ def test_the_stream_clock_gives_each_requests_ttft_and_tpot(monkeypatch):
 
 def test_llama_cpp_builds_for_this_cpus_instruction_sets_without_amx(monkeypatch):
     flags = ["sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "amx_tile", "amx_int8"]
-    monkeypatch.setattr(env, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(env, "cpu_flags", lambda: flags)
     options = dict(o.removeprefix("-D").split("=") for o in env.llama_cpp_cmake_args().split())
     assert options["GGML_NATIVE"] == "OFF" and options["GGML_AVX512"] == "ON"
     assert options["GGML_AVX2"] == "ON" and options["GGML_AVX512_BF16"] == "OFF"
     assert not any("AMX" in name for name in options)
     wide = env.cpu_features_hash()
-    monkeypatch.setattr(env, "_cpu_flags", lambda: ["avx", "avx2", "fma"])
+    monkeypatch.setattr(env, "cpu_flags", lambda: ["avx", "avx2", "fma"])
     assert "-DGGML_AVX512=OFF" in env.llama_cpp_cmake_args()
     assert env.cpu_features_hash() != wide  # another CPU: another cached wheel
