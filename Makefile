@@ -71,7 +71,9 @@ format: setup
 
 # The benchmark suite: bench/results/{*.json,summary.json,report.md,*.png}, and README.md's headline table
 # (bench.headline). It prints each benchmark's seconds and its own total; the last full run's are in
-# bench/results/summary.json ("seconds") and report.md. Budget: 60 min on 2 cores; the peers' .venv-peers is built on first use.
+# bench/results/summary.json ("seconds") and report.md. Budget: 70 min on 2 cores (real_sizes ~21 of them);
+# the peers' .venv-peers (llama.cpp built from source, ~7 min) and real_sizes' 1B models (~30 GB under
+# .cache/real-sizes, ~5 min) are built on first use.
 # BENCH_ARGS=--gpu for the GPU mode, BENCH_ARGS="--only engine,prefix_cache" for a subset.
 BENCH_ARGS ?=
 bench: setup

@@ -32,6 +32,29 @@ class Target:
         return f"{'<=' if self.at_most else '>='} {self.minimum:g}"
 
 
+REAL_SIZE_MISSES = {
+    "c1_bandwidth_fraction_bf16": "Measured 0.84 at 1 thread, 0.87 at 2: the bfloat16 GEMV is "
+    "arithmetic-bound at 0.88-0.94 of a plain read (vdpbf16ps issues once every two cycles on this "
+    "Sapphire Rapids; bench.gemv_bandwidth), and attention, norms and sampling take ~5% of a step.",
+    "c1_bandwidth_fraction_int4": "Measured 0.84 at 1 thread, 0.82 at 2: the 4-bit layers stream "
+    "at 0.90-0.95 alone, but 19% of the bytes are the bfloat16 head (bf16 GEMV) and the step's "
+    "other work weighs more against a 26 ms token.",
+    "c1_decode_vs_openvino_genai_bf16": "Measured 0.99x at 2 threads (1.29x at 1, where OpenVINO "
+    "runs without AMX): both read the same 2.08 GB a token at 0.87 of the memory limit.",
+    "c1_decode_vs_openvino_genai_int4": "Measured 1.27x at 2 threads: OpenVINO reads 0.63 GB a "
+    "token at 0.59 of the limit, we 0.70 GB at 0.82; 1.5x needs ours at the limit with a "
+    "quantized head.",
+    "c1_decode_vs_llama_cpp_f32": "Measured 1.09x at both thread counts: ours at 0.92-0.94 of the "
+    "memory limit, llama.cpp at 0.81-0.86; 1.2x is more than the bandwidth left.",
+    "c16_throughput_vs_openvino_genai_bf16": "Measured 1.10x at 2 threads: OpenVINO decodes the "
+    "16-row steps faster (82 against 87 ms a token, both on AMX GEMMs); our prefill is faster "
+    "(time to first token 1.8 against 2.8 s).",
+    "small_model_c1_vs_openvino_genai": "Measured 0.88x at 2 threads (2.8 against 2.5 ms a token), "
+    "1.02x at 1: the 130 MB of weights sit in L3, so the step is bound by its ~100 ops, each "
+    "split over the threads with a join; a captured step (one graph per step) is what is left.",
+}
+"""bench.real_sizes' missed targets: the figures as measured and where the time goes."""
+
 TARGETS = (
     Target(
         "engine_vs_hf_static",
@@ -234,6 +257,7 @@ TARGETS = (
             0.9,
             f"{p} decode at one request, 1B Llama shape: weight bytes per token x tokens/s / a "
             "plain read's bytes/s on the same threads (CPU, worse of 1 and 2 threads)",
+            REAL_SIZE_MISSES.get(f"c1_bandwidth_fraction_{p}", ""),
         )
         for p in ("f32", "bf16", "int4")
     ),
@@ -243,6 +267,7 @@ TARGETS = (
             minimum,
             f"{p} decode tokens/s at one request vs OpenVINO GenAI, 1B Llama shape (CPU, worse "
             "of 1 and 2 threads)",
+            REAL_SIZE_MISSES.get(f"c1_decode_vs_openvino_genai_{p}", ""),
         )
         for p, minimum in (("f32", 1.0), ("bf16", 1.0), ("int4", 1.5))
     ),
@@ -252,6 +277,7 @@ TARGETS = (
             1.2,
             f"{p} decode tokens/s at one request vs llama.cpp on the same GGUF file, 1B Llama "
             "shape (CPU, worse of 1 and 2 threads)",
+            REAL_SIZE_MISSES.get(f"c1_decode_vs_llama_cpp_{p}", ""),
         )
         for p in ("f32", "bf16", "q4_0")
     ),
@@ -261,6 +287,7 @@ TARGETS = (
             1.2,
             f"{p} output tokens/s with 16 requests at once vs OpenVINO GenAI's continuous "
             "batching, 1B Llama shape (CPU, worse of 1 and 2 threads)",
+            REAL_SIZE_MISSES.get(f"c16_throughput_vs_openvino_genai_{p}", ""),
         )
         for p in ("bf16", "int4")
     ),
@@ -279,6 +306,7 @@ TARGETS = (
         1.0,
         "decode tokens/s at one request on the default benchmark model (32.5M parameters, "
         "float32) vs OpenVINO GenAI (CPU, worse of 1 and 2 threads)",
+        REAL_SIZE_MISSES["small_model_c1_vs_openvino_genai"],
     ),
     Target(
         "spec_ngram_vs_openvino_genai_prompt_lookup_c1",
