@@ -62,26 +62,17 @@ ROWS = (
         "mixture-of-experts engine vs transformers static `generate`", ("engine_moe_vs_hf_static",)
     ),
     Row(
-        "1B Llama, one request, decode vs OpenVINO GenAI: float32 / bfloat16 / 4-bit",
-        tuple(f"c1_decode_vs_openvino_genai_{p}" for p in ("f32", "bf16", "int4")),
-    ),
-    Row(
-        "1B Llama, one request, decode vs llama.cpp on the same GGUF: F32 / BF16 / Q4_0",
-        tuple(f"c1_decode_vs_llama_cpp_{p}" for p in ("f32", "bf16", "q4_0")),
-    ),
-    Row(
-        "1B Llama, one request: share of a plain read's bandwidth, float32 / bfloat16 / 4-bit",
-        tuple(f"c1_bandwidth_fraction_{p}" for p in ("f32", "bf16", "int4")),
-        unit="",
-    ),
-    Row(
-        "1B Llama, 16 requests, throughput vs OpenVINO GenAI: bfloat16 / 4-bit; default model, "
-        "one request, vs OpenVINO GenAI",
+        "1B Llama vs OpenVINO GenAI: one request float32 / bfloat16 / 4-bit, 16 requests bfloat16 "
+        "/ 4-bit; the default benchmark model, one request",
         (
-            "c16_throughput_vs_openvino_genai_bf16",
-            "c16_throughput_vs_openvino_genai_int4",
+            *(f"c1_decode_vs_openvino_genai_{p}" for p in ("f32", "bf16", "int4")),
+            *(f"c16_throughput_vs_openvino_genai_{p}" for p in ("bf16", "int4")),
             "small_model_c1_vs_openvino_genai",
         ),
+    ),
+    Row(
+        "1B Llama, one request, vs llama.cpp on the same GGUF: F32 / BF16 / Q4_0",
+        tuple(f"c1_decode_vs_llama_cpp_{p}" for p in ("f32", "bf16", "q4_0")),
     ),
     Row(
         "speculative decoding, one request at a time: n-gram / draft model vs plain, n-gram vs "
