@@ -173,15 +173,18 @@ def weight_bytes_per_token(model) -> int:
     token)."""
     import torch
 
+    from backend_lib.linear import PackedLinear
+    from backend_lib.quantization import QuantizedLinear
+
     total = 0
     for module in model.modules():
         if isinstance(module, torch.nn.Embedding):
             continue
         if hasattr(module, "weight_bytes"):
             total += module.weight_bytes
-        elif type(module).__name__ == "QuantizedLinear":
+        elif isinstance(module, QuantizedLinear):
             total += module.in_features * module.out_features + module.scale.numel() * 4
-        elif type(module).__name__ == "PackedLinear":
+        elif isinstance(module, PackedLinear):
             total += module.in_features * module.out_features * _element_size(model)
         else:
             tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False)]

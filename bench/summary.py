@@ -55,6 +55,13 @@ REAL_SIZE_MISSES = {
 }
 """bench.real_sizes' missed targets: the figures as measured and where the time goes."""
 
+
+def _real_size(key: str, minimum: float, claim: str) -> Target:
+    """A bench.real_sizes target: on CPU, the worse of 1 and 2 threads; its miss text if any."""
+    claim += " (CPU, worse of 1 and 2 threads)"
+    return Target(key, minimum, claim, REAL_SIZE_MISSES.get(key, ""))
+
+
 TARGETS = (
     Target(
         "engine_vs_hf_static",
@@ -252,42 +259,37 @@ TARGETS = (
         "request at a time, on the same prompts (the default LLM, float32, CPU)",
     ),
     *(
-        Target(
+        _real_size(
             f"c1_bandwidth_fraction_{p}",
             0.9,
-            f"{p} decode at one request, 1B Llama shape: weight bytes per token x tokens/s / a "
-            "plain read's bytes/s on the same threads (CPU, worse of 1 and 2 threads)",
-            REAL_SIZE_MISSES.get(f"c1_bandwidth_fraction_{p}", ""),
+            f"{p} decode at one request, 1B Llama shape: "
+            "weight bytes per token x tokens/s / a plain read's bytes/s on the same threads",
         )
         for p in ("f32", "bf16", "int4")
     ),
     *(
-        Target(
+        _real_size(
             f"c1_decode_vs_openvino_genai_{p}",
             minimum,
-            f"{p} decode tokens/s at one request vs OpenVINO GenAI, 1B Llama shape (CPU, worse "
-            "of 1 and 2 threads)",
-            REAL_SIZE_MISSES.get(f"c1_decode_vs_openvino_genai_{p}", ""),
+            f"{p} decode tokens/s at one request vs OpenVINO GenAI, 1B Llama shape",
         )
         for p, minimum in (("f32", 1.0), ("bf16", 1.0), ("int4", 1.5))
     ),
     *(
-        Target(
+        _real_size(
             f"c1_decode_vs_llama_cpp_{p}",
             1.2,
-            f"{p} decode tokens/s at one request vs llama.cpp on the same GGUF file, 1B Llama "
-            "shape (CPU, worse of 1 and 2 threads)",
-            REAL_SIZE_MISSES.get(f"c1_decode_vs_llama_cpp_{p}", ""),
+            f"{p} decode tokens/s at one request vs "
+            "llama.cpp on the same GGUF file, 1B Llama shape",
         )
         for p in ("f32", "bf16", "q4_0")
     ),
     *(
-        Target(
+        _real_size(
             f"c16_throughput_vs_openvino_genai_{p}",
             1.2,
-            f"{p} output tokens/s with 16 requests at once vs OpenVINO GenAI's continuous "
-            "batching, 1B Llama shape (CPU, worse of 1 and 2 threads)",
-            REAL_SIZE_MISSES.get(f"c16_throughput_vs_openvino_genai_{p}", ""),
+            f"{p} output tokens/s with 16 "
+            "requests at once vs OpenVINO GenAI's continuous batching, 1B Llama shape",
         )
         for p in ("bf16", "int4")
     ),
