@@ -124,3 +124,11 @@ def test_llama_cpp_builds_for_this_cpus_instruction_sets_without_amx(monkeypatch
     monkeypatch.setattr(env, "cpu_flags", lambda: ["avx", "avx2", "fma"])
     assert "-DGGML_AVX512=OFF" in env.llama_cpp_cmake_args()
     assert env.cpu_features_hash() != wide  # another CPU: another cached wheel
+
+
+def test_an_unknown_precision_is_refused_naming_it():
+    import argparse
+
+    args = argparse.Namespace(quick=False, precisions=["f32", "fp4"])
+    with pytest.raises(SystemExit, match=r"--precisions: unknown \['fp4'\]"):
+        real_sizes.chosen_precisions(args)
