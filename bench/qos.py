@@ -25,6 +25,7 @@ single short texts, through the embedding service's micro-batch scheduler.
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import statistics
 import time
@@ -113,6 +114,8 @@ class ModeRun:
     step_seconds: float
     """Inside engine.step, summed."""
     seconds: float
+    steps_interrupted: int
+    """Steps that yielded to an arrival (`interruptible_steps`), counted in `steps`."""
 
 
 def make_arrivals(traffic: Traffic, seed: int, interval: float) -> list[Arrival]:
@@ -175,21 +178,31 @@ def drive(engine, arrivals: list[Arrival], priorities: bool) -> ModeRun:
     pending = sorted(arrivals, key=lambda a: a.at)
     finals, steps, index, step_seconds = {}, 0, 0, 0.0
     start = time.monotonic()
+    requests = [
+        EngineRequest(
+            a.request_id,
+            None,
+            greedy(a.max_tokens),
+            a.prompt,
+            arrival_time=start + a.at,
+            priority=int(a.batch and priorities),
+            tenant=a.tenant,
+        )
+        for a in pending
+    ]
+
+    def due() -> list[EngineRequest]:
+        """Arrived and not added yet: what a serving loop's submissions are to a step in flight
+        (`interruptible_steps`)."""
+        now = time.monotonic()
+        later = itertools.islice(requests, index, None)
+        return list(itertools.takewhile(lambda r: r.arrival_time <= now, later))
+
+    engine.interrupts.arrivals = due
     while index < len(pending) or engine.has_unfinished_requests():
         now = time.monotonic() - start
         while index < len(pending) and pending[index].at <= now:
-            a = pending[index]
-            engine.add(
-                EngineRequest(
-                    a.request_id,
-                    None,
-                    greedy(a.max_tokens),
-                    a.prompt,
-                    arrival_time=start + a.at,
-                    priority=int(a.batch and priorities),
-                    tenant=a.tenant,
-                )
-            )
+            engine.add(requests[index])
             index += 1
         if not engine.has_unfinished_requests():
             time.sleep(max(0.0, pending[index].at - now))
@@ -215,6 +228,7 @@ def drive(engine, arrivals: list[Arrival], priorities: bool) -> ModeRun:
         steps=steps,
         step_seconds=step_seconds,
         seconds=seconds,
+        steps_interrupted=engine.interrupts.count,
     )
 
 
@@ -309,6 +323,7 @@ def llm_figures(runs: dict[str, list[ModeRun]]) -> dict:
     step_ms = {
         m: statistics.median(r.step_seconds / r.steps * 1e3 for r in rs) for m, rs in runs.items()
     }
+    interrupted = {m: sum(r.steps_interrupted for r in rs) for m, rs in runs.items()}
     summary = {key: ttft[m]["p99"] / ttft["alone"]["p99"] for m, key in KEYS.items()}
     summary |= {
         key: rate[m]["median"] / rate[base]["median"] for m, (key, base) in THROUGHPUT_KEYS.items()
@@ -318,6 +333,7 @@ def llm_figures(runs: dict[str, list[ModeRun]]) -> dict:
         "queue_wait_ms": wait,
         "batch_output_tokens_per_second": rate,
         "mean_step_ms": step_ms,
+        "steps_interrupted": interrupted,
         "summary": summary,
     }
 
@@ -337,8 +353,8 @@ def report(result: dict) -> list[str]:
         "order; greedy tokens identical in every mode.",
         "",
         "| mode | interactive TTFT p50 / p99 (ms) | queue wait p50 / p99 (ms) | mean step (ms) "
-        "| batch output tok/s |",
-        "|---|---|---|---|---|",
+        "| steps interrupted | batch output tok/s |",
+        "|---|---|---|---|---|---|",
     ]
     for m in MODES:
         ttft, wait = llm["ttft_ms"][m], llm["queue_wait_ms"][m]
@@ -347,7 +363,7 @@ def report(result: dict) -> list[str]:
         lines.append(
             f"| {m} | {ttft['p50']:.0f} / {ttft['p99']:.0f} | {wait['p50']:.0f} / "
             f"{wait['p99']:.0f} | {llm['mean_step_ms'][m]:.1f} | "
-            f"{shown} |"
+            f"{llm.get('steps_interrupted', {}).get(m, 0)} | {shown} |"
         )
     lines.append("")
     for key, value in llm["summary"].items():

@@ -337,23 +337,17 @@ TARGETS = (
         2.0,
         "interactive requests' TTFT p99 beside a 256-request batch flood under "
         "scheduling_policy priority, over their TTFT p99 alone (max_num_batched_tokens 64)",
-        "Measured 2.82x (p99 56 ms vs 20 ms alone; FCFS 1923x). A forward cannot be cut short: "
-        "an arriving request waits for the step in flight (queue wait p99 32 ms: a step of 64 "
-        "prompt tokens beside 32 decodes of the 32.5M model at 1 thread takes ~30 ms on this "
-        "CPU), then its own step, which still carries the running decodes (~20 ms); alone it gets "
-        "one step on an idle engine (the first step after idle is 2-3x a warm one's 6.7 ms). At "
-        "a 256-token budget it is 5.95x (steps of ~54 ms). On a GPU a step of 64 or 256 tokens "
-        "costs about one decode, so the step in flight no longer dominates.",
+        "The step in flight yields to the arrival at a layer boundary (interruptible_steps): it "
+        "waits about one layer, then its own step, which still carries the running decodes.",
         at_most=True,
     ),
     Target(
         "qos_fair_share_interactive_ttft_p99_vs_alone",
         3.0,
         "the same under fair_share, no priorities",
-        "Measured 4.80x (p99 95 ms): as for priority, plus: fair share admits the tenant's "
-        "request at the next step, but that step also carries the flood's prefill chunks in the "
-        "budget it leaves (fair share orders tokens between tenants, not latency classes), and "
-        "its queue wait p99 is two steps (66 ms).",
+        "As for priority, except that the arrival's own step also carries the flood's prefill "
+        "chunks in the budget its prompt leaves (fair share orders tokens between tenants, not "
+        "latency classes).",
         at_most=True,
     ),
     Target(

@@ -18,6 +18,7 @@ LLM_ZERO_FROM_LOAD = [
     "llm_structured_output_requests_total",
     "llm_grammar_compile_seconds_count",
     "llm_structured_output_bitmask_seconds_count",
+    "llm_steps_interrupted_total",
 ]
 
 ENCODER_ZERO_FROM_LOAD = [

@@ -28,11 +28,15 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from backend_lib.errors import TenantLimitError
 from backend_lib.llm.core.sequence import Sequence
 from backend_lib.llm.core.tenants import TenantLedger
+
+if TYPE_CHECKING:
+    from backend_lib.llm.core.scheduler import ScheduledSequence
 
 POLICIES = ("fcfs", "priority")
 
@@ -160,6 +164,32 @@ class Order:
             if (first is not None and first < self.admission_rank(seq))
             or (self.by_priority and seq.priority > best_class)
         ]
+
+    def outranks_step(
+        self, priority: int, tenant: str, scheduled: Iterable[ScheduledSequence]
+    ) -> bool:
+        """Whether a request of this `priority` and `tenant`, arrived during a step, outranks the
+        `scheduled` work so that the step yields to it (engine/step_interrupts.py): the request
+        would be admitted at the next step ahead of that work, and no prefill of its own kind
+        is in the step already (that one is served first anyway). Under priority: the step
+        carries a worse class's work and no prefill of its class or better. Under fair share:
+        its tenant is under its share of slots (and under `max_running_per_tenant`), the step
+        carries no prefill of that tenant, and carries a sequence of a tenant over its share
+        (of no better priority). Never under fcfs."""
+        if not self.tenants.may_run(tenant):
+            return False
+        items = list(scheduled)
+        prefills = [item.seq for item in items if not item.is_decode]
+        worse_work = any(item.seq.priority > priority for item in items)
+        if self.by_priority and worse_work and all(seq.priority > priority for seq in prefills):
+            return True
+        if not self.tenants.under_share(tenant) or any(seq.tenant == tenant for seq in prefills):
+            return False
+        return any(
+            self.tenants.over_share(item.seq.tenant, joining=tenant)
+            and not (self.by_priority and item.seq.priority < priority)
+            for item in items
+        )
 
     def goes_first(self, queue: AnyQueue, other: AnyQueue) -> bool:
         """Whether the head of `queue` is served before the head of `other` (both non-empty): it

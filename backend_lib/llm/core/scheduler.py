@@ -114,6 +114,12 @@ class ScheduledSequence:
         return self._samples
 
     @property
+    def is_decode(self) -> bool:
+        """One new token of its own past the prompt (drafts aside); else a prefill chunk."""
+        own = self.num_new_tokens - len(self.spec_token_ids)
+        return own == 1 and self.start_position >= self.seq.num_prompt_tokens
+
+    @property
     def input_token_ids(self) -> list[int]:
         """The num_new_tokens tokens this step computes: the sequence's, then the drafts."""
         start = self.start_position
@@ -314,7 +320,6 @@ class Scheduler:
         out.blocks_to_copy = self.kv_cache_manager.take_copies()
         out.offload = self.kv_cache_manager.take_offload_moves()
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
-        self.tenants.charge(out.scheduled)
         return out
 
     def update(
@@ -337,6 +342,7 @@ class Scheduler:
         tokens = _sampled_tokens(output, sampled)  # validated before anything changes
         if not {item.seq.seq_id for item in output.scheduled if item.samples}.issuperset(forks):
             raise ValueError("forks must be keyed by sequences that sample in this step")
+        self.tenants.charge(output.scheduled)  # computed now (an interrupted step never is)
         finished = []
         for item in output.scheduled:
             seq = item.seq
@@ -551,13 +557,7 @@ def _check_sizes(config: LLMConfig, num_blocks: int, max_model_len: int) -> None
 
 def _carries_class_of(out: SchedulerOutput, worse: int) -> bool:
     """Whether the step carries a prefill chunk of a priority better than `worse`."""
-    return any(item.seq.priority < worse and not _is_decode(item) for item in out.scheduled)
-
-
-def _is_decode(item: ScheduledSequence) -> bool:
-    return item.num_new_tokens - len(item.spec_token_ids) == 1 and item.start_position >= (
-        item.seq.num_prompt_tokens
-    )
+    return any(item.seq.priority < worse and not item.is_decode for item in out.scheduled)
 
 
 def _chunk_size(config: LLMConfig, seq: Sequence, start: int, budget: int) -> int:

@@ -42,6 +42,9 @@ class EngineCounters:
     """Draft tokens verified."""
     spec_decode_num_accepted_tokens: int = 0
     """Of those, accepted."""
+    steps_interrupted: int = 0
+    """Steps dropped at a layer boundary for an arrival that outranked them
+    (engine/step_interrupts.py)."""
     spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
     """Accepted drafts by position in their run (index 0: first draft), as long as the longest
     run verified so far."""

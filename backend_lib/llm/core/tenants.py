@@ -5,8 +5,8 @@ A sequence's tenant is its request's `tenant` (the frontend passes the API key's
 request's `user`), else its LoRA adapter's name, else "default" (`EngineRequest.tenant_key`).
 
 Shares of tokens. Tenant t has a weight w_t (the `tenant_weights` file; 1 when not listed) and a
-virtual time v_t: the tokens computed for it (prefill chunks and decodes, charged as each step is
-scheduled) divided by w_t. Admission takes the waiting head of the tenant of least v_t (after
+virtual time v_t: the tokens computed for it (prefill chunks and decodes, charged when each step is
+computed) divided by w_t. Admission takes the waiting head of the tenant of least v_t (after
 effective priority under `scheduling_policy: priority`, and after taking first the tenants under
 their share of slots, below), so while tenants have demand their tokens grow in proportion to
 their weights. A tenant that had no sequences starts at
@@ -198,21 +198,28 @@ class TenantLedger:
         it is not)."""
         return queue_full_reason(tenant, num_waiting, self.max_queued)
 
-    def entitlement(self, tenant: str) -> int:
-        """Running sequences the tenant is entitled to while it has demand."""
-        total = self._demand_weight + (0.0 if tenant in self._demand else self.weight(tenant))
+    def entitlement(self, tenant: str, joining: str | None = None) -> int:
+        """Running sequences the tenant is entitled to while it has demand (and, if given, the
+        tenant `joining` has too)."""
+        newcomers = {tenant, joining} - {None} - self._demand.keys()
+        total = self._demand_weight + sum(self.weight(t) for t in newcomers)
         return max(1, math.floor(self.max_num_seqs * self.weight(tenant) / total))
 
     def under_share(self, tenant: str) -> bool:
         """Under fair share, whether the tenant runs fewer sequences than its entitlement."""
         return self.fair_share and self._running[tenant] < self.entitlement(tenant)
 
+    def over_share(self, tenant: str, joining: str | None = None) -> bool:
+        """Under fair share, whether the tenant runs more sequences than its entitlement (once
+        the tenant `joining`, if given, has demand too)."""
+        return self.fair_share and self._running[tenant] > self.entitlement(tenant, joining)
+
     def victim_for(self, seq: Sequence, running: list[Sequence]) -> Sequence | None:
         """Under fair share, the running sequence `seq` may displace: when its tenant is under its
         entitlement, the newest running one of the tenant furthest over its own; else None."""
         if not self.under_share(seq.tenant):
             return None
-        over = [t for t in self._running if self._running[t] > self.entitlement(t)]
+        over = [t for t in self._running if self.over_share(t)]
         if not over:
             return None
         worst = max(over, key=lambda t: self._running[t] / self.weight(t))

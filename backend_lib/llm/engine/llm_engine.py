@@ -71,8 +71,10 @@ from backend_lib.llm.engine.offload_steps import (
 )
 from backend_lib.llm.engine.output_processor import OutputProcessor
 from backend_lib.llm.engine.parallel_sampling import ParallelSampling
+from backend_lib.llm.engine.step_interrupts import StepInterrupts
 from backend_lib.llm.execution.loader import read_checkpoint_info
 from backend_lib.llm.execution.model_runner import ModelRunner
+from backend_lib.llm.execution.step_interrupt import StepInterrupted
 from backend_lib.llm.execution.workers import WorkerDied
 from backend_lib.llm.kv_offload_config import KVOffloadConfig
 from backend_lib.llm.lora.registry import LoRARegistry
@@ -164,6 +166,13 @@ class LLMEngine:
         if speculative is not None:
             self.drafter = Drafter(speculative, self.max_model_len, self.runner.draft)
         """Speculative decoding's proposer (None: no speculative_config)."""
+        self.interrupts = StepInterrupts(
+            self.scheduler.order,
+            config.interruptible_steps and self.drafter is None,
+            self.runner.interruptible,
+        )
+        """When a step yields to an arrival (engine/step_interrupts.py); the driving loop sets
+        its `arrivals`."""
 
     @classmethod
     def from_config(
@@ -326,6 +335,9 @@ class LLMEngine:
         """Gauges and counters now, plus the observations since the previous call (drained).
         Requests waiting for their grammar count as waiting (as vLLM's WAITING_FOR_FSM)."""
         stats = self._stats.snapshot(self.scheduler.stats, self.scheduler.tenants.take_tokens())
+        stats.counters = dataclasses.replace(
+            stats.counters, steps_interrupted=self.interrupts.count
+        )
         stats.num_waiting_for_grammar = len(self.grammar_wait)
         stats.num_waiting += stats.num_waiting_for_grammar
         if self.runner.offload is not None:
@@ -385,9 +397,13 @@ class LLMEngine:
         sched_out = self.scheduler.schedule()
         self.outputs.mark_scheduled(sched_out, time.monotonic())
         samples_due = self.sampling.samples_due(sched_out, self.outputs.is_forked)
+        interrupt = self.interrupts.interrupt_for(sched_out)
         failed: list[RequestOutput] = []
+        interrupted = False
         try:
-            model_out = self.runner.execute(sched_out, samples_due or None, self.structured)
+            model_out = self.runner.execute(
+                sched_out, samples_due or None, self.structured, interrupt
+            )
             if self.drafter is not None:
                 self.drafter.verify(model_out, self.runner.sampler)
             self.outputs.record_prompt_logprobs(model_out.prompt_logprobs)
@@ -398,6 +414,8 @@ class LLMEngine:
             errors = advance_grammars(self.structured, self.scheduler, sched_out, sampled, forks)
             for request_id, error in errors.items():
                 failed += fail_constrained(self.outputs, request_id, error, model_out, samples_due)
+        except StepInterrupted:  # dropped as if never run: the next step takes it up
+            interrupted = True
         except Exception as exc:
             logger.exception("engine step failed; failing the requests of this step")
             if isinstance(exc, WorkerDied):
@@ -408,6 +426,7 @@ class LLMEngine:
         else:
             failed += self.outputs.process(sched_out, model_out, forks, time.monotonic())
         finally:
+            self.interrupts.completed(interrupted)
             if self.drafter is not None:  # the draft model's cache of finished sequences
                 self.drafter.retain(self.scheduler.running)
         return failed

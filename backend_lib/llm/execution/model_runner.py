@@ -58,6 +58,7 @@ from backend_lib.llm.execution.runner_lora import RunnerLoRA
 from backend_lib.llm.execution.sampler import Sampler
 from backend_lib.llm.execution.step_batch import ModelInput, StepBatcher
 from backend_lib.llm.execution.step_input import BlockMoves, StepMessage
+from backend_lib.llm.execution.step_interrupt import Interrupt, StepInterrupted
 from backend_lib.llm.execution.step_sampling import ModelOutput, sample_step
 from backend_lib.llm.execution.tensor_parallel import TensorParallel
 from backend_lib.llm.execution.workers import WorkerGroup
@@ -263,6 +264,11 @@ class ModelRunner:
             self.workers = None
 
     @property
+    def interruptible(self) -> bool:
+        """Whether `execute` may cut a step short (step_interrupt.py): on a single rank only."""
+        return self.config.world_size == 1
+
+    @property
     def num_blocks(self) -> int:
         return self.kv_pool.num_blocks
 
@@ -277,13 +283,19 @@ class ModelRunner:
         sched_out: SchedulerOutput,
         num_samples: Mapping[int, int] | None = None,
         constraints: StructuredOutputManager | None = None,
+        interrupt: Interrupt | None = None,
     ) -> ModelOutput:
         """Run one SchedulerOutput: block moves, forward, sampling. `num_samples` maps seq_id to
         how many tokens to sample from that sequence's row (default 1); `constraints` holds the
         grammar state of constrained sequences (see the module docstring). A tensor-parallel
-        worker that died fails the step with `WorkerDied` naming its rank."""
+        worker that died fails the step with `WorkerDied` naming its rank.
+
+        `interrupt` (step_interrupt.py): asked before each layer, True drops the step after its
+        block moves with StepInterrupted; ignored when the step runs on several ranks."""
+        if not self.interruptible:
+            interrupt = None
         try:
-            return self._execute(sched_out, num_samples, constraints)
+            return self._execute(sched_out, num_samples, constraints, interrupt)
         except RuntimeError as exc:  # a collective with a rank gone (gloo/NCCL errors)
             died = None if self.workers is None else self.workers.died(wait=2.0)
             if died is not None:
@@ -295,6 +307,7 @@ class ModelRunner:
         sched_out: SchedulerOutput,
         num_samples: Mapping[int, int] | None,
         constraints: StructuredOutputManager | None,
+        interrupt: Interrupt | None,
     ) -> ModelOutput:
         moves = BlockMoves.of(sched_out)
         if self.offload is not None:  # first: a read asked for is always started (and reported)
@@ -311,7 +324,12 @@ class ModelRunner:
         if constraints is not None and (batch.sample_rows or batch.drafted):
             drafts = [(d.seq_id, d.draft_token_ids) for d in batch.drafted]
             job = constraints.begin(batch.sample_seq_ids, drafts)  # fills while the forward runs
-        logits = self.compute_logits(batch)
+        try:
+            logits = self.compute_logits(batch, interrupt)
+        except StepInterrupted:
+            if job is not None:
+                job.result()  # it reads the matchers, which the next step's update advances
+            raise
         return sample_step(logits, batch, self.sampler, self.ops, job)
 
     def run_step(self, message: StepMessage) -> None:
@@ -349,10 +367,13 @@ class ModelRunner:
         """Flatten ScheduledSequences (seq, num_new_tokens) into one device batch."""
         return self.batcher.prepare_input(scheduled, num_samples)
 
-    def compute_logits(self, batch: ModelInput) -> torch.Tensor | None:
+    def compute_logits(
+        self, batch: ModelInput, interrupt: Interrupt | None = None
+    ) -> torch.Tensor | None:
         """Forward the flattened batch; float32 logits of the sampling rows only [R, vocab]. Rows
         scoring prompt tokens (`batch.prompt_rows`) are scored on the way, into
-        `batch.prompt_logprobs`. A later pipeline stage runs its layers only: None."""
+        `batch.prompt_logprobs`. A later pipeline stage runs its layers only: None. `interrupt`:
+        see `execute`."""
         rows = batch.sample_indices
         if batch.prompt_rows is not None:
             rows = torch.cat((rows, batch.prompt_rows))
@@ -374,6 +395,7 @@ class ModelRunner:
                 self.kv_pool.layer_caches,
                 batch.lora,
                 output_rows=rows,
+                interrupt=interrupt,
                 **extra,
             )
             if not self.pp.first:

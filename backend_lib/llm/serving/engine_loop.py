@@ -92,6 +92,7 @@ class EngineLoop:
         self._stopping = False
         self._thread: threading.Thread | None = None
         engine.on_grammar_ready = self._wake
+        engine.interrupts.arrivals = self._arrivals
 
     def start(self) -> None:
         if self._thread is not None:
@@ -156,6 +157,15 @@ class EngineLoop:
             self._shutdown()  # never started: no other thread touches the engine
         else:
             self._thread.join(timeout)
+
+    def _arrivals(self) -> list[EngineRequest]:
+        """The requests submitted since the iteration began, whose grammar (if any) is ready: a
+        step in flight may yield to them (engine/step_interrupts.py). Called before each layer
+        of such a step, so the common case, none, takes no lock."""
+        if not self._new:
+            return []
+        with self._cond:
+            return [p.request for p in self._new if p.grammar_job is None]
 
     def _wake(self) -> None:
         """A held request's grammar is done (called on a compile thread)."""

@@ -215,6 +215,11 @@ class LLMMetrics:
             "vllm:prefix_cache_hits_total", "Prefix-cache hits, in tokens."
         )
         self.preemptions = sink.counter("vllm:num_preemptions_total", "Preemptions.")
+        self.steps_interrupted = sink.counter(
+            "llm_steps_interrupted_total",
+            "Steps dropped at a layer boundary for a request that arrived during them and "
+            "outranked their work (priority or fair share; recomputed).",
+        )
         # Moves whenever the model answers a request with an error: with it, an alert can tell a
         # model refusing bad input (alive) from a dead stub (Triton counts failures, nothing else moves).
         self.request_failures = sink.counter(
@@ -284,6 +289,7 @@ class LLMMetrics:
             self.prefix_queries,
             self.prefix_hits,
             self.preemptions,
+            self.steps_interrupted,
             self.prompt_tokens,
             self.generation_tokens,
             self.ttft,
@@ -326,6 +332,7 @@ class LLMMetrics:
             (self.prefix_queries, delta.prefix_cache_queries),
             (self.prefix_hits, delta.prefix_cache_hits),
             (self.preemptions, delta.num_preemptions),
+            (self.steps_interrupted, delta.steps_interrupted),
             (self.prompt_tokens, delta.prompt_tokens),
             (self.generation_tokens, delta.generation_tokens),
             (self.structured_requests, delta.structured_output_requests),

@@ -45,13 +45,16 @@ class FakeRunner:
         self.device: list[list[tuple | None]] = [[None] * BS for _ in range(num_blocks)]
         self.host: list[list[tuple | None]] = [[None] * BS for _ in range(num_host_blocks)]
 
-    def execute(self, out: SchedulerOutput, sample=next_token) -> dict[int, list[int]]:
+    def apply_moves(self, out: SchedulerOutput) -> None:
         for device, host in out.blocks_to_swap_out:
             self.host[host] = list(self.device[device])
         for host, device in out.blocks_to_swap_in:
             self.device[device] = list(self.host[host])
         for src, dst in out.blocks_to_copy:
             self.device[dst] = list(self.device[src])
+
+    def execute(self, out: SchedulerOutput, sample=next_token) -> dict[int, list[int]]:
+        self.apply_moves(out)
         # Per layer, a forward writes all new K/V before any attention reads.
         for item in out.scheduled:
             seq, start = item.seq, item.seq.num_computed_tokens
@@ -69,6 +72,16 @@ class FakeRunner:
             if item.samples:
                 sampled[seq.seq_id] = [sample(seq.token_ids)]
         return sampled
+
+    def execute_dropped(self, out: SchedulerOutput) -> None:
+        """A step interrupted in its forward (engine/step_interrupts.py): its block moves are
+        applied, the layers that ran wrote K/V of their own (here a marker no prefix equals, so a
+        later read of it fails), nothing is sampled and the scheduler is not updated."""
+        self.apply_moves(out)
+        for item in out.scheduled:
+            seq, start = item.seq, item.seq.num_computed_tokens
+            for pos in range(start, start + item.num_new_tokens):
+                self.device[seq.block_table[pos // BS]][pos % BS] = ("dropped",)
 
 
 def make_scheduler(

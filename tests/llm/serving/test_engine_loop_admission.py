@@ -1,7 +1,8 @@
 """EngineLoop admission: a request `submit` accepted is never refused later. `submit` counts the queue
 as of the previous step; when the engine's own queue has filled meanwhile (sequences preempted back
 into it), the request waits for a later step instead of failing with "queue full" (found by the
-overload scenario of tests/e2e/test_reliability.py). Aborting it while it waits ends it at once."""
+overload scenario of tests/e2e/test_reliability.py). Aborting it while it waits ends it at once.
+A submission that outranks the step in flight makes that step yield (engine/step_interrupts.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from tests.llm.engine_helpers import (
     random_prompt,
 )
 from tests.llm.serving.engine_loop_helpers import collect
+from tooling.hf_reference import hf_greedy
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 QUEUE = 2
@@ -95,3 +97,45 @@ def test_submit_refuses_a_tenant_past_max_queued_per_tenant_in_the_caller_s_thre
     finally:
         loop.stop(timeout=60)
     assert_pool_released(engine)
+
+
+def test_a_step_in_flight_yields_to_an_outranking_submission():
+    """Under priority, a request submitted while a step of the flood runs (here: as that step
+    starts) is seen by the step at its first layer boundary, which yields; the loop adds it and
+    it is served next, with transformers' tokens, and the loop's stats count the dropped step."""
+    model_dir, hf = engine_checkpoint("LlamaForCausalLM")
+    engine = make_engine(
+        model_dir, scheduling_policy="priority", max_num_seqs=2, max_num_batched_tokens=16
+    )
+    observed = []
+    loop = EngineLoop(engine, on_step=observed.append)
+    flood = [
+        loop.submit(EngineRequest(f"f{k}", None, greedy(12), random_prompt(24, k), priority=1))
+        for k in range(3)
+    ]
+    urgent_prompt, streams = random_prompt(6, 50), []
+    plan = engine.interrupts.interrupt_for
+
+    def submit_as_the_third_step_starts(step):
+        if len(observed) == 2 and not streams:
+            request = EngineRequest("urgent", None, greedy(4), urgent_prompt, priority=0)
+            streams.append(loop.submit(request))  # on the loop thread, as the step starts
+        return plan(step)
+
+    engine.interrupts.interrupt_for = submit_as_the_third_step_starts
+    loop.start()
+    urgent = collect(streams[0]) if _wait_for(lambda: streams) else []
+    rest = [collect(stream) for stream in flood]
+    loop.stop()
+    assert engine.interrupts.count == 1
+    assert observed[-1].counters.steps_interrupted == 1
+    assert urgent[-1].outputs[0].token_ids == hf_greedy(hf, urgent_prompt, 4)
+    assert all(outputs[-1].outputs[0].finish_reason == "length" for outputs in rest)
+    assert_pool_released(engine)
+
+
+def _wait_for(condition, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return bool(condition())

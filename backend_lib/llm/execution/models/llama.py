@@ -35,6 +35,7 @@ from backend_lib.llm.execution.models.step_kernels import (
     StepKernels,
 )
 from backend_lib.llm.execution.pipeline_parallel import NO_PIPELINE, PipelineStage
+from backend_lib.llm.execution.step_interrupt import Interrupt, StepInterrupted
 from backend_lib.llm.execution.tensor_parallel import NO_TENSOR_PARALLEL, TensorParallel
 from backend_lib.llm.lora.batch import LoRABatch
 from kernels import KernelOps, cpu_extension, kernel_ops
@@ -434,10 +435,12 @@ class LlamaForCausalLM(nn.Module):
         lora: LoRABatch | None = None,
         output_rows: torch.Tensor | None = None,
         mm_embeds: MultiModalEmbeds | None = None,
+        interrupt: Interrupt | None = None,
     ) -> torch.Tensor:
         """input_ids, positions: [T] -> final-normed hidden states [T, hidden_size]; `lora`
         maps rows to adapters (None: the base model for every row); `mm_embeds`: rows whose
         input embedding is an image's encoder output instead of their token's (placeholders).
+        `interrupt`: asked before each layer; True raises StepInterrupted (step_interrupt.py).
 
         `output_rows` (int64 [R], may repeat): return only these rows' states [R, hidden_size], in
         this order. The last layer's MLP then runs on them alone: a prompt token's state past its
@@ -461,6 +464,8 @@ class LlamaForCausalLM(nn.Module):
         keep_rows = output_rows if lora is None else None
         last = layers[-1] if pp.last else None
         for layer, kv_cache in zip(layers, kv_caches, strict=True):
+            if interrupt is not None and interrupt():
+                raise StepInterrupted
             normed, residual = kernels.rms_norm(hidden, layer.input_norm, residual)
             hidden = self._attention(kernels, layer, normed, kv_cache, lora)
             if keep_rows is not None and layer is last:
