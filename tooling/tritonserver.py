@@ -155,13 +155,25 @@ class TritonServer:
                 raise RuntimeError(
                     f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}"
                 )
-            if http_status(f"http://{self.http_url}/v2/health/live") == 200:
+            if (
+                self._serves_its_ports()
+                and http_status(f"http://{self.http_url}/v2/health/live") == 200
+            ):
                 return
             time.sleep(0.5)
         self.stop()
         raise TimeoutError(
             f"tritonserver not live after {self.startup_timeout}s:\n{self.log_tail()}"
         )
+
+    def _serves_its_ports(self) -> bool:
+        """Whether this server's own log says it serves its HTTP (and metrics) port: the port may
+        answer for another server that took it between `free_ports` and our bind."""
+        log = self.log_text()
+        wanted = [f"Started HTTPService at 0.0.0.0:{self.http_port}"]
+        if "--allow-metrics=false" not in self.extra_args:
+            wanted.append(f"Started Metrics Service at 0.0.0.0:{self.metrics_port}")
+        return all(line in log for line in wanted)
 
     def is_ready(self) -> bool:
         return http_status(f"http://{self.http_url}/v2/health/ready") == 200

@@ -113,10 +113,8 @@ class LLMConfig:
     sequence of the tenant furthest over its share. A tenant is the request's `tenant` (the
     frontend passes the API key's name or `user`), else its LoRA adapter, else "default"."""
     interruptible_steps: bool = True
-    """Under `scheduling_policy: priority` or `fair_share`, let a step in flight yield at a layer
-    boundary to a request that arrived during it and outranks its work (engine/step_interrupts.py;
-    single-rank runners without speculative decoding). The dropped step is recomputed; the step
-    after one never yields."""
+    """Under priority or fair share, a step in flight yields at a layer boundary to an arrival
+    that outranks its work (engine/step_interrupts.py; one rank, no speculation)."""
     tenant_weights: str = ""
     """A JSON file of tenant weights, `{"<tenant>": <weight > 0>, ...}` (relative to the model
     dir; "" or a tenant not listed: weight 1). Under `fair_share`, each tenant's share of tokens

@@ -166,13 +166,8 @@ class LLMEngine:
         if speculative is not None:
             self.drafter = Drafter(speculative, self.max_model_len, self.runner.draft)
         """Speculative decoding's proposer (None: no speculative_config)."""
-        self.interrupts = StepInterrupts(
-            self.scheduler.order,
-            config.interruptible_steps and self.drafter is None,
-            self.runner.interruptible,
-        )
-        """When a step yields to an arrival (engine/step_interrupts.py); the driving loop sets
-        its `arrivals`."""
+        self.interrupts = StepInterrupts.of(config, self.scheduler.order, self.runner, self.drafter)
+        """When a step yields to an arrival (engine/step_interrupts.py)."""
 
     @classmethod
     def from_config(

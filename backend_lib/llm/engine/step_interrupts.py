@@ -22,11 +22,17 @@ Greedy output is unchanged: every token is computed once in a step that complete
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
+from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.core.request import EngineRequest
 from backend_lib.llm.core.request_queue import Order
 from backend_lib.llm.core.scheduler import SchedulerOutput
 from backend_lib.llm.execution.step_interrupt import Interrupt
+
+if TYPE_CHECKING:
+    from backend_lib.llm.engine.drafter import Drafter
+    from backend_lib.llm.execution.model_runner import ModelRunner
 
 Arrivals = Callable[[], Iterable[EngineRequest]]
 """The requests submitted to the engine's driver and not added to the engine yet (called before
@@ -36,14 +42,21 @@ each layer of an interruptible step, on the engine's thread)."""
 class StepInterrupts:
     """The policy above for one engine; `interrupt_for` gives each step its `Interrupt`."""
 
-    def __init__(self, order: Order, enabled: bool, runner_interruptible: bool) -> None:
+    def __init__(self, order: Order, enabled: bool) -> None:
         self.order = order
-        self.enabled = enabled and runner_interruptible
+        self.enabled = enabled
         self.arrivals: Arrivals | None = None
         """Set by the driver (serving/engine_loop.py); None: steps always complete."""
         self.count = 0
         """Steps interrupted so far."""
         self._previous_interrupted = False
+
+    @classmethod
+    def of(
+        cls, config: LLMConfig, order: Order, runner: ModelRunner, drafter: Drafter | None
+    ) -> StepInterrupts:
+        """`interruptible_steps` where the runner allows it (one rank) and nothing drafts."""
+        return cls(order, config.interruptible_steps and runner.interruptible and drafter is None)
 
     def interrupt_for(self, step: SchedulerOutput) -> Interrupt | None:
         """The `Interrupt` of this step (None: it completes)."""
