@@ -7,6 +7,7 @@ system tritonserver when one exists and the binary of the `nvidia-pytriton` whee
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -73,6 +74,20 @@ def tritonserver_command() -> str:
     return found
 
 
+_FALSE = ("false", "0", "off", "no")
+
+
+def _option(args: Sequence[str], name: str) -> str | None:
+    """The value of `--name=value` or `--name value` in `args` (the last one; None: absent)."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg.startswith(f"--{name}="):
+            value = arg.split("=", 1)[1]
+        elif arg == f"--{name}" and i + 1 < len(args):
+            value = args[i + 1]
+    return None if value is None else value.lower()
+
+
 class TritonServer:
     """A tritonserver process serving `repository` on free ports; use as a context manager."""
 
@@ -91,6 +106,8 @@ class TritonServer:
         handle, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
         self._log = os.fdopen(handle, "wb")
         self.log_path = Path(name)
+        self._log_start = 0
+        """Where the current start's lines begin in the log (characters)."""
         self.process: subprocess.Popen | None = None
 
     @property
@@ -137,6 +154,8 @@ class TritonServer:
         return self
 
     def _spawn(self) -> None:
+        self._log.flush()
+        self._log_start = len(self.log_text())  # this start's lines come after
         env = {**os.environ, **self.env}
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         self.process = subprocess.Popen(
@@ -167,13 +186,16 @@ class TritonServer:
         )
 
     def _serves_its_ports(self) -> bool:
-        """Whether this server's own log says it serves its HTTP (and metrics) port: the port may
-        answer for another server that took it between `free_ports` and our bind."""
-        log = self.log_text()
-        wanted = [f"Started HTTPService at 0.0.0.0:{self.http_port}"]
-        if "--allow-metrics=false" not in self.extra_args:
-            wanted.append(f"Started Metrics Service at 0.0.0.0:{self.metrics_port}")
-        return all(line in log for line in wanted)
+        """Whether this start's own log says it serves its HTTP (and metrics) port: the port may
+        answer for another server that took it between `free_ports` and our bind. True when the
+        arguments keep those lines out of the log (`--log-info=false`, `--log-file`)."""
+        if _option(self.extra_args, "log-info") in _FALSE or _option(self.extra_args, "log-file"):
+            return True
+        log = self.log_text()[self._log_start :]
+        wanted = [("Started HTTPService at ", self.http_port)]
+        if _option(self.extra_args, "allow-metrics") not in _FALSE:
+            wanted.append(("Started Metrics Service at ", self.metrics_port))
+        return all(re.search(rf"{prefix}\S+:{port}\b", log) for prefix, port in wanted)
 
     def is_ready(self) -> bool:
         return http_status(f"http://{self.http_url}/v2/health/ready") == 200

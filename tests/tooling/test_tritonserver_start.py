@@ -22,7 +22,7 @@ STAND_IN = textwrap.dedent(
     if death == "late":  # loads a while, then finds its port taken by another server
         import time
         time.sleep(1)
-    elif not os.path.exists(marker):
+    elif death != "quiet" and not os.path.exists(marker):
         open(marker, "w").close()
         if death == "abort":
             print("terminate called after throwing an instance of '%s'" % abort, flush=True)
@@ -40,16 +40,17 @@ STAND_IN = textwrap.dedent(
     except OSError:
         print("error: creating server: Address already in use", flush=True)
         sys.exit(1)
-    print("Started HTTPService at 0.0.0.0:%s" % port, flush=True)
-    print("Started Metrics Service at 0.0.0.0:%s" % metrics, flush=True)
+    if death != "quiet":  # as with --log-info=false
+        print("Started HTTPService at 0.0.0.0:%s" % port, flush=True)
+        print("Started Metrics Service at 0.0.0.0:%s" % metrics, flush=True)
     server.serve_forever()
     """
 )
 
 
 class StandIn(TritonServer):
-    def __init__(self, tmp_path: Path, death: str):
-        super().__init__(tmp_path, startup_timeout=30)
+    def __init__(self, tmp_path: Path, death: str, extra_args=()):
+        super().__init__(tmp_path, extra_args=extra_args, startup_timeout=30)
         self.script, self.marker, self.death = tmp_path / "stand_in.py", tmp_path / "died", death
         self.script.write_text(STAND_IN)
         self.spawns = 0
@@ -101,4 +102,13 @@ def test_another_server_on_our_port_is_not_taken_for_ours(tmp_path):
         assert server.process.poll() is None
     finally:
         other.shutdown()
+        server.stop()
+
+
+def test_a_server_told_not_to_log_its_start_is_live_by_its_port(tmp_path):
+    server = StandIn(tmp_path, "quiet", extra_args=["--log-info", "false"])
+    try:
+        server.start()
+        assert server.spawns == 1 and server.process.poll() is None
+    finally:
         server.stop()

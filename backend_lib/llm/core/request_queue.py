@@ -27,8 +27,10 @@ priority, the tenant's virtual time), then the key above.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from backend_lib.errors import TenantLimitError
@@ -165,31 +167,47 @@ class Order:
             or (self.by_priority and seq.priority > best_class)
         ]
 
+    def step_work(self, scheduled: Iterable[ScheduledSequence], free_slots: int) -> StepWork:
+        """What a step carries, as `outranks_step` weighs it (computed once per step);
+        `free_slots`: running slots left (`max_num_seqs` less the running sequences)."""
+        work = StepWork(free_slots=free_slots)
+        for item in scheduled:
+            seq = item.seq
+            work.worst_key = max(work.worst_key, self.key(seq)[0])
+            worst = work.tenant_worst.get(seq.tenant, seq.priority)
+            work.tenant_worst[seq.tenant] = max(worst, seq.priority)
+            if not item.is_decode:
+                work.best_prefill_class = min(work.best_prefill_class, seq.priority)
+                work.prefill_tenants.add(seq.tenant)
+        return work
+
     def outranks_step(
-        self, priority: int, tenant: str, scheduled: Iterable[ScheduledSequence]
+        self, priority: int, tenant: str, arrival_time: float, work: StepWork
     ) -> bool:
-        """Whether a request of this `priority` and `tenant`, arrived during a step, outranks the
-        `scheduled` work so that the step yields to it (engine/step_interrupts.py): the request
-        would be admitted at the next step ahead of that work, and no prefill of its own kind
-        is in the step already (that one is served first anyway). Under priority: the step
-        carries a worse class's work and no prefill of its class or better. Under fair share:
-        its tenant is under its share of slots (and under `max_running_per_tenant`), the step
-        carries no prefill of that tenant, and carries a sequence of a tenant over its share
-        (of no better priority). Never under fcfs."""
+        """Whether a request of this `priority`, `tenant` and `arrival_time`, arrived during a
+        step carrying `work`, outranks that work so that the step yields to it
+        (engine/step_interrupts.py): it would be admitted at the next step ahead of some of it,
+        and no prefill of its own kind is in the step already (that one is served first anyway).
+        Under priority: its aged priority is better than some of the step's, and the step
+        carries no prefill of its class or better. Under fair share: its tenant is under its
+        share of slots (and under `max_running_per_tenant`), has no prefill in the step, and
+        either the step carries a sequence of no better priority of a tenant over its share
+        (once the newcomer counts: it would be displaced), or the tenant had no request at all
+        and a slot is free (an idle tenant joining; not a busy tenant's every request, which
+        would drop steps at its own rate). Never under fcfs."""
         if not self.tenants.may_run(tenant):
             return False
-        items = list(scheduled)
-        prefills = [item.seq for item in items if not item.is_decode]
-        worse_work = any(item.seq.priority > priority for item in items)
-        if self.by_priority and worse_work and all(seq.priority > priority for seq in prefills):
+        key = priority + self.aging_rate * arrival_time
+        if self.by_priority and key < work.worst_key and priority < work.best_prefill_class:
             return True
-        if not self.tenants.under_share(tenant) or any(seq.tenant == tenant for seq in prefills):
+        if not self.tenants.under_share(tenant) or tenant in work.prefill_tenants:
             return False
-        return any(
-            self.tenants.over_share(item.seq.tenant, joining=tenant)
-            and not (self.by_priority and item.seq.priority < priority)
-            for item in items
+        displaces = any(
+            self.tenants.over_share(other, joining=tenant)
+            and not (self.by_priority and worst < priority)
+            for other, worst in work.tenant_worst.items()
         )
+        return displaces or (work.free_slots > 0 and not self.tenants.has_demand(tenant))
 
     def goes_first(self, queue: AnyQueue, other: AnyQueue) -> bool:
         """Whether the head of `queue` is served before the head of `other` (both non-empty): it
@@ -211,6 +229,22 @@ class Order:
         times moved with the last step."""
         if self.tenants.fair_share:
             running.sort(key=self.running_key)
+
+
+@dataclass
+class StepWork:
+    """A step's work as `Order.outranks_step` weighs an arrival against it."""
+
+    worst_key: float = -math.inf
+    """The highest aged priority (`Order.key`'s first term) among its sequences."""
+    best_prefill_class: float = math.inf
+    """The lowest `priority` among its prefill chunks (inf: none)."""
+    prefill_tenants: set[str] = field(default_factory=set)
+    """The tenants with a prefill chunk in it."""
+    tenant_worst: dict[str, int] = field(default_factory=dict)
+    """Tenant -> the highest `priority` among its sequences in it."""
+    free_slots: int = 0
+    """Running slots left for the next step to admit into."""
 
 
 class TenantQueue:

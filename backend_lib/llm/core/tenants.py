@@ -130,6 +130,10 @@ class TenantLedger:
         """Tokens computed for the tenant over its weight (0 under fcfs-between-tenants)."""
         return self._vtime.get(tenant, 0.0) if self.fair_share else 0.0
 
+    def has_demand(self, tenant: str) -> bool:
+        """Whether the tenant has a sequence waiting, running or swapped."""
+        return self._demand[tenant] > 0
+
     def running(self, tenant: str) -> int:
         return self._running[tenant]
 
@@ -179,7 +183,8 @@ class TenantLedger:
         for item in scheduled:
             tenant, tokens = item.seq.tenant, item.num_new_tokens
             self._tokens[tenant] = self._tokens.get(tenant, 0) + tokens
-            if self.fair_share:
+            # A tenant whose last sequence failed in the step has left: no time to keep.
+            if self.fair_share and tenant in self._demand:
                 self._vtime[tenant] = self._vtime.get(tenant, 0.0) + tokens / self.weight(tenant)
 
     def take_tokens(self) -> dict[str, int]:

@@ -392,7 +392,8 @@ class LLMEngine:
         sched_out = self.scheduler.schedule()
         self.outputs.mark_scheduled(sched_out, time.monotonic())
         samples_due = self.sampling.samples_due(sched_out, self.outputs.is_forked)
-        interrupt = self.interrupts.interrupt_for(sched_out)
+        free_slots = self.config.max_num_seqs - len(self.scheduler.running)
+        interrupt = self.interrupts.interrupt_for(sched_out, free_slots)
         failed: list[RequestOutput] = []
         interrupted = False
         try:

@@ -12,7 +12,8 @@ The policy, per step:
 2. never with speculative decoding (the drafter proposed for the step and expects it verified);
 3. never in the step right after an interrupted one, so every second step at worst completes and
    the work it drops is bounded: a stream of arrivals slows the batch, it cannot stop it;
-4. the step yields when an arrival outranks it (`Order.outranks_step`).
+4. the step yields when an arrival outranks it (`Order.outranks_step`, against the step's work
+   summarised once; each arrival is weighed once).
 
 What a dropped step did stands: its block moves, admissions and preemptions (the scheduler's state
 is that of a step scheduled and not yet computed, which the next `schedule()` takes up as it is).
@@ -21,7 +22,8 @@ Greedy output is unchanged: every token is computed once in a step that complete
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from backend_lib.llm.config import LLMConfig
@@ -34,9 +36,10 @@ if TYPE_CHECKING:
     from backend_lib.llm.engine.drafter import Drafter
     from backend_lib.llm.execution.model_runner import ModelRunner
 
-Arrivals = Callable[[], Iterable[EngineRequest]]
-"""The requests submitted to the engine's driver and not added to the engine yet (called before
-each layer of an interruptible step, on the engine's thread)."""
+Arrivals = Callable[[], Sequence[EngineRequest]]
+"""The requests submitted to the engine's driver since its step began, in submission order, each
+with its `arrival_time` (called before each layer of an interruptible step, on the engine's
+thread; during one step the list only grows)."""
 
 
 class StepInterrupts:
@@ -58,8 +61,9 @@ class StepInterrupts:
         """`interruptible_steps` where the runner allows it (one rank) and nothing drafts."""
         return cls(order, config.interruptible_steps and runner.interruptible and drafter is None)
 
-    def interrupt_for(self, step: SchedulerOutput) -> Interrupt | None:
-        """The `Interrupt` of this step (None: it completes)."""
+    def interrupt_for(self, step: SchedulerOutput, free_slots: int) -> Interrupt | None:
+        """The `Interrupt` of this step (None: it completes); `free_slots`: running slots left
+        after it was scheduled."""
         arrivals = self.arrivals
         if (
             arrivals is None
@@ -68,10 +72,18 @@ class StepInterrupts:
             or not (self.order.by_priority or self.order.tenants.fair_share)
         ):
             return None
-        outranks = self.order.outranks_step
+        order, work = self.order, self.order.step_work(step.scheduled, free_slots)
+        checked = 0  # arrivals only grow during a step: each is weighed once
 
         def interrupt() -> bool:
-            return any(outranks(r.priority, r.tenant_key, step.scheduled) for r in arrivals())
+            nonlocal checked
+            pending = arrivals()
+            fresh, checked = pending[checked:], len(pending)
+            now = time.monotonic()  # for an arrival without its time (none from the loop)
+            return any(
+                order.outranks_step(r.priority, r.tenant_key, r.arrival_time or now, work)
+                for r in fresh
+            )
 
         return interrupt
 

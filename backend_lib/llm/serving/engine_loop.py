@@ -84,6 +84,9 @@ class EngineLoop:
         self._cond = threading.Condition()
         self._new: list[PreparedRequest] = []
         self._aborts: list[str] = []
+        self._deferred: set[str] = set()
+        """Ids of the requests in `_new` that the engine refused at the last iteration (its queue
+        was full); they are added again at the next."""
         self._streams: dict[str, OutputStream] = {}
         """Requests submitted and not finished yet."""
         self._num_waiting = 0
@@ -159,13 +162,18 @@ class EngineLoop:
             self._thread.join(timeout)
 
     def _arrivals(self) -> list[EngineRequest]:
-        """The requests submitted since the iteration began, whose grammar (if any) is ready: a
-        step in flight may yield to them (engine/step_interrupts.py). Called before each layer
-        of such a step, so the common case, none, takes no lock."""
+        """The requests submitted since the iteration began whose grammar (if any) is ready, in
+        submission order: a step in flight may yield to them (engine/step_interrupts.py). Not
+        those the engine refused for now (deferred): the next step could not take them either.
+        Called before each layer of such a step, so the common case, none, takes no lock."""
         if not self._new:
             return []
         with self._cond:
-            return [p.request for p in self._new if p.grammar_job is None]
+            return [
+                p.request
+                for p in self._new
+                if p.grammar_job is None and p.request_id not in self._deferred
+            ]
 
     def _wake(self) -> None:
         """A held request's grammar is done (called on a compile thread)."""
@@ -213,9 +221,9 @@ class EngineLoop:
             output = engine.abort_request(request_id)
             if output is not None:
                 self._deliver(output)
-        if deferred:
-            with self._cond:
-                self._new[:0] = deferred.values()
+        with self._cond:
+            self._new[:0] = deferred.values()
+            self._deferred = set(deferred)
         for output in engine.expire():  # answered now, not after the step
             self._deliver(output)
         if engine.needs_step():

@@ -24,6 +24,13 @@ def flood(count: int, **kwargs):
     return [make_seq(range(10 * k, 10 * k + 20), max_tokens=6, **kwargs) for k in range(count)]
 
 
+def outranks(sched, priority: int, tenant: str, out, arrival_time: float = 1e6) -> bool:
+    """`Order.outranks_step` of an arrival (by default arriving after every sequence here)."""
+    order, free_slots = sched.order, sched.config.max_num_seqs - len(sched.running)
+    work = order.step_work(out.scheduled, free_slots)
+    return order.outranks_step(priority, tenant, arrival_time, work)
+
+
 def running_step(sched, runner, steps: int = 3):
     """Step `steps` times; the next step's output, scheduled but not run."""
     for _ in range(steps):
@@ -40,18 +47,34 @@ def test_under_priority_a_better_class_outranks_a_step_without_its_prefill():
         sched.add(seq)
     out = running_step(sched, runner)
     assert {item.seq.priority for item in out.scheduled} == {1}
-    outranks = sched.order.outranks_step
-    assert outranks(0, "default", out.scheduled)
-    assert not outranks(1, "default", out.scheduled)  # the same class: it waits its turn
-    assert not outranks(2, "default", out.scheduled)
+    assert outranks(sched, 0, "default", out)
+    assert not outranks(sched, 1, "default", out)  # the same class: it waits its turn
+    assert not outranks(sched, 2, "default", out)
     # A prefill of class 0 in the step: another class-0 arrival is served after it anyway, but a
     # class -1 one still outranks it.
     runner.execute_dropped(out)
     sched.add(make_seq(range(500, 520), priority=0, max_tokens=2))
     out = sched.schedule()
     assert any(item.seq.priority == 0 and not item.is_decode for item in out.scheduled)
-    assert not outranks(0, "default", out.scheduled)
-    assert outranks(-1, "default", out.scheduled)
+    assert not outranks(sched, 0, "default", out)
+    assert outranks(sched, -1, "default", out)
+
+
+def test_under_aging_an_arrival_outranks_only_work_it_would_be_admitted_before():
+    """With priority_aging_rate 1/s, a class-0 arrival 10 s after a class-1 flood is behind it
+    (keys 10 and 1), so the step does not yield to it; half a second after, it is ahead."""
+    sched = make_scheduler(
+        scheduling_policy="priority",
+        priority_aging_rate=1.0,
+        max_num_seqs=3,
+        max_num_batched_tokens=16,
+    )
+    runner = FakeRunner(sched)
+    for seq in flood(4, priority=1, arrival_time=0.0):
+        sched.add(seq)
+    out = running_step(sched, runner)
+    assert not outranks(sched, 0, "default", out, arrival_time=10.0)
+    assert outranks(sched, 0, "default", out, arrival_time=0.5)
 
 
 def test_under_fair_share_a_tenant_under_its_share_outranks_a_tenant_over_its_own():
@@ -60,15 +83,29 @@ def test_under_fair_share_a_tenant_under_its_share_outranks_a_tenant_over_its_ow
     for seq in flood(6, tenant="batch"):
         sched.add(seq)
     out = running_step(sched, runner)
-    outranks = sched.order.outranks_step
-    assert outranks(0, "chat", out.scheduled)
-    assert not outranks(0, "batch", out.scheduled)  # the flood's own next request
+    assert outranks(sched, 0, "chat", out)
+    assert not outranks(sched, 0, "batch", out)  # the flood's own next request
     runner.execute_dropped(out)
     sched.add(make_seq(range(500, 520), tenant="chat", max_tokens=2))
     out = sched.schedule()  # chat displaced a batch sequence: its prefill is in the step
     assert any(item.seq.tenant == "chat" and not item.is_decode for item in out.scheduled)
-    assert not outranks(0, "chat", out.scheduled)
-    assert outranks(0, "other", out.scheduled)
+    assert not outranks(sched, 0, "chat", out)
+    assert outranks(sched, 0, "other", out)
+
+
+def test_under_fair_share_an_idle_tenant_joining_outranks_a_step_with_a_free_slot():
+    """The flood runs within its share with slots to spare: a request of a tenant with nothing
+    queued or running would be admitted at the next step, so the step yields to it; the flood's
+    own next request, or one of a tenant already busy, does not drop a step."""
+    sched = make_scheduler(fair_share=True, max_num_seqs=8, max_num_batched_tokens=16)
+    runner = FakeRunner(sched)
+    for seq in [*flood(2, tenant="batch"), make_seq(range(600, 640), tenant="busy", max_tokens=9)]:
+        sched.add(seq)
+    out = running_step(sched, runner)
+    assert len(sched.running) == 3 and not sched.tenants.over_share("batch", joining="chat")
+    assert outranks(sched, 0, "chat", out)
+    assert not outranks(sched, 0, "batch", out)
+    assert not outranks(sched, 0, "busy", out)
 
 
 def test_a_tenant_at_max_running_per_tenant_outranks_nothing():
@@ -80,7 +117,7 @@ def test_a_tenant_at_max_running_per_tenant_outranks_nothing():
         sched.add(seq)
     out = running_step(sched, runner, steps=1)
     assert sched.tenants.running("chat") == 1
-    assert not sched.order.outranks_step(0, "chat", out.scheduled)
+    assert not outranks(sched, 0, "chat", out)
 
 
 def test_fcfs_never_yields():
@@ -89,8 +126,8 @@ def test_fcfs_never_yields():
     for seq in flood(4):
         sched.add(seq)
     out = running_step(sched, runner)
-    assert not sched.order.outranks_step(0, "chat", out.scheduled)
-    assert not sched.order.outranks_step(-5, "default", out.scheduled)
+    assert not outranks(sched, 0, "chat", out)
+    assert not outranks(sched, -5, "default", out)
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])

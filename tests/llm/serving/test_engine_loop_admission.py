@@ -116,11 +116,11 @@ def test_a_step_in_flight_yields_to_an_outranking_submission():
     urgent_prompt, streams = random_prompt(6, 50), []
     plan = engine.interrupts.interrupt_for
 
-    def submit_as_the_third_step_starts(step):
+    def submit_as_the_third_step_starts(*step):
         if len(observed) == 2 and not streams:
             request = EngineRequest("urgent", None, greedy(4), urgent_prompt, priority=0)
             streams.append(loop.submit(request))  # on the loop thread, as the step starts
-        return plan(step)
+        return plan(*step)
 
     engine.interrupts.interrupt_for = submit_as_the_third_step_starts
     loop.start()
@@ -139,3 +139,21 @@ def _wait_for(condition, timeout: float = 60.0) -> bool:
     while not condition() and time.monotonic() < deadline:
         time.sleep(0.01)
     return bool(condition())
+
+
+def test_a_request_the_engine_refused_for_now_drops_no_step():
+    """A class-0 request accepted by submit but refused by the full engine queue waits outside
+    it; the class-1 steps meanwhile do not yield to it (the next step could not take it)."""
+    model_dir, _ = engine_checkpoint("LlamaForCausalLM")
+    engine = make_engine(
+        model_dir, scheduling_policy="priority", max_queue_size=QUEUE, max_num_seqs=1
+    )
+    loop = EngineLoop(engine)
+    stream = loop.submit(EngineRequest("late", None, greedy(4), random_prompt(6, 9), priority=0))
+    for i in range(QUEUE):
+        engine.add(EngineRequest(f"filler-{i}", None, greedy(6), random_prompt(5, i), priority=1))
+    loop.start()
+    assert collect(stream)[-1].outputs[0].finish_reason == "length"
+    stop_when_fillers_finished(loop, engine)
+    assert engine.interrupts.count == 0
+    assert_pool_released(engine)
