@@ -72,13 +72,17 @@ class StepInterrupts:
             or not (self.order.by_priority or self.order.tenants.fair_share)
         ):
             return None
-        order, work = self.order, self.order.step_work(step.scheduled, free_slots)
+        order, work = self.order, None
         checked = 0  # arrivals only grow during a step: each is weighed once
 
         def interrupt() -> bool:
-            nonlocal checked
+            nonlocal checked, work
             pending = arrivals()
+            if len(pending) == checked:
+                return False  # the common case: nothing new, and the step is never summarised
             fresh, checked = pending[checked:], len(pending)
+            if work is None:
+                work = order.step_work(step.scheduled, free_slots)
             now = time.monotonic()  # for an arrival without its time (none from the loop)
             return any(
                 order.outranks_step(r.priority, r.tenant_key, r.arrival_time or now, work)
