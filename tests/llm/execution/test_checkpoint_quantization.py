@@ -114,6 +114,25 @@ def test_each_dense_architecture_quantized_gives_transformers_greedy_tokens(arch
     assert_greedy_equals_hf_on_random_prompts(checkpoint, hf, arch)
 
 
+def test_a_quantized_output_head_loads_as_stored(tmp_path):
+    """A checkpoint whose lm_head compressed-tensors quantized too (nothing ignored; untied head):
+    the head loads as a 4-bit layer with compressed-tensors' own weights, and greedy tokens equal
+    transformers' on the same checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    source, _ = engine_checkpoint("LlamaForCausalLM")
+    scheme = quantized_checkpoints.with_group_size(quantized_checkpoints.W4A16_G128_HEAD, 32)
+    checkpoint = quantized_checkpoints.write_compressed_tensors_checkpoint(
+        source, tmp_path / "head", scheme
+    )
+    reference = reference_dequantized_weights(checkpoint)["lm_head.weight"]
+    assert torch.equal(staged_model(checkpoint).lm_head.dequantized(reference.dtype), reference)
+    model = load_model(checkpoint, CPU, torch.float32, kernel_ops("torch"))
+    assert isinstance(model.lm_head, WNA16Linear)
+    hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    assert_greedy_equals_hf_on_random_prompts(checkpoint, hf, "LlamaForCausalLM")
+
+
 @pytest.mark.parametrize("arch", ["MixtralForCausalLM", "Qwen3MoeForCausalLM"])
 def test_a_mixture_of_experts_loads_its_quantized_attention_and_float_experts(arch, tmp_path):
     """compressed-tensors reaches only transformers' `Linear`s: attention is stored quantized, the
