@@ -60,7 +60,7 @@ class SuiteEntry:
     title: str
     """Its progress line, and its report section's heading should its report fail."""
     full_args: tuple[str, ...] = ()
-    """Arguments of the full (CPU) run, chosen so that the whole suite fits in 70 minutes on 2
+    """Arguments of the full (CPU) run, chosen so that the whole suite fits in 100 minutes on 2
     cores (the last run's seconds: summary.json's "seconds")."""
 
 

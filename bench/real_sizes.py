@@ -31,10 +31,11 @@ requests' tokens / wall seconds), time to first token and time per output token 
 (per request; p50/p99 over requests and repeats), decode tokens/s at concurrency 1 (1 / median
 time per output token), weight bytes read per decoded token (every weight but the token
 embedding, as each system holds it), and the bandwidth fraction: bytes per token x decode
-tokens/s / what a plain read streams on the same threads (bench.gemv_bandwidth), measured in
-the same run. Summary figures are the worse of the thread counts.
+tokens/s / what a plain read streams on the same threads (bench.gemv_bandwidth), measured just
+before and just after that precision's one-request timing (their mean). Summary figures are
+the worse of the thread counts.
 
-    python -m bench.real_sizes [--quick] [--peers] [--thread-counts 1,2] [--concurrency 1,16]
+    python -m bench.real_sizes [--quick] [--peers] [--thread-counts 1,2] [--concurrency 1,4,16,64]
         [--precisions f32,bf16,int8,int4,q4_0] [--concurrent-precisions bf16,int4]
         [--prompt-tokens 128] [--output-tokens 64] [--repeats 2]
         [--out bench/results/real_sizes.json]
@@ -234,7 +235,7 @@ class Systems:
         )
 
 
-def measure(args, precision: Precision, threads: int, worker, peer_paths: dict, bandwidth) -> dict:
+def measure(args, precision: Precision, threads: int, worker, peer_paths: dict) -> dict:
     """Every concurrency of one precision at one thread count: checked, then timed."""
     import torch
 
@@ -261,7 +262,17 @@ def measure(args, precision: Precision, threads: int, worker, peer_paths: dict, 
             continue
         systems.peers[name] = PEERS[name]
     levels = [c for c in args.concurrency if c == 1 or _concurrent(args, precision)]
-    by_concurrency = [time_concurrency(args, systems, c, args.vocab) for c in levels]
+    by_concurrency, reads = [], []
+    for concurrency in levels:
+        # The plain read brackets the one-request timing: this shared machine's memory bandwidth
+        # drifts over a run (32-41 GB/s on 2 threads), so one figure from its start is not the
+        # limit a later timing ran under.
+        if concurrency == 1:
+            reads.append(plain_read_gb_per_s(threads))
+        by_concurrency.append(time_concurrency(args, systems, concurrency, args.vocab))
+        if concurrency == 1:
+            reads.append(plain_read_gb_per_s(threads))
+    bandwidth = statistics.mean(reads) if reads else None
     bytes_per_token = {
         "engine": ours.weight_bytes_per_token(),
         **peer_bytes(args, precision, worker, peer_paths),
@@ -278,6 +289,7 @@ def measure(args, precision: Precision, threads: int, worker, peer_paths: dict, 
         "concurrency": by_concurrency,
         "weight_bytes_per_token": bytes_per_token,
         "plain_read_gb_per_s": bandwidth,
+        "plain_read_samples_gb_per_s": reads,
         "bandwidth_fraction": bandwidth_fractions(by_concurrency, bytes_per_token, bandwidth),
     }
     del systems, ours
@@ -493,7 +505,6 @@ def run(args: argparse.Namespace, scratch: Path) -> dict:
     build_random_llama(FULL, small_dir, args.seed)
     runs, small_runs = [], []
     for threads in args.thread_counts:
-        bandwidth = plain_read_gb_per_s(threads)
         worker = None if no_peers else PeerWorker(threads)
         try:
             for precision in precisions:
@@ -504,7 +515,7 @@ def run(args: argparse.Namespace, scratch: Path) -> dict:
                     paths, reasons = {}, dict.fromkeys(PEERS, no_peers)
                 else:
                     paths, reasons = peer_models(args, precision)
-                record = measure(args, precision, threads, worker, paths, bandwidth)
+                record = measure(args, precision, threads, worker, paths)
                 record["excluded"] = {**reasons, **record["excluded"]}
                 runs.append(record)
             if worker and not worker.alive:
@@ -677,11 +688,15 @@ def report(result: dict) -> list[str]:
     ]
     for record in result["small_model"]["runs"]:
         lines += _rate_rows(f"| {record['threads']} | f32 |", record["concurrency"])
-    plain = sorted({(r["threads"], r["plain_read_gb_per_s"]) for r in result["runs"]})
+    plain = [
+        f"{r['threads']} thread(s) {r['precision']} {r['plain_read_gb_per_s']:.1f}"
+        for r in result["runs"]
+        if r.get("plain_read_gb_per_s")
+    ]
     lines += [
         "",
-        "Plain read on the same threads: "
-        + ", ".join(f"{t} thread(s) {g:.1f} GB/s" for t, g in plain),
+        "Plain read on the same threads, GB/s (before and after each precision's one-request "
+        "timing): " + ", ".join(plain),
         "",
     ]
     return [*lines, *plan.summary_lines(result)]
@@ -704,11 +719,11 @@ def _rate_rows(lead: str, by_concurrency: list) -> list[str]:
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     plan.add_args(parser)
-    parser.set_defaults(concurrency=cli.ByMode(quick=[1, 4], cpu=[1, 16]))
+    parser.set_defaults(concurrency=cli.ByMode(quick=[1, 4], cpu=[1, 4, 16, 64]))
     parser.add_argument(
         "--concurrency",
         type=lambda s: [int(n) for n in s.split(",")],
-        help="requests in flight, each in turn (default: %(default)s; the issue's full set: 1,4,16,64)",
+        help="requests in flight, each in turn (default: %(default)s)",
     )
     parser.add_argument(
         "--concurrent-precisions",
