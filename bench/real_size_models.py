@@ -7,8 +7,8 @@ the code that writes it):
   tokenizer of the full vocabulary (tooling.checkpoints.write_byte_level_tokenizer: GGUF tools
   need one), what OpenVINO's exports and the compressed-tensors checkpoint start from;
 - `w4a16-g128/`: its compressed-tensors W4A16 checkpoint (every Linear 4-bit, symmetric, groups
-  of 128, the output head included: tooling preset W4A16_G128_HEAD; the token embedding in full
-  precision);
+  of 128, the output head included: tooling.quantized_checkpoints.with_head; the token embedding
+  in full precision);
 - `gguf/<TYPE>.gguf` for GGUF_TYPES, written by tooling.gguf_checkpoints as llama.cpp's converter
   and `llama-quantize` lay them out: every projection in TYPE; the token embedding and output
   head as `llama-quantize` leaves them for that type (Q4_0: embedding Q4_0, head Q6_K).
@@ -65,7 +65,11 @@ def hf_checkpoint(seed: int = 0) -> Path:
 
 def w4a16_checkpoint(seed: int = 0) -> Path:
     """The compressed-tensors W4A16 group-128 checkpoint of `hf_checkpoint`, its head quantized."""
-    from tooling.quantized_checkpoints import PRESETS, write_compressed_tensors_checkpoint
+    from tooling.quantized_checkpoints import (
+        W4A16_G128,
+        with_head,
+        write_compressed_tensors_checkpoint,
+    )
 
     key = _key(seed, "compressed_tensors", "tooling/quantized_checkpoints.py")
     out = model_dir(seed) / f"w4a16-g128-{key}"
@@ -74,7 +78,7 @@ def w4a16_checkpoint(seed: int = 0) -> Path:
         _remove_stale(out)
         progress(f"real sizes: quantizing {source} to W4A16 g128 in {out}")
         with _building(out) as partial:
-            write_compressed_tensors_checkpoint(source, partial, PRESETS["W4A16_G128_HEAD"])
+            write_compressed_tensors_checkpoint(source, partial, with_head(W4A16_G128))
     return out
 
 

@@ -107,10 +107,6 @@ class CTScheme:
 # compressed-tensors' / llm-compressor's presets, named for what they store. W4A16_G128 puts
 # down_proj in a second config group of 64: the Shakespeare model's MLP width 704 = 11 * 64.
 W4A16_G128 = CTScheme("pack-quantized", 4, "group", 128, group_overrides=(("re:.*down_proj$", 64),))
-# The same with the output head quantized too (nothing ignored), as llama-quantize keeps a 6-bit
-# head in its 4-bit files and GPTQ's `lm_head: true` does: at 1B the head is ~19% of a 4-bit
-# model's bytes a token in bfloat16.
-W4A16_G128_HEAD = replace(W4A16_G128, ignore=())
 W4A16_G64_ASYM = CTScheme("pack-quantized", 4, "group", 64, symmetric=False)
 W4A16_CHANNEL = CTScheme("pack-quantized", 4, "channel")
 W8A16_CHANNEL = CTScheme("pack-quantized", 8, "channel")
@@ -118,6 +114,13 @@ W8A8_DYNAMIC = CTScheme("int-quantized", 8, "channel")
 FP8_DYNAMIC = CTScheme("float-quantized", 8, "channel")
 FP8_DYNAMIC_PER_TENSOR = CTScheme("float-quantized", 8, "tensor")
 PRESETS = {name: value for name, value in globals().items() if isinstance(value, CTScheme)}
+
+
+def with_head(scheme: CTScheme) -> CTScheme:
+    """`scheme` with the output head quantized too (nothing ignored), as llama-quantize keeps a
+    6-bit head in its 4-bit files and GPTQ's `lm_head: true` does: at 1B a bfloat16 head is ~19%
+    of a 4-bit model's bytes a token. Only for an untied head (a tied one is the embedding)."""
+    return replace(scheme, ignore=())
 
 
 def with_group_size(scheme: CTScheme, group_size: int) -> CTScheme:
@@ -137,6 +140,11 @@ def write_compressed_tensors_checkpoint(source_dir: Path, out_dir: Path, scheme:
     model = transformers.AutoModelForCausalLM.from_pretrained(
         source_dir, dtype=torch.float32, local_files_only=True
     )
+    if model.config.tie_word_embeddings and "lm_head" not in scheme.ignore:
+        raise ValueError(
+            f"{source_dir} ties its lm_head to the token embedding: quantize the head only when "
+            "it is untied (keep 'lm_head' in the scheme's ignore)"
+        )
     apply_quantization_config(model, scheme.quantization_config(), show_progress=False)
     with torch.no_grad():
         for name, module in model.named_modules():

@@ -242,6 +242,12 @@ def test_a_group_that_does_not_divide_in_features_is_refused(tmp_path):
         qc.write_compressed_tensors_checkpoint(tmp_path / "float", tmp_path / "q", qc.W4A16_G128)
 
 
+def test_a_tied_head_is_not_quantized(tmp_path):
+    """The Shakespeare model ties its head to the embedding: quantizing the head is refused."""
+    with pytest.raises(ValueError, match="ties its lm_head"):
+        qc.write_compressed_tensors_checkpoint(SHAKESPEARE, tmp_path, qc.with_head(qc.W4A16_G128))
+
+
 def test_bad_schemes_are_refused():
     with pytest.raises(ValueError, match="8-bit"):
         qc.CTScheme("int-quantized", 4, "channel")

@@ -121,7 +121,8 @@ def test_a_quantized_output_head_loads_as_stored(tmp_path):
     from transformers import AutoModelForCausalLM
 
     source, _ = engine_checkpoint("LlamaForCausalLM")
-    scheme = quantized_checkpoints.with_group_size(quantized_checkpoints.W4A16_G128_HEAD, 32)
+    scheme = quantized_checkpoints.with_group_size(quantized_checkpoints.W4A16_G128, 32)
+    scheme = quantized_checkpoints.with_head(scheme)
     checkpoint = quantized_checkpoints.write_compressed_tensors_checkpoint(
         source, tmp_path / "head", scheme
     )
