@@ -6,7 +6,9 @@ The steps, in order, each in its own process with what is left of the budget:
 - `kernels`: tests/kernels, every Triton kernel compiled and run on CUDA against its PyTorch twin;
 - `engine`: the engine's greedy-vs-transformers tests on CUDA with the Triton kernels
   (`LLM_TEST_DEVICE=cuda`, TF32 off so float32 matmuls match the CPU reference);
-- `cuda_graph_decode`: the captured decode step; recorded as not built yet (issue 47, part 3);
+- `cuda_graph_decode`: the captured decode steps (CUDA graphs per batch-size bucket,
+  backend_lib/llm/execution/decode_graphs.py): padded buckets replayed, greedy tokens equal to
+  transformers', with the engine's own captured graphs;
 - `bench`: a short GPU-mode `make bench` (`python -m bench --gpu --quick --only ...`).
 
 Without a GPU it says so, writes the summary with `"gpu": false` and every step skipped, and exits
@@ -39,6 +41,7 @@ ENGINE_TESTS = (
     "tests/llm/engine/test_engine.py::test_preemption_keeps_outputs_exact",
     "tests/llm/engine/test_kv_offload.py::test_tier_reads_back_evicted_prefixes_exactly",
 )
+DECODE_GRAPH_TESTS = "tests/llm/execution/test_decode_graphs.py"
 BENCHMARKS = "engine,prefix_cache,kv_offload"
 
 
@@ -73,8 +76,8 @@ def steps(python: str = sys.executable) -> list[Step]:
         ),
         Step(
             "cuda_graph_decode",
-            [],
-            note="the captured decode step (CUDA graphs per batch-size bucket) is not built yet",
+            [*pytest, DECODE_GRAPH_TESTS],
+            env={"LLM_TEST_DEVICE": "cuda", "NVIDIA_TF32_OVERRIDE": "0"},
         ),
         Step(
             "bench",

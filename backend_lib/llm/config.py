@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from backend_lib import contract
-from backend_lib.config import require
+from backend_lib.config import ConfigError, require
 from backend_lib.llm import kv_offload_config
 from backend_lib.llm.kv_events_config import KVEventsConfig
 from backend_lib.llm.multimodal_config import MultiModalConfig
@@ -15,6 +15,14 @@ from backend_lib.multimodal.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_I
 from backend_lib.quantization import QUANTIZATION_SETTINGS
 
 W4A16_ACTIVATIONS = ("auto", "bfloat16", "int8")
+
+
+def default_capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """vLLM's default CUDA-graph batch sizes (1, 2, 4, multiples of 8 to 256, of 16 to 512), up
+    to the first that holds `max_num_seqs` decodes."""
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
+    covering = next((i for i, size in enumerate(sizes) if size >= max_num_seqs), len(sizes) - 1)
+    return tuple(sizes[: covering + 1])
 
 
 @dataclass
@@ -54,6 +62,15 @@ class LLMConfig:
     capability 8.9 or newer."""
     kernel_backend: Literal["auto", "triton", "torch"] = "auto"
     """auto: Triton kernels on CUDA, PyTorch on CPU."""
+    enforce_eager: bool = False
+    """Run every step eagerly (vLLM's name): no CUDA graphs. Otherwise, on CUDA with the Triton
+    kernels and one rank, a step of decodes only replays a CUDA graph captured at load for its
+    batch-size bucket (execution/decode_graphs.py). The CPU always runs eagerly."""
+    cudagraph_capture_sizes: str = ""
+    """The batch-size buckets captured as CUDA graphs (vLLM's name), comma-separated, e.g.
+    "1,2,4,8"; a decode step of B sequences runs padded to the smallest bucket >= B, a larger
+    one eagerly. "": vLLM's default sizes (1, 2, 4, then multiples of 8 to 256 and of 16 to 512)
+    up to the first one >= max_num_seqs."""
     tensor_parallel_size: int = 1
     """Ranks the model is sharded over (Megatron-style, `execution/tensor_parallel.py`), one
     process each: the engine's process is rank 0 and starts the others (execution/workers.py)."""
@@ -204,12 +221,28 @@ class LLMConfig:
         return KVEventsConfig.from_json(self.kv_events_config)
 
     @property
+    def capture_sizes(self) -> tuple[int, ...]:
+        """`cudagraph_capture_sizes` parsed, ascending (the default sizes for "")."""
+        text = self.cudagraph_capture_sizes.strip()
+        if not text:
+            return default_capture_sizes(self.max_num_seqs)
+        try:
+            sizes = sorted({int(part) for part in text.split(",")})
+        except ValueError:
+            raise ConfigError(
+                "cudagraph_capture_sizes", text, "expected comma-separated integers"
+            ) from None
+        require(sizes[0] >= 1, "cudagraph_capture_sizes", text, "sizes must be >= 1")
+        return tuple(sizes)
+
+    @property
     def world_size(self) -> int:
         """Ranks of the engine: tensor_parallel_size x pipeline_parallel_size, one process each."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
     def validate(self) -> None:
         MultiModalConfig.of(self)  # the image settings: parsing is the check
+        self.capture_sizes  # noqa: B018 (parsing is the check)
         require(
             self.tensor_parallel_size >= 1,
             "tensor_parallel_size",

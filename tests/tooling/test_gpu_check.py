@@ -61,3 +61,5 @@ def test_the_real_plan_names_existing_tests_and_benchmarks():
         assert f"def {name}(" in (REPO_ROOT / path).read_text(), test
     assert set(gpu_check.BENCHMARKS.split(",")) <= {b.name for b in BENCHMARKS}
     assert plan["engine"].env["LLM_TEST_DEVICE"] == "cuda"
+    assert (REPO_ROOT / gpu_check.DECODE_GRAPH_TESTS).is_file()
+    assert plan["cuda_graph_decode"].env["LLM_TEST_DEVICE"] == "cuda"

@@ -25,7 +25,7 @@ the same memory budget.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -41,6 +41,7 @@ from backend_lib.llm.core.scheduler import ScheduledSequence, SchedulerOutput
 from backend_lib.llm.execution import workers
 from backend_lib.llm.execution.attention import select_kernel_ops
 from backend_lib.llm.execution.checkpoint_quantization.layers import resolve_w4a16_activations
+from backend_lib.llm.execution.decode_graphs import Capture, DecodeGraphs, graphs_apply
 from backend_lib.llm.execution.kv_offload_store import build_offload_store
 from backend_lib.llm.execution.kv_pool import KVCacheSpec, KVPool, resolve_kv_cache_dtype
 from backend_lib.llm.execution.kv_sizing import allocate_kv_pool, measure_peak, worst_case_step
@@ -202,6 +203,23 @@ class ModelRunner:
         """Image encoder outputs by digest (None: a text-only model)."""
         if hasattr(self.model, "encode_images"):
             self.encoder_cache = EncoderCache(MultiModalConfig.of(config).encoder_cache_size)
+        self.decode_graphs: DecodeGraphs | None = None
+        """Captured decode steps (decode_graphs.py); None: every step runs eagerly."""
+        if graphs_apply(config, device, self.ops):
+            self.decode_graphs = self.capture_decode_graphs(config.capture_sizes)
+
+    def capture_decode_graphs(
+        self, sizes: Sequence[int], capture: Capture | None = None
+    ) -> DecodeGraphs:
+        """The model's decode forward captured per batch-size bucket of `sizes` (`capture`:
+        default CUDA graphs), over this runner's KV caches."""
+        caches = self.kv_pool.layer_caches
+
+        def forward(input_ids: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:
+            return self.model(input_ids, positions, meta, caches)
+
+        max_blocks = -(-self.max_model_len // self.block_size)
+        return DecodeGraphs(forward, sizes, max_blocks, self.device, capture)
 
     def _tier_identity(self, config: LLMConfig) -> dict:
         """What block files on disk must have been computed with to be reused."""
@@ -378,6 +396,11 @@ class ModelRunner:
         if batch.prompt_rows is not None:
             rows = torch.cat((rows, batch.prompt_rows))
         with torch.inference_mode():
+            graphs = self.decode_graphs
+            if graphs is not None and graphs.takes(batch):
+                if interrupt is not None and interrupt():
+                    raise StepInterrupted
+                return self.model.compute_logits(graphs.run(batch, batch.sample_indices))
             extra, positions = {}, batch.positions
             if batch.image_slices:
                 extra["mm_embeds"] = step_embeds(
