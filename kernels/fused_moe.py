@@ -78,7 +78,9 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int)
     pairs = flat.numel()
     device = flat.device
     max_blocks = (pairs + min(num_experts, pairs) * (block_m - 1)) // block_m
-    counts = torch.bincount(flat, minlength=num_experts)
+    # Not bincount: on CUDA it reads the ids' max back to the host (no CUDA-graph capture then).
+    counts = torch.zeros(num_experts, dtype=torch.long, device=device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = torch.cumsum(padded, 0)
     padded_start = padded_end - padded

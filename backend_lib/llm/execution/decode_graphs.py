@@ -8,20 +8,26 @@ sampling rows are selected from the bucket's hidden states afterwards, eagerly (
 the sampler run outside the graph, as in vLLM).
 
 The rows past B are padding: token 0 at position 0, KV slot -1 (never stored), a context of one
-key in block 0 (read, never written; the row's result is dropped). Every row of every op is
-computed independently of the others, so padding changes no real row. The graphs read the block
-table at its full width (max_model_len / block_size blocks), so every kernel's launch shape is the
+key in block 0 (read, never written; the row's result is dropped). Every op computes each row
+independently of the others, so padding changes no real row's math (its bits may differ where a
+GEMM picks another algorithm for the bucket's row count). The graphs read the block table at its
+full width (ceil(max_model_len / block_size) blocks), so every kernel's launch shape is the
 bucket's alone, whatever the contexts (the Triton kernels size their grids from shapes, never from
-device data: kernels/paged_attention.py).
+device data: kernels/paged_attention.py); the attention's key splits are then planned for the
+longest context, not the step's.
 
 Captured at load, once the KV pool exists, largest bucket first, all in one memory pool (the
-smaller graphs reuse the largest one's memory). Each is run twice before its capture, on a side
-stream, so Triton's compilation and the allocator's first requests happen outside it.
+smaller graphs reuse the largest one's memory, so a replay's output is valid until the next
+replay). Each is run twice before its capture, on a side stream, so Triton's compilation and the
+allocator's first requests happen outside it. The pool is held on top of the KV pool's sizing (a
+decode bucket's activations: megabytes); the engine logs its size.
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -31,6 +37,8 @@ from backend_lib.llm.config import LLMConfig
 from backend_lib.llm.execution.attention import AttentionMetadata
 from backend_lib.llm.execution.step_batch import ModelInput
 from kernels import KernelOps
+
+log = logging.getLogger(__name__)
 
 Forward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
 """(input_ids [N], positions [N], meta) -> the final-normed hidden states [N, hidden_size]."""
@@ -67,11 +75,15 @@ class DecodeBuffers:
     seq_lens: torch.Tensor
     """[N] int32: each row's context length, its new token included."""
     block_tables: torch.Tensor
-    """[N, W] int32: each row's KV blocks, W = max_model_len / block_size (entries past a row's
-    context are stale, never read)."""
+    """[N, W] int32: each row's KV blocks, W = ceil(max_model_len / block_size) (entries past a
+    row's context are stale, never read)."""
+    max_seq_len: int
+    """Tokens the table's W blocks hold."""
 
     @classmethod
-    def allocate(cls, rows: int, max_blocks: int, device: torch.device) -> DecodeBuffers:
+    def allocate(
+        cls, rows: int, max_blocks: int, block_size: int, device: torch.device
+    ) -> DecodeBuffers:
         longs = torch.zeros((3, rows), dtype=torch.int64, device=device)
         return cls(
             longs[0],
@@ -80,6 +92,7 @@ class DecodeBuffers:
             torch.arange(rows + 1, dtype=torch.int32, device=device),
             torch.ones(rows, dtype=torch.int32, device=device),
             torch.zeros((rows, max_blocks), dtype=torch.int32, device=device),
+            max_blocks * block_size,
         )
 
     def meta(self, rows: int) -> AttentionMetadata:
@@ -90,7 +103,7 @@ class DecodeBuffers:
             self.block_tables[:rows],
             self.slot_mapping[:rows],
             max_query_len=1,
-            max_seq_len=self.block_tables.shape[1],
+            max_seq_len=self.max_seq_len,
         )
 
     def fill(self, batch: ModelInput, rows: int) -> None:
@@ -112,10 +125,9 @@ class DecodeBuffers:
 def cuda_graph_capture(device: torch.device) -> Capture:
     """Capture on `device` into one shared memory pool: each forward runs twice on a side stream
     (Triton compiles, the allocator warms), then once under `torch.cuda.graph`."""
-    pool = torch.cuda.graph_pool_handle()
+    pool, side = torch.cuda.graph_pool_handle(), torch.cuda.Stream(device)
 
     def capture(forward: Replay) -> Replay:
-        side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(2):
@@ -142,14 +154,15 @@ class DecodeGraphs:
         forward: Forward,
         sizes: Sequence[int],
         max_blocks: int,
+        block_size: int,
         device: torch.device,
         capture: Capture | None = None,
     ):
         """`forward`: the model over static inputs (its KV caches bound); `sizes`: the buckets;
-        `max_blocks`: block-table width (blocks of the longest sequence); `capture`: how to
-        capture one bucket (default: CUDA graphs on `device`)."""
-        self.sizes = tuple(sorted(sizes))
-        self.buffers = DecodeBuffers.allocate(self.sizes[-1], max_blocks, device)
+        `max_blocks`: block-table width (blocks of the longest sequence) of `block_size` tokens;
+        `capture`: how to capture one bucket (default: CUDA graphs on `device`)."""
+        self.sizes = tuple(sorted(set(sizes)))
+        self.buffers = DecodeBuffers.allocate(self.sizes[-1], max_blocks, block_size, device)
         capture = capture or cuda_graph_capture(device)
         self.replays: dict[int, Replay] = {}
         with torch.inference_mode():
@@ -185,3 +198,22 @@ class DecodeGraphs:
         rows = self.bucket(len(batch.input_ids))
         self.buffers.fill(batch, rows)
         return self.replays[rows]().index_select(0, output_rows)
+
+
+def try_capture(build: Callable[[], DecodeGraphs], device: torch.device) -> DecodeGraphs | None:
+    """`build()`'s graphs, logged with their pool's size; None (every step eager) when a capture
+    fails, logged with why: the engine still serves, as with `enforce_eager`."""
+    start, reserved = time.monotonic(), torch.cuda.memory_reserved(device)
+    try:
+        graphs = build()
+    except RuntimeError as exc:
+        log.warning("decode steps run eagerly: capturing their CUDA graphs failed: %s", exc)
+        return None
+    log.info(
+        "captured %d decode CUDA graphs (batch sizes %s) in %.1f s, %.0f MiB",
+        len(graphs.sizes),
+        ",".join(map(str, graphs.sizes)),
+        time.monotonic() - start,
+        (torch.cuda.memory_reserved(device) - reserved) / 2**20,
+    )
+    return graphs

@@ -41,7 +41,12 @@ from backend_lib.llm.core.scheduler import ScheduledSequence, SchedulerOutput
 from backend_lib.llm.execution import workers
 from backend_lib.llm.execution.attention import select_kernel_ops
 from backend_lib.llm.execution.checkpoint_quantization.layers import resolve_w4a16_activations
-from backend_lib.llm.execution.decode_graphs import Capture, DecodeGraphs, graphs_apply
+from backend_lib.llm.execution.decode_graphs import (
+    Capture,
+    DecodeGraphs,
+    graphs_apply,
+    try_capture,
+)
 from backend_lib.llm.execution.kv_offload_store import build_offload_store
 from backend_lib.llm.execution.kv_pool import KVCacheSpec, KVPool, resolve_kv_cache_dtype
 from backend_lib.llm.execution.kv_sizing import allocate_kv_pool, measure_peak, worst_case_step
@@ -206,7 +211,8 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None
         """Captured decode steps (decode_graphs.py); None: every step runs eagerly."""
         if graphs_apply(config, device, self.ops):
-            self.decode_graphs = self.capture_decode_graphs(config.capture_sizes)
+            sizes = config.capture_sizes
+            self.decode_graphs = try_capture(lambda: self.capture_decode_graphs(sizes), device)
 
     def capture_decode_graphs(
         self, sizes: Sequence[int], capture: Capture | None = None
@@ -219,7 +225,7 @@ class ModelRunner:
             return self.model(input_ids, positions, meta, caches)
 
         max_blocks = -(-self.max_model_len // self.block_size)
-        return DecodeGraphs(forward, sizes, max_blocks, self.device, capture)
+        return DecodeGraphs(forward, sizes, max_blocks, self.block_size, self.device, capture)
 
     def _tier_identity(self, config: LLMConfig) -> dict:
         """What block files on disk must have been computed with to be reused."""

@@ -47,14 +47,16 @@ def _graphed_engine(arch: str, sizes: tuple[int, ...], **overrides):
     return engine, hf, used
 
 
-@pytest.mark.parametrize(
-    "arch, backend",
-    [("LlamaForCausalLM", "torch"), ("Qwen2ForCausalLM", "torch"), ("LlamaForCausalLM", "triton")],
-)
+# The CPU runs both kernel sets (Triton's as the GPU runs it, interpreted); CUDA runs Triton's.
+_FAMILIES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma2ForCausalLM", "Qwen2MoeForCausalLM")
+_CASES = [("LlamaForCausalLM", "triton"), *((arch, "torch") for arch in _FAMILIES)]
+if TEST_DEVICE.type == "cuda":
+    _CASES = [(arch, "triton") for arch in ("LlamaForCausalLM", *_FAMILIES)]
+
+
+@pytest.mark.parametrize("arch, backend", _CASES)
 def test_decode_steps_replay_padded_buckets_and_match_transformers(arch, backend):
-    """On the CPU with either kernel set (Triton's as the GPU runs it, interpreted)."""
-    overrides = {"kernel_backend": backend} if TEST_DEVICE.type == "cpu" else {}
-    engine, hf, used = _graphed_engine(arch, (1, 2, 4), **overrides)
+    engine, hf, used = _graphed_engine(arch, (1, 2, 4), kernel_backend=backend)
     prompts = [random_prompt(n, seed) for seed, n in enumerate((5, 17, 9))]
     lengths = (9, 4, 6)  # three decodes (bucket 4, one padding row), then two, then one
     outs = engine.generate(prompts, [greedy(n) for n in lengths])
@@ -74,7 +76,7 @@ def test_steps_the_graphs_do_not_take_run_eagerly_with_the_same_tokens():
 
 
 def test_padding_rows_store_nothing_and_read_one_key():
-    buffers = DecodeBuffers.allocate(4, 3, torch.device("cpu"))
+    buffers = DecodeBuffers.allocate(4, 3, 8, torch.device("cpu"))
     batcher = StepBatcher(torch.device("cpu"), 8, kernel_ops("torch"), lora=None)
     batch = batcher.flat_input(
         tokens=np.array([7, 8]),
@@ -93,11 +95,12 @@ def test_padding_rows_store_nothing_and_read_one_key():
     assert buffers.block_tables[2:, 0].tolist() == [0, 0]
     meta = buffers.meta(4)
     assert meta.query_start_loc.tolist() == [0, 1, 2, 3, 4] and meta.max_query_len == 1
+    assert meta.max_seq_len == 3 * 8
 
 
 def test_a_bucket_holds_the_fewest_padding_rows():
     graphs = DecodeGraphs(
-        lambda ids, pos, meta: ids.float(), (8, 1, 4), 2, torch.device("cpu"), lambda f: f
+        lambda ids, pos, meta: ids.float(), (8, 1, 4, 4), 2, 8, torch.device("cpu"), lambda f: f
     )
     assert graphs.sizes == (1, 4, 8)
     assert [graphs.bucket(b) for b in (1, 2, 4, 5, 8)] == [1, 4, 4, 8, 8]
