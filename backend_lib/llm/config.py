@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from backend_lib import contract
-from backend_lib.config import ConfigError, require
-from backend_lib.llm import kv_offload_config
+from backend_lib.config import require
+from backend_lib.llm import cuda_graph_config, kv_offload_config
 from backend_lib.llm.kv_events_config import KVEventsConfig
 from backend_lib.llm.multimodal_config import MultiModalConfig
 from backend_lib.llm.speculative_config import SpeculativeConfig
@@ -15,14 +15,6 @@ from backend_lib.multimodal.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_I
 from backend_lib.quantization import QUANTIZATION_SETTINGS
 
 W4A16_ACTIVATIONS = ("auto", "bfloat16", "int8")
-
-
-def default_capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
-    """vLLM's default CUDA-graph batch sizes (1, 2, 4, multiples of 8 to 256, of 16 to 512), up
-    to the first that holds `max_num_seqs` decodes."""
-    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
-    covering = next((i for i, size in enumerate(sizes) if size >= max_num_seqs), len(sizes) - 1)
-    return tuple(sizes[: covering + 1])
 
 
 @dataclass
@@ -63,14 +55,11 @@ class LLMConfig:
     kernel_backend: Literal["auto", "triton", "torch"] = "auto"
     """auto: Triton kernels on CUDA, PyTorch on CPU."""
     enforce_eager: bool = False
-    """Run every step eagerly (vLLM's name): no CUDA graphs. Otherwise, on CUDA with the Triton
-    kernels and one rank, a step of decodes only replays a CUDA graph captured at load for its
-    batch-size bucket (execution/decode_graphs.py). The CPU always runs eagerly."""
+    """No CUDA graphs (vLLM's name). Otherwise decode steps on one CUDA rank with the Triton
+    kernels replay a graph per batch-size bucket (execution/decode_graphs.py)."""
     cudagraph_capture_sizes: str = ""
-    """The batch-size buckets captured as CUDA graphs (vLLM's name), comma-separated, e.g.
-    "1,2,4,8"; a decode step of B sequences runs padded to the smallest bucket >= B, a larger
-    one eagerly. "": vLLM's default sizes (1, 2, 4, then multiples of 8 to 256 and of 16 to 512)
-    up to the first one >= max_num_seqs."""
+    """The buckets (vLLM's name), comma-separated; "": vLLM's defaults up to max_num_seqs
+    (cuda_graph_config.py)."""
     tensor_parallel_size: int = 1
     """Ranks the model is sharded over (Megatron-style, `execution/tensor_parallel.py`), one
     process each: the engine's process is rank 0 and starts the others (execution/workers.py)."""
@@ -223,17 +212,7 @@ class LLMConfig:
     @property
     def capture_sizes(self) -> tuple[int, ...]:
         """`cudagraph_capture_sizes` parsed, ascending (the default sizes for "")."""
-        text = self.cudagraph_capture_sizes.strip()
-        if not text:
-            return default_capture_sizes(self.max_num_seqs)
-        try:
-            sizes = sorted({int(part) for part in text.split(",")})
-        except ValueError:
-            raise ConfigError(
-                "cudagraph_capture_sizes", text, "expected comma-separated integers"
-            ) from None
-        require(sizes[0] >= 1, "cudagraph_capture_sizes", text, "sizes must be >= 1")
-        return tuple(sizes)
+        return cuda_graph_config.capture_sizes(self.cudagraph_capture_sizes, self.max_num_seqs)
 
     @property
     def world_size(self) -> int:
@@ -376,19 +355,7 @@ class LLMConfig:
             self.swap_space,
             "must be > 0 when preemption_mode=swap",
         )
-        require(self.max_loras >= 1, "max_loras", self.max_loras, "must be >= 1")
-        require(
-            1 <= self.max_lora_rank <= 512,
-            "max_lora_rank",
-            self.max_lora_rank,
-            "must be in [1, 512]",
-        )
-        require(
-            self.max_cpu_loras == 0 or self.max_cpu_loras >= self.max_loras,
-            "max_cpu_loras",
-            self.max_cpu_loras,
-            f"must be 0 (= max_loras) or >= max_loras ({self.max_loras})",
-        )
+        _check_lora_settings(self)
         if not self.enable_chunked_prefill and self.max_model_len:
             require(
                 self.max_num_batched_tokens >= self.max_model_len,
@@ -401,3 +368,19 @@ class LLMConfig:
     def cpu_lora_capacity(self) -> int:
         """Adapters kept loaded in host memory (max_cpu_loras, 0 meaning max_loras)."""
         return self.max_cpu_loras or self.max_loras
+
+
+def _check_lora_settings(config: LLMConfig) -> None:
+    require(config.max_loras >= 1, "max_loras", config.max_loras, "must be >= 1")
+    require(
+        1 <= config.max_lora_rank <= 512,
+        "max_lora_rank",
+        config.max_lora_rank,
+        "must be in [1, 512]",
+    )
+    require(
+        config.max_cpu_loras == 0 or config.max_cpu_loras >= config.max_loras,
+        "max_cpu_loras",
+        config.max_cpu_loras,
+        f"must be 0 (= max_loras) or >= max_loras ({config.max_loras})",
+    )

@@ -1,7 +1,7 @@
 """backend_lib/llm imports one way, down its floors: serving -> engine -> spec_decode ->
 execution -> core -> {lora, structured} -> the top-level modules config.py ->
 {speculative_config.py, kv_events_config.py, kv_offload_config.py,
-multimodal_config.py}. A module may import its own package and any lower floor, never a higher
+multimodal_config.py, cuda_graph_config.py}. A module may import its own package and any lower floor, never a higher
 one nor a package beside it. Checked on the source (every `import` and `from ... import`,
 including those inside functions), so a new arrow back up fails here, not in review."""
 
@@ -22,7 +22,13 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("core",),
     ("lora", "structured"),
     ("config",),
-    ("speculative_config", "kv_events_config", "kv_offload_config", "multimodal_config"),
+    (
+        "speculative_config",
+        "kv_events_config",
+        "kv_offload_config",
+        "multimodal_config",
+        "cuda_graph_config",
+    ),
 )
 """Top floor first; a floor's packages (or top-level modules) do not import each other."""
 

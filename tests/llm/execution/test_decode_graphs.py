@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from backend_lib.config import ConfigError
-from backend_lib.llm.config import default_capture_sizes
+from backend_lib.llm.cuda_graph_config import default_capture_sizes
 from backend_lib.llm.execution.decode_graphs import DecodeBuffers, DecodeGraphs, graphs_apply
 from backend_lib.llm.execution.step_batch import StepBatcher
 from kernels import kernel_ops
