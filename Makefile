@@ -26,7 +26,7 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml scripts/tritonserver
 # The C++ CPU kernels (kernels/csrc/), rebuilt when a source changes. Without a compiler nothing is
 # built (one line says so), setup still succeeds and the PyTorch paths serve; the target is then
 # retried on the next setup.
-$(CPU_KERNELS): $(STAMP) $(wildcard kernels/csrc/*.cpp) kernels/cpu_extension.py kernels/cpu_build.py
+$(CPU_KERNELS): $(STAMP) $(wildcard kernels/csrc/*.cpp kernels/csrc/*.h) kernels/cpu_extension.py kernels/cpu_build.py
 	$(PY) -m kernels.cpu_build
 
 # Debian's Prometheus server and promtool: the deployment tests (tests/deploy) run a real Prometheus

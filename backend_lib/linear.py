@@ -111,6 +111,12 @@ class Linear:
         """Whether calls of up to `gemv_max_rows` rows go to the blocked GEMV."""
         return self._blocked is not None and self.gemv_max_rows > 0
 
+    @property
+    def gemv_operands(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(blocked weight, float32 bias or None): what calls of up to `gemv_max_rows` rows pass
+        the GEMV (where `uses_gemv`)."""
+        return self._blocked, self._gemv_bias
+
     def _gemv(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         y = torch.ops.llm_cpu.blocked_gemv(x, self._blocked, self.out_features, self._gemv_bias)
         if residual is not None:

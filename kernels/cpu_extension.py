@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 SOURCES = tuple(sorted((Path(__file__).parent / "csrc").glob("*.cpp")))
 """Every C++ source of kernels/csrc/ (the Makefile's rule depends on the same wildcard)."""
+HEADERS = tuple(sorted((Path(__file__).parent / "csrc").glob("*.h")))
+"""The headers they include (hashed with them: a changed header rebuilds too)."""
 BUILD_DIR = Path(__file__).resolve().parents[1] / ".cache" / "kernels"
 LIBRARY = "llm_cpu.so"
 MANIFEST = "llm_cpu.json"
@@ -63,7 +65,7 @@ def _cpu_isa() -> str:
 
 def _source_hash() -> str:
     digest = hashlib.sha256()
-    for source in SOURCES:
+    for source in (*SOURCES, *HEADERS):
         digest.update(source.read_bytes())
     return digest.hexdigest()
 

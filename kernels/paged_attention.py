@@ -185,9 +185,6 @@ def plan_paged_attention_torch(
     # One host copy of the metadata: grouping needs plain ints.
     host = torch.cat((query_start_loc, seq_lens)).tolist()
     starts, context_lens = host[: num_seqs + 1], host[num_seqs + 1 :]
-    # Unused table entries may hold -1 or stale ids; clamping keeps gathers in range (the masks
-    # discard those keys).
-    tables = block_tables.clamp(0, num_blocks - 1).long()
     device = block_tables.device
 
     query_lens = [starts[b + 1] - starts[b] for b in range(num_seqs)]
@@ -199,6 +196,9 @@ def plan_paged_attention_torch(
             raise ValueError("visible_until: a single new token sees up to its own position only")
         to_op = [b for b in to_op if b not in spans]
     own = sorted(set(range(num_seqs)).difference(to_op))
+    # Unused table entries may hold -1 or stale ids; clamping keeps gathers in range (the masks
+    # discard those keys). Only the sequences SDPA runs read them.
+    tables = block_tables.clamp(0, num_blocks - 1).long() if own else block_tables
     decode_seqs = [b for b in own if query_lens[b] == 1]
     groups = []
     for members in _length_groups([context_lens[b] for b in decode_seqs]):

@@ -26,6 +26,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
+#include "llm_cpu_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -287,6 +288,18 @@ void act_and_mul(const at::Tensor& x, at::Tensor out) {
 }
 
 }  // namespace
+
+namespace llm_cpu {
+void rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, const std::optional<at::Tensor>& residual,
+              at::Tensor out, at::Tensor summed) {
+  ::rms_norm(x, weight, eps, residual, out, summed);
+}
+void rotary(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cache,
+            at::Tensor q_out, at::Tensor k_out) {
+  ::rotary(positions, q, k, cache, q_out, k_out);
+}
+void silu_and_mul(const at::Tensor& x, at::Tensor out) { ::act_and_mul<Silu>(x, out); }
+}  // namespace llm_cpu
 
 TORCH_LIBRARY_FRAGMENT(llm_cpu, m) {
   // Without a residual, `summed` is not touched (pass `out`).

@@ -40,6 +40,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
+#include "llm_cpu_ops.h"
 
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 #include <immintrin.h>
@@ -484,6 +485,12 @@ at::Tensor mkldnn_bytes(const at::Tensor& packed) {
 }
 
 }  // namespace
+
+namespace llm_cpu {
+at::Tensor blocked_gemv(const at::Tensor& x, const at::Tensor& w, int64_t n, const std::optional<at::Tensor>& bias) {
+  return ::blocked_gemv(x, w, n, bias);
+}
+}  // namespace llm_cpu
 
 TORCH_LIBRARY_FRAGMENT(llm_cpu, m) {
   // x [M, K] float32/bfloat16, w [NB, KP, BN, P] in x's dtype -> [M, n] in x's dtype.

@@ -14,6 +14,7 @@
 #include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
+#include "llm_cpu_ops.h"
 
 #include <algorithm>
 #include <cfloat>
@@ -143,6 +144,13 @@ void write_kv_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor k
 }
 
 }  // namespace
+
+namespace llm_cpu {
+void write_kv_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor k_cache, at::Tensor v_cache,
+                    const at::Tensor& slot_mapping, std::optional<at::Tensor> k_scale, std::optional<at::Tensor> v_scale) {
+  ::write_kv_cache(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale);
+}
+}  // namespace llm_cpu
 
 TORCH_LIBRARY_FRAGMENT(llm_cpu, m) {
   m.def(

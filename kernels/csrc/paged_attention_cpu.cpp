@@ -36,6 +36,7 @@
 #include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
+#include "llm_cpu_ops.h"
 
 #include <algorithm>
 #include <array>
@@ -918,6 +919,16 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
 }
 
 }  // namespace
+
+namespace llm_cpu {
+void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, const at::Tensor& block_tables,
+                     double scale, int64_t sliding_window, const at::Tensor& seqs, at::Tensor out, double softcap,
+                     const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
+  ::paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, sliding_window, seqs, out,
+                    softcap, k_scale, v_scale);
+}
+}  // namespace llm_cpu
 
 TORCH_LIBRARY(llm_cpu, m) {
   // sliding_window <= 0: none; softcap <= 0: none; k_scale, v_scale: an int8 / float8_e4m3fn cache's scales. Only the sequences listed in `seqs` (int32 indices) are attended;

@@ -28,6 +28,7 @@ from torch import nn
 from backend_lib.linear import PackedLinear
 from backend_lib.llm.execution.attention import AttentionMetadata, KVCache
 from backend_lib.llm.execution.mm_embeds import MultiModalEmbeds
+from backend_lib.llm.execution.models.decode_layers import DecodeLayers
 from backend_lib.llm.execution.models.step_kernels import (
     CppKernels,
     CppOps,
@@ -366,6 +367,9 @@ class LlamaForCausalLM(nn.Module):
         """Set by `bind_forward` where the C++ library takes this model (the "torch" kernels, CPU
         weights of a dtype it computes in): the steps it serves whole then run as straight calls
         (`CppKernels`). None: the `KernelOps` wrappers serve every step."""
+        self.decode_layers: DecodeLayers | None = None
+        """Set by `bind_forward` where `cpp_ops` is and every layer is plain with blocked-GEMV
+        projections (models/decode_layers.py): small steps run all layers in one C++ call."""
         # Plain attribute, not a buffer: never in the state dict, and built for real on `device`
         # even while the loader creates the parameters under a meta-device context.
         # Float32 keeps the angles exact.
@@ -415,6 +419,11 @@ class LlamaForCausalLM(nn.Module):
         first_norm = self.layer_calls[0].input_norm
         native = self.ops == kernel_ops("torch") and cpu_extension.takes(first_norm)
         self.cpp_ops = CppOps.load() if native else None
+        self.decode_layers = None
+        if native and self.pp.first and self.pp.last:
+            self.decode_layers = DecodeLayers.bind(
+                self.layer_calls, self.model.norm.weight, self.args
+            )
         return self.layer_calls
 
     def _row_parallel(self, calls: LayerCalls) -> LayerCalls:
@@ -452,6 +461,17 @@ class LlamaForCausalLM(nn.Module):
         rows, the other stages an empty [0, hidden_size]."""
         layers = self.layer_calls if self.layer_calls is not None else self.bind_forward()
         kernels = self.step_kernels(positions, meta)
+        one_call = self.decode_layers
+        if (
+            one_call is not None
+            and isinstance(kernels, CppKernels)
+            and lora is None
+            and mm_embeds is None
+            and interrupt is None
+            and one_call.takes(len(input_ids), kv_caches)
+        ):
+            hidden = self.embed(input_ids)
+            return kernels.decode_layers(one_call, hidden, kv_caches, output_rows)
         pp, width = self.pp, self.args.hidden_size
         # The residual stream is carried separately so each norm fuses the residual add.
         if pp.first:

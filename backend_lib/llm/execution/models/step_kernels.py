@@ -13,12 +13,13 @@ On a step both serve they make the same op calls on the same tensors: the same b
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from backend_lib.llm.execution.attention import AttentionMetadata, KVCache
+from backend_lib.llm.execution.models.decode_layers import DecodeLayers
 from kernels import KernelOps
 
 
@@ -32,6 +33,7 @@ class CppOps:
     paged_attention: Callable[..., None]
     silu_and_mul: Callable[..., None]
     gelu_tanh_and_mul: Callable[..., None]
+    decode_layers: Callable[..., torch.Tensor]
 
     @classmethod
     def load(cls) -> CppOps:
@@ -44,6 +46,7 @@ class CppOps:
             ops.paged_attention.default,
             ops.silu_and_mul.default,
             ops.gelu_tanh_and_mul.default,
+            ops.decode_layers.default,
         )
 
 
@@ -153,6 +156,38 @@ class CppKernels:
         out = x.new_empty((x.shape[0], x.shape[1] // 2))
         self._ops.silu_and_mul(x, out)
         return out
+
+    def decode_layers(
+        self,
+        layers: DecodeLayers,
+        hidden: torch.Tensor,
+        kv_caches: Sequence[KVCache],
+        output_rows: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Every decoder layer and the final norm on the embedded rows `hidden` in one C++ call
+        (models/decode_layers.py): the final-normed states of `output_rows` (all rows for None)."""
+        return self._ops.decode_layers(
+            hidden,
+            layers.weights,
+            layers.biases,
+            layers.out_features,
+            [tensor for kv in kv_caches for tensor in kv],
+            self._positions,
+            self._slots,
+            self._starts,
+            self._lens,
+            self._tables,
+            self._seqs,
+            self._rope,
+            self._eps,
+            layers.scales,
+            layers.sliding_windows,
+            layers.num_heads,
+            layers.num_kv_heads,
+            layers.head_dim,
+            layers.final_norm,
+            output_rows,
+        )
 
     def gelu_tanh_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """[N, 2I] -> gelu_tanh(gate) * up [N, I] (Gemma)."""

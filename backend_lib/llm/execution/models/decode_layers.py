@@ -1,0 +1,103 @@
+"""A decode step's decoder layers as one C++ call (`torch.ops.llm_cpu.decode_layers`,
+kernels/csrc/decode_layers_cpu.cpp): the captured decode step of the CPU.
+
+The Llama forward's layer loop (models/llama.py) makes about 25 Python-level calls per layer; on a
+small model they cost as much as a tenth of the step. Where a model's layers are plain (the Llama
+forward with no per-layer variant: no q/k norms, own rope table, soft-cap or extra norms, a dense
+SiLU MLP, one rank) and every projection is a blocked-GEMV `Linear` (backend_lib/linear.py: float32
+or bfloat16 weights on CPU, packed), `bind` gathers the weights once; a step of at most `max_rows`
+rows with the C++ kernels serving it whole, no LoRA, images or interruption, then runs its layers
+in that one call, making the same op calls in the same order as the Python loop (the same bits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from backend_lib.linear import Linear
+
+
+@dataclass(frozen=True)
+class DecodeLayers:
+    """The bound arguments of `llm_cpu::decode_layers` for one model (kernels/csrc/decode_layers_cpu.cpp)."""
+
+    weights: list[torch.Tensor]
+    """Per layer: input norm, post-attention norm, then the qkv, o, gate_up and down blocked weights
+    ([NB, KP, BN, P], kernels/gemv.py)."""
+    biases: list[torch.Tensor | None]
+    """Per layer: the four projections' float32 biases (None: none)."""
+    out_features: list[int]
+    """Per layer: the four projections' output widths."""
+    scales: list[float]
+    """Per layer: the attention scale."""
+    sliding_windows: list[int]
+    """Per layer: the attention window (0: none)."""
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    final_norm: torch.Tensor
+    """[hidden_size]: the model's last norm."""
+    max_rows: int
+    """Most rows of x a step may have: every projection's `Linear.gemv_max_rows`."""
+
+    @classmethod
+    def bind(cls, layers: Sequence, final_norm: torch.Tensor, args) -> DecodeLayers | None:
+        """The bound call of plain layers (`LayerCalls`, module docstring); None where any layer
+        or projection is not."""
+        from backend_lib.llm.execution.models.llama import DenseMLPCalls
+
+        weights, biases, out_features = [], [], []
+        for calls in layers:
+            mlp = calls.mlp
+            variants = (
+                calls.q_norm,
+                calls.rope,
+                calls.softcap,
+                calls.attn_out_norm,
+                calls.reduce_o,
+            )
+            if any(v is not None for v in variants) or not isinstance(mlp, DenseMLPCalls):
+                return None
+            if (
+                mlp.activation != "silu_and_mul"
+                or mlp.reduce is not None
+                or mlp.out_norm is not None
+            ):
+                return None
+            projections = (calls.qkv, calls.o, mlp.gate_up, mlp.down)
+            if not all(_plain_gemv(p) for p in projections):
+                return None
+            operands = [p.gemv_operands for p in projections]
+            weights += [calls.input_norm, calls.post_norm, *(w for w, _ in operands)]
+            biases += [b for _, b in operands]
+            out_features += [p.out_features for p in projections]
+        linears = [w for w in weights if w.dim() == 4]
+        if {w.dtype for w in linears} != {final_norm.dtype}:  # the hidden states' dtype
+            return None
+        return cls(
+            weights,
+            biases,
+            out_features,
+            [calls.scale for calls in layers],
+            [calls.sliding_window or 0 for calls in layers],
+            args.num_heads,
+            args.num_kv_heads,
+            args.head_dim,
+            final_norm,
+            min(calls.qkv.gemv_max_rows for calls in layers),
+        )
+
+    def takes(self, num_rows: int, kv_caches: Sequence[tuple[torch.Tensor, ...]]) -> bool:
+        """Whether a step of `num_rows` rows over these caches suits the call: few enough rows,
+        caches without scales (not 8-bit)."""
+        return num_rows <= self.max_rows and all(len(kv) == 2 for kv in kv_caches)
+
+
+def _plain_gemv(projection) -> bool:
+    """Whether a projection is a blocked-GEMV `Linear` with no activation."""
+    return (
+        isinstance(projection, Linear) and projection.uses_gemv and projection.activation == "none"
+    )
