@@ -11,9 +11,10 @@ Contract, for an out x in = N x K weight W (rows as in checkpoints):
 
 PyTorch twin (`blocked_gemv_torch`): unblock, float32 matmul, bias, cast; the reference.
 C++ op (`blocked_gemv_cpu`, where `blocked_gemv_cpu_takes`): torch.ops.llm_cpu.blocked_gemv
-(kernels/csrc/gemv_cpu.cpp): register tiles of up to 4 rows of x by 4 vectors of output rows, one
-FMA per weight vector and row (bfloat16: vdpbf16ps on AVX512-BF16, checked at run time; else
-widened to float32), the blocks split evenly over the threads. Float32 sums in another order than
+(kernels/csrc/gemv_cpu.cpp): register tiles of up to 4 rows of x by 4 vectors of output rows (a
+single row of x: a whole block, 8 vectors on AVX2), one FMA per weight vector and row (bfloat16:
+vdpbf16ps on AVX512-BF16, checked at run time; else widened to float32), the blocks split evenly
+over the threads, weight lines prefetched ahead on Intel CPUs only (on AMD Zen 3 that cost). Float32 sums in another order than
 the twin's: within float32 rounding of it.
 
 Why this layout: it is the one oneDNN packs inner-product weights in on AVX-512 CPUs (float32:
