@@ -46,36 +46,18 @@ class DecodeLayers:
     @classmethod
     def bind(cls, layers: Sequence, final_norm: torch.Tensor, args) -> DecodeLayers | None:
         """The bound call of plain layers (`LayerCalls`, module docstring); None where any layer
-        or projection is not."""
-        from backend_lib.llm.execution.models.llama import DenseMLPCalls
-
-        weights, biases, out_features = [], [], []
+        is not, or the projections' dtype is not the hidden states' (`final_norm`'s)."""
+        if not all(_is_plain(calls) for calls in layers):
+            return None
+        weights, biases, out_features, max_rows = [], [], [], []
         for calls in layers:
-            mlp = calls.mlp
-            variants = (
-                calls.q_norm,
-                calls.rope,
-                calls.softcap,
-                calls.attn_out_norm,
-                calls.reduce_o,
-            )
-            if any(v is not None for v in variants) or not isinstance(mlp, DenseMLPCalls):
-                return None
-            if (
-                mlp.activation != "silu_and_mul"
-                or mlp.reduce is not None
-                or mlp.out_norm is not None
-            ):
-                return None
-            projections = (calls.qkv, calls.o, mlp.gate_up, mlp.down)
-            if not all(_plain_gemv(p) for p in projections):
-                return None
+            projections = (calls.qkv, calls.o, calls.mlp.gate_up, calls.mlp.down)
             operands = [p.gemv_operands for p in projections]
             weights += [calls.input_norm, calls.post_norm, *(w for w, _ in operands)]
             biases += [b for _, b in operands]
             out_features += [p.out_features for p in projections]
-        linears = [w for w in weights if w.dim() == 4]
-        if {w.dtype for w in linears} != {final_norm.dtype}:  # the hidden states' dtype
+            max_rows += [p.gemv_max_rows for p in projections]
+        if {w.dtype for w in weights if w.dim() == 4} != {final_norm.dtype}:
             return None
         return cls(
             weights,
@@ -87,13 +69,31 @@ class DecodeLayers:
             args.num_kv_heads,
             args.head_dim,
             final_norm,
-            min(calls.qkv.gemv_max_rows for calls in layers),
+            min(max_rows),
         )
 
     def takes(self, num_rows: int, kv_caches: Sequence[tuple[torch.Tensor, ...]]) -> bool:
         """Whether a step of `num_rows` rows over these caches suits the call: few enough rows,
         caches without scales (not 8-bit)."""
         return num_rows <= self.max_rows and all(len(kv) == 2 for kv in kv_caches)
+
+
+def _is_plain(calls) -> bool:
+    """Whether a layer's `LayerCalls` are the plain Llama layer the C++ loop runs: no per-layer
+    variant, one rank, a dense SiLU MLP, blocked-GEMV projections."""
+    # Here, not at the top: models/llama.py imports this module.
+    from backend_lib.llm.execution.models.llama import DenseMLPCalls
+
+    mlp = calls.mlp
+    variants = (calls.q_norm, calls.rope, calls.softcap, calls.attn_out_norm, calls.reduce_o)
+    return (
+        all(v is None for v in variants)
+        and isinstance(mlp, DenseMLPCalls)
+        and mlp.activation == "silu_and_mul"
+        and mlp.reduce is None
+        and mlp.out_norm is None
+        and all(_plain_gemv(p) for p in (calls.qkv, calls.o, mlp.gate_up, mlp.down))
+    )
 
 
 def _plain_gemv(projection) -> bool:
