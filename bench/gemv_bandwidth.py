@@ -10,7 +10,8 @@ prints the JSON of `measure` for each thread count. The layers are built as the 
   path before it);
 - `int8`: backend_lib.quantization.QuantizedLinear (fbgemm, W8A8 dynamic);
 - `w4a16`, `w4a8`: WNA16Linear, 4-bit symmetric group-128 weights, bfloat16 activations; w4a8 with
-  the op's dynamic int8 activations (AVX512-VNNI only; skipped elsewhere).
+  the op's dynamic int8 activations (C++ kernels built for AVX2, or AVX-512 with VNNI; skipped
+  elsewhere).
 
 Method: for each dtype and shape, enough copies of the layer that their weights exceed
 `working_set` bytes (default 1 GiB, over 3x this machine's 300 MiB L3), so each call reads its weight

@@ -14,7 +14,8 @@ its compressed-tensors W4A16 g128 checkpoint, and GGUF files of it. Per precisio
 | int4 | the W4A16 g128 checkpoint | its int4 g128 export, bf16 | - |
 | q4_0 | the Q4_0 GGUF | - | the Q4_0 GGUF |
 
-(without native bf16 the quantized rows' activations are float32, and bf16 is skipped.)
+(without native bf16 the quantized rows' activations are float32, and bf16 is skipped; the
+engine's 4-bit rows then quantize them to int8, `w4a16_activations: int8`, where its int8 dot runs.)
 
 A workload at concurrency c is c requests of `--prompt-tokens` random token ids and
 `--output-tokens` greedy tokens (EOS ignored), all submitted at once. The engine: `generate`
@@ -370,11 +371,24 @@ def ours_model(args, precision: Precision) -> tuple[Path, dict]:
 
     if args.quick:
         return args.quick_dir, {}
+    settings = dict(precision.ours_settings) | _int8_activations(precision)
     if precision.ours == "hf":
-        return models.hf_checkpoint(args.seed), dict(precision.ours_settings)
+        return models.hf_checkpoint(args.seed), settings
     if precision.ours == "w4a16":
-        return models.w4a16_checkpoint(args.seed), dict(precision.ours_settings)
-    return models.gguf_file(precision.ours.split(":")[1], args.seed), dict(precision.ours_settings)
+        return models.w4a16_checkpoint(args.seed), settings
+    return models.gguf_file(precision.ours.split(":")[1], args.seed), settings
+
+
+def _int8_activations(precision: Precision) -> dict:
+    """`w4a16_activations: int8` for the 4-bit rows run in float32 (no native bf16) where the int8
+    dot runs: the peers quantize their activations there too (llama.cpp's Q4_0 dot takes Q8_0
+    activations), and `auto` keeps float32's exact products. In bfloat16 `auto` already picks it."""
+    from kernels.wna16_linear import wna16_int8_dot
+
+    four_bit = precision.ours in ("w4a16", "gguf:Q4_0")
+    if four_bit and activation_dtype(precision) == "float32" and wna16_int8_dot():
+        return {"w4a16_activations": "int8"}
+    return {}
 
 
 def peer_models(args, precision: Precision) -> tuple[dict[str, Path], dict[str, str]]:

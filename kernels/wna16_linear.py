@@ -19,8 +19,9 @@ Contract, for an out x in = N x K linear:
 `x @ w.T + bias` for x [M, K], in x's dtype: products accumulated in float32, rounded once to x's
 dtype. Activations are not quantized, except on the CPU op's dynamic int8 path below.
 
-Dynamic int8 activations (`dynamic_int8=True`, 4-bit weights, bfloat16 x, a CPU with AVX512-VNNI:
-`wna16_int8_dot()`; twin `wna16_linear_int8_torch`): each row of x is quantized at the call per
+Dynamic int8 activations (`dynamic_int8=True`, 4-bit weights, float32 or bfloat16 x, the C++
+kernels built for AVX2, or for AVX-512 on a CPU with AVX512-VNNI: `wna16_int8_dot()`; twin
+`wna16_linear_int8_torch`): each row of x is quantized at the call per
 chunk of K (the group, or for groups over 256 inputs the largest divisor of it within 256 that is a
 multiple of 8: `int8_chunk`), symmetric, xq = round-half-even(x * (127 / max|x|)) with scale
 max|x| / 127 (0 for an all-zero chunk), as OpenVINO's CPU plugin quantizes activations for
@@ -513,7 +514,7 @@ def wna16_linear_int8_torch(
 
 def wna16_int8_dot() -> bool:
     """Whether `wna16_linear_cpu(..., dynamic_int8=True)` takes the int8 path here: the C++ library
-    is loaded, built for AVX-512, and the CPU has AVX512-VNNI."""
+    is loaded and built for AVX2 (vpmaddubsw), or for AVX-512 on a CPU with AVX512-VNNI."""
     return cpu_extension.load() and bool(torch.ops.llm_cpu.wna16_int8_dot())
 
 
@@ -558,9 +559,10 @@ def wna16_linear_cpu(
     -> [M, N] in x's dtype. `gemm_min_rows`: from how many rows the op dequantizes blocks of the
     weight for a GEMM instead of unpacking per FMA (`gemm_min_rows()`: what the layers pass); -1:
     the crossover measured for the build's ISA
-    (AVX-512: never; AVX2: 64 rows; baseline: always; kAutoGemmMinRows in the C++).
+    (AVX-512, and AVX2 on the int8 path: never; AVX2: 64 rows; baseline: always; kAutoGemmMinRows
+    in the C++).
     `dynamic_int8`: `wna16_linear_int8_torch`'s contract instead, where it applies (4-bit
-    weights, bfloat16 x, fewer than gemm_min_rows rows, `wna16_int8_dot()`); elsewhere ignored."""
+    weights, fewer than gemm_min_rows rows, `wna16_int8_dot()`); elsewhere ignored."""
     _check_x(x, prepared.in_features, bias, prepared.out_features)
     if x.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"x must be float32 or bfloat16 for the CPU op, got {x.dtype}")

@@ -18,9 +18,10 @@
 // z xsum) = s * (x . (u - z)) to the output: the scale and zero point cost a few ops per group, not
 // per weight. With bfloat16 x, 4-bit weights and AVX512-BF16, pairs of f are made as bfloat16 and
 // multiplied by pairs of x with vdpbf16ps, 32 products per instruction (micro_tile_bf16). With
-// dynamic_int8 (4-bit weights, bfloat16 x, AVX512-VNNI), x is quantized to int8 per row and chunk at
-// the call and vpdpbusd multiplies the weights' unsigned nibbles by it, 64 products per instruction,
-// exact in int32 (micro_tile_int8: 1.3-1.6x the bfloat16 path at 1-16 rows on AMD EPYC). Register
+// dynamic_int8 (4-bit weights, AVX512-VNNI or AVX2), x is quantized to int8 per row and chunk at the
+// call and vpdpbusd (AVX2: vpmaddubsw and vpmaddwd) multiplies the weights' unsigned nibbles by it,
+// exact in int32 (micro_tile_int8: 1.3-1.6x the bfloat16 path at 1-16 rows on AMD EPYC with
+// AVX-512). Register
 // tiles of up to 4 rows of x by up to 64 output rows (AVX-512; AVX2 half as many), so each unpacked
 // weight vector feeds up to 4 FMAs; work items of 64 output rows under at::parallel_for. Every tile's
 // words, and its scales and zero points, are prefetched ahead of use (Prefetcher): the unpacking
@@ -81,6 +82,9 @@ constexpr int64_t kGemmBlockBytes = 8 << 20;
 // AVX2 (8 lanes, no BF16 dot, half the register tile): the GEMM from about 64 rows (bfloat16 48 vs
 // 98 ms at 64, 136 vs 392 at 256; 21 vs 24 at 16). Baseline: the scalar decode kernel loses even at
 // one row (66 vs 21 ms), so always.
+// On the int8 path (dynamic_int8), never with AVX2 either: vpmaddubsw's 64 products a cycle against
+// 16 for float32 FMAs (4-bit, float32 x, one thread, under load: int8 / GEMM 6.7 / 19.8 ms at 64 rows
+// of 2048 x 3072, 27 / 57 at 256; gate_up and down alike).
 #if defined(CPU_CAPABILITY_AVX512)
 constexpr int64_t kAutoGemmMinRows = std::numeric_limits<int64_t>::max();
 #elif defined(CPU_CAPABILITY_AVX2)
@@ -88,6 +92,7 @@ constexpr int64_t kAutoGemmMinRows = 64;
 #else
 constexpr int64_t kAutoGemmMinRows = 1;
 #endif
+constexpr int64_t kAutoGemmMinRowsInt8 = std::numeric_limits<int64_t>::max();
 // Longest run of k summed in one float32 chain by the decode kernels (Problem::chunk).
 constexpr int64_t kMaxChunk = 256;
 
@@ -136,6 +141,7 @@ struct Vec256 {  // AVX2 + FMA
   static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
   static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }  // a b + c, one rounding
   static F fmsub(F a, F b, F c) { return _mm256_fmsub_ps(a, b, c); }  // a b - c, one rounding
+  static F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }  // c - a b, one rounding
   static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F to_float(I v) { return _mm256_cvtepi32_ps(v); }
@@ -167,6 +173,7 @@ struct Vec512 {  // AVX-512 F, BW, DQ, VL
   static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F fmsub(F a, F b, F c) { return _mm512_fmsub_ps(a, b, c); }
+  static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
   static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F to_float(I v) { return _mm512_cvtepi32_ps(v); }
@@ -492,21 +499,126 @@ void item_bf16(const Problem& p, int64_t t0, int64_t tiles, float* buf) {
   });
 }
 
-// AVX512-VNNI for 4-bit weights and bfloat16 x quantized at the call (dynamic_int8): per row and
-// chunk, xq = rint(x * 127 / max|x|) in int8 and its scale max|x| / 127. vpdpbusd adds, per int32
-// lane, the four products of four unsigned bytes (weight values u, 0..15) and four signed ones (xq),
-// exact in int32: 64 products per instruction, against vdpbf16ps's 32. A word's low nibbles are the
-// bytes (k0, k4, k1, k5) of its 8 k (slot_k), its high nibbles (k2, k6, k3, k7): one AND, and a
-// shift and an AND, make the two byte vectors, and xq is stored in that order (kXqOrder) so each
-// 4-byte group is one 32-bit broadcast. Each chunk then adds s * sx * (acc - z * qsum) = s * (x . (u -
-// z)) up to x's rounding, with qsum the chunk's sum of xq. Chosen at run time (has_int8_dot).
+#endif
+
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+// --- The int8 dot path (dynamic_int8) ------------------------------------------------------------
+// 4-bit weights and x quantized at the call: per row and chunk, xq = rint(x * 127 / max|x|) in int8
+// and its scale max|x| / 127. Per int32 lane, the products of four unsigned bytes (weight values u,
+// 0..15) and four signed ones (xq) are added exactly in int32: AVX512-VNNI's vpdpbusd, 64 products
+// per instruction (against vdpbf16ps's 32); AVX2's vpmaddubsw (pairs into int16: |u xq| <= 15 * 127,
+// so no pair, nor a word's two, saturates) then vpmaddwd by ones (into int32), three instructions
+// per 32 products against eight FMAs. A word's low nibbles are the bytes (k0, k4, k1, k5) of its 8 k
+// (slot_k), its high nibbles (k2, k6, k3, k7): one AND, and a shift and an AND, make the two byte
+// vectors, and xq is stored in that order (kXqOrder) so each 4-byte group is one 32-bit broadcast.
+// Each chunk then adds s * sx * (acc - z * qsum) = s * (x . (u - z)) up to x's rounding, with qsum
+// the chunk's sum of xq. Chosen at run time (has_int8_dot).
+
+// Position in a word's 8 k of byte b of xq's reordered word: the k each byte of (low, high) holds.
+constexpr int kXqOrder[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+// 8 elements of x from p as float32: a load, or bfloat16 widened (its bits in the top half-word).
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+inline float reduce_max(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+inline int32_t reduce_add(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
+// The int32 lanes of a then b as 16 int8 (saturating), each 8 bytes in kXqOrder.
+inline __m128i narrow_reordered(__m256i a, __m256i b) {
+  const __m128i order = _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+  const __m256i halves = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);  // a's 8, then b's
+  const __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(halves), _mm256_extracti128_si256(halves, 1));
+  return _mm_shuffle_epi8(bytes, order);
+}
+
+// x's int8 values (reordered by kXqOrder), each chunk's scale and sum of them, 8 k at a time (a chunk
+// holds whole words): widened to float32, scaled, rounded to nearest even (the default MXCSR mode) and
+// narrowed with saturation (|q| <= 127 already). AVX2 in AVX-512 builds too: it reads x once, a small
+// share of a call.
+template <typename T>
+void quantize_x(const T* x, int64_t ldx, int64_t M, int64_t K, int64_t chunk, int8_t* xq, float* xscale,
+                float* qsum) {
+  const int64_t H = K / chunk;
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  // Rows in parallel from 64 (a prefill's x; a decode step's few rows are not worth a join).
+  at::parallel_for(0, M, 64, [&](int64_t m_begin, int64_t m_end) {
+    for (int64_t m = m_begin; m < m_end; ++m)
+      for (int64_t h = 0; h < H; ++h) {
+        const T* src = x + m * ldx + h * chunk;
+        int8_t* dst = xq + m * K + h * chunk;
+        __m256 vmax = _mm256_setzero_ps();
+        int nan = 0;  // max drops NaN: a chunk holding one gets a NaN scale, as the twin
+        for (int64_t k = 0; k < chunk; k += 8) {
+          const __m256 v = load8(src + k);
+          nan |= _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+          vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, v));
+        }
+        const float amax = nan ? std::numeric_limits<float>::quiet_NaN() : reduce_max(vmax);
+        // amax > 0 is false for NaN (xq 0, scale NaN); the bound keeps a subnormal chunk finite.
+        const float inv = amax > 0.f ? std::min(127.f / amax, std::numeric_limits<float>::max()) : 0.f;
+        const __m256 vinv = _mm256_set1_ps(inv);
+        __m256i vsum = _mm256_setzero_si256();
+        auto quantize8 = [&](int64_t k) {
+          const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(load8(src + k), vinv));
+          vsum = _mm256_add_epi32(vsum, q);
+          return q;
+        };
+        int64_t k = 0;
+        for (; k + 16 <= chunk; k += 16) {
+          const __m256i lo = quantize8(k), hi = quantize8(k + 8);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + k), narrow_reordered(lo, hi));
+        }
+        if (k < chunk) {  // the last 8
+          const __m256i q = quantize8(k);
+          _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + k), narrow_reordered(q, q));
+        }
+        xscale[m * H + h] = amax / 127.f;
+        qsum[m * H + h] = static_cast<float>(reduce_add(vsum));
+      }
+  });
+}
+
+// out += s * sx * (acc - z * qsum) for chunk h (in group g): s * (x . (u - z)) over the chunk, up to
+// x's rounding, for a register tile of MR rows and NV vectors of int32 sums.
+template <class V, int MR, int NV>
+__attribute__((always_inline)) inline void fold_chunk_int8(const Problem& p, int64_t m0, int64_t t0, int64_t h,
+                                                           const typename V::I (&acc)[MR][NV], float* out,
+                                                           int64_t ldo) {
+  using F = typename V::F;
+  constexpr int kPerTile = kTile / V::kLanes;
+  const int64_t g = h * p.chunk / p.group_size;
+  for (int v = 0; v < NV; ++v) {
+    const int64_t at = ((t0 + v / kPerTile) * p.G + g) * kTile + (v % kPerTile) * V::kLanes;
+    const F sv = V::load(p.s + at), zv = V::load(p.z + at);
+    for (int r = 0; r < MR; ++r) {
+      const F qs = V::set1(p.xsum[(m0 + r) * p.H + h]);
+      const F sx = V::set1(p.xscale[(m0 + r) * p.H + h]);
+      const F d = V::fnmadd(zv, qs, V::to_float(acc[r][v]));
+      float* o = out + r * ldo + v * V::kLanes;
+      V::store(o, V::fmadd(V::mul(sv, sx), d, V::load(o)));
+    }
+  }
+}
+#endif
+
+#if defined(CPU_CAPABILITY_AVX512)
 bool has_int8_dot() {
   static const bool supported = __builtin_cpu_supports("avx512vnni");
   return supported;
 }
-
-// Position in a word's 8 k of byte b of xq's reordered word: the k each byte of (low, high) holds.
-constexpr int kXqOrder[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
 // The register tile is MR rows by NV tiles of int32 sums (up to 4 x 4: 16 accumulators, 2 NV
 // unpacked vectors and two broadcasts); each chunk's fold goes straight to `out`, zeroed first.
@@ -545,18 +657,7 @@ __attribute__((target("avx512vnni"), always_inline)) inline void micro_tile_int8
         }
       }
     }
-    const int64_t g = h * p.chunk / p.group_size;
-    for (int v = 0; v < NV; ++v) {
-      const int64_t at = ((t0 + v) * p.G + g) * kTile;
-      const __m512 sv = _mm512_loadu_ps(p.s + at), zv = _mm512_loadu_ps(p.z + at);
-      for (int r = 0; r < MR; ++r) {
-        const __m512 qs = _mm512_set1_ps(p.xsum[(m0 + r) * p.H + h]);
-        const __m512 sx = _mm512_set1_ps(p.xscale[(m0 + r) * p.H + h]);
-        const __m512 d = _mm512_fnmadd_ps(zv, qs, _mm512_cvtepi32_ps(acc[r][v]));
-        float* o = out + r * ldo + v * kTile;
-        _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_mul_ps(sv, sx), d, _mm512_loadu_ps(o)));
-      }
-    }
+    fold_chunk_int8<Vec512>(p, m0, t0, h, acc, out, ldo);
   }
 }
 
@@ -574,59 +675,63 @@ void item_int8(const Problem& p, int64_t t0, int64_t tiles, float* buf) {
   });
 }
 
-// x's int8 values (reordered by kXqOrder), each chunk's scale and sum of them (dynamic_int8); 16 k at
-// a time: bfloat16 widened to float32, scaled, rounded to nearest even (the default MXCSR mode), and
-// narrowed with saturation (|q| <= 127 already), then each 8 bytes put in kXqOrder by one shuffle.
-void quantize_x(const c10::BFloat16* x, int64_t ldx, int64_t M, int64_t K, int64_t chunk, int8_t* xq, float* xscale,
-                float* qsum) {
-  const int64_t H = K / chunk;
-  const __m128i order = _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
-  auto widen = [](const c10::BFloat16* p) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-  };
-  // Rows in parallel from 64 (a prefill's x; a decode step's few rows are not worth a join).
-  at::parallel_for(0, M, 64, [&](int64_t m_begin, int64_t m_end) {
-    for (int64_t m = m_begin; m < m_end; ++m)
-      for (int64_t h = 0; h < H; ++h) {
-        const c10::BFloat16* src = x + m * ldx + h * chunk;
-        int8_t* dst = xq + m * K + h * chunk;
-        float amax = 0.f;
-        int64_t k = 0;
-        __m512 vmax = _mm512_setzero_ps();
-        __mmask16 nan = 0;  // max drops NaN: a chunk holding one gets a NaN scale, as the twin
-        for (; k + 16 <= chunk; k += 16) {
-          const __m512 v = widen(src + k);
-          nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-          vmax = _mm512_max_ps(vmax, _mm512_abs_ps(v));
-        }
-        amax = _mm512_reduce_max_ps(vmax);
-        for (; k < chunk; ++k) {
-          const float v = static_cast<float>(src[k]);
-          nan |= std::isnan(v);
-          amax = std::max(amax, std::abs(v));
-        }
-        if (nan) amax = std::numeric_limits<float>::quiet_NaN();
-        // amax > 0 is false for NaN (xq 0, scale NaN); the bound keeps a subnormal chunk finite.
-        const float inv = amax > 0.f ? std::min(127.f / amax, std::numeric_limits<float>::max()) : 0.f;
-        const __m512 vinv = _mm512_set1_ps(inv);
-        __m512i vsum = _mm512_setzero_si512();
-        k = 0;
-        for (; k + 16 <= chunk; k += 16) {
-          const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(widen(src + k), vinv));
-          vsum = _mm512_add_epi32(vsum, q);
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + k), _mm_shuffle_epi8(_mm512_cvtsepi32_epi8(q), order));
-        }
-        int32_t total = _mm512_reduce_add_epi32(vsum);
-        for (; k < chunk; k += 8)  // a chunk is a multiple of 8 (a word's k)
-          for (int b = 0; b < 8; ++b) {
-            const auto q = static_cast<int32_t>(std::nearbyint(static_cast<float>(src[k + kXqOrder[b]]) * inv));
-            dst[k + b] = static_cast<int8_t>(q);
-            total += q;
-          }
-        xscale[m * H + h] = amax / 127.f;
-        qsum[m * H + h] = static_cast<float>(total);
+#elif defined(CPU_CAPABILITY_AVX2)
+bool has_int8_dot() { return true; }  // the build's ISA
+
+// The register tile is MR rows by NV vectors (8 output rows each) of int32 sums: wide_tiles, as the
+// float path's; each chunk's fold goes straight to `out`, zeroed first.
+template <int MR, int NV>
+__attribute__((always_inline)) inline void micro_tile_int8(const Problem& p, int64_t m0, int64_t t0, float* out,
+                                                           int64_t ldo) {
+  using V = Vec256;
+  constexpr int kPerTile = kTile / V::kLanes;
+  const int64_t words_per_chunk = p.chunk / 8, tile_words = (p.K / 8) * kTile;
+  const __m256i nibbles = _mm256_set1_epi32(0x0F0F0F0F), ones = _mm256_set1_epi16(1);
+  const int32_t* wv_base[NV];
+  for (int v = 0; v < NV; ++v) wv_base[v] = p.w + (t0 + v / kPerTile) * tile_words + (v % kPerTile) * V::kLanes;
+  const Prefetcher prefetch(p, 8, NV / kPerTile);
+  const int8_t* xr[MR];
+  for (int r = 0; r < MR; ++r) xr[r] = p.xq + (m0 + r) * p.K;
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) V::store(out + r * ldo + v * V::kLanes, V::set1(0.f));
+  for (int64_t h = 0; h < p.H; ++h) {
+    __m256i acc[MR][NV];
+    fill(acc, _mm256_setzero_si256());
+    const int64_t i0 = h * words_per_chunk;
+    for (int64_t t = t0; t < t0 + prefetch.tiles; ++t) prefetch.fetch_group(t, h);
+    for (int64_t i = i0; i < i0 + words_per_chunk; ++i) {
+      __m256i lo[NV], hi[NV];
+      for (int v = 0; v < NV; ++v) {
+        const __m256i words = V::load_words(wv_base[v] + i * kTile);
+        lo[v] = _mm256_and_si256(words, nibbles);
+        hi[v] = _mm256_and_si256(_mm256_srli_epi32(words, 4), nibbles);
       }
+      for (int v = 0; v < NV; v += kPerTile) prefetch.fetch(wv_base[v] + i * kTile, i);
+      for (int r = 0; r < MR; ++r) {
+        int32_t quad[2];
+        std::memcpy(quad, xr[r] + i * 8, sizeof(quad));
+        const __m256i xl = _mm256_set1_epi32(quad[0]), xh = _mm256_set1_epi32(quad[1]);
+        for (int v = 0; v < NV; ++v) {
+          const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[v], xl), _mm256_maddubs_epi16(hi[v], xh));
+          acc[r][v] = _mm256_add_epi32(acc[r][v], _mm256_madd_epi16(pairs, ones));
+        }
+      }
+    }
+    fold_chunk_int8<V>(p, m0, t0, h, acc, out, ldo);
+  }
+}
+
+template <int MR>
+void rows_tiles_int8(const Problem& p, int64_t m0, int64_t t0, int64_t tiles, float* out, int64_t ldo) {
+  constexpr int kPerTile = kTile / Vec256::kLanes, kWide = wide_tiles<Vec256>(MR);  // as rows_tiles
+  int64_t t = 0;
+  for (; t + kWide <= tiles; t += kWide) micro_tile_int8<MR, kWide * kPerTile>(p, m0, t0 + t, out + t * kTile, ldo);
+  for (; t < tiles; ++t) micro_tile_int8<MR, kPerTile>(p, m0, t0 + t, out + t * kTile, ldo);
+}
+
+void item_int8(const Problem& p, int64_t t0, int64_t tiles, float* buf) {
+  for_row_tiles<Vec256>(p, buf, [&]<int MR>(int64_t m0, float* out, int64_t ldo) {
+    rows_tiles_int8<MR>(p, m0, t0, tiles, out, ldo);
   });
 }
 #endif
@@ -688,15 +793,15 @@ void dequantize_tiles(const Problem& p, int64_t t0, int64_t tiles, T* out, int64
 #endif
 }
 
-// The build's decode work item: an AVX-512 dot path where the call chose one, else item_simd over
-// Simd, or item_scalar on the baseline ISA.
+// The build's decode work item: a dot path where the call chose one (int8: AVX-512 or AVX2; bfloat16:
+// AVX-512), else item_simd over Simd, or item_scalar on the baseline ISA.
 void decode_item(const Problem& p, int bits, [[maybe_unused]] bool int8_dot, [[maybe_unused]] bool bf16_dot,
                  int64_t t0, int64_t tiles, float* buf) {
 #if defined(CPU_CAPABILITY_AVX512)
-  if (int8_dot) return item_int8(p, t0, tiles, buf);
   if (bf16_dot) return item_bf16(p, t0, tiles, buf);
 #endif
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  if (int8_dot) return item_int8(p, t0, tiles, buf);
   bits == 4 ? item_simd<Simd, 4>(p, t0, tiles, buf) : item_simd<Simd, 8>(p, t0, tiles, buf);
 #else
   item_scalar(p, bits, t0, tiles, buf);
@@ -742,7 +847,15 @@ at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& packed, const at:
   Problem p{nullptr, 0, nullptr, 0, nullptr, nullptr, nullptr, packed.data_ptr<int32_t>(), scales.data_ptr<float>(),
             zeros.data_ptr<float>(), M, n, K, G, group_size, tiles, chunk, K / chunk};
 
-  if (gemm_min_rows < 0) gemm_min_rows = kAutoGemmMinRows;
+  // Where dynamic_int8 takes effect (4-bit weights; AVX2, or AVX-512 with VNNI).
+#if defined(CPU_CAPABILITY_AVX512)
+  const bool int8_dot = dynamic_int8 && bits == 4 && has_int8_dot();
+#elif defined(CPU_CAPABILITY_AVX2)
+  const bool int8_dot = dynamic_int8 && bits == 4;
+#else
+  const bool int8_dot = false;
+#endif
+  if (gemm_min_rows < 0) gemm_min_rows = int8_dot ? kAutoGemmMinRowsInt8 : kAutoGemmMinRows;
   if (M >= gemm_min_rows) {
     // Prefill: dequantize kGemmBlockBytes of output rows at a time, then one GEMM per block (all threads).
     const auto dtype = x.scalar_type();
@@ -771,23 +884,27 @@ at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& packed, const at:
     return out;
   }
 
-  // Decode. bfloat16 x with 4-bit weights on a CPU with AVX512-BF16: x as it is (item_bf16); otherwise
-  // float32 x (converted once when bfloat16). Either way each group's sum of x, in float32.
+  // Decode. dynamic_int8 with 4-bit weights where the int8 dot runs: x quantized (item_int8). bfloat16 x
+  // with 4-bit weights on a CPU with AVX512-BF16: x as it is (item_bf16). Otherwise float32 x
+  // (converted once when bfloat16). Either way each chunk's sum of x (of xq), in float32.
 #if defined(CPU_CAPABILITY_AVX512)
-  const bool int8_dot = dynamic_int8 && bits == 4 && x.scalar_type() == at::kBFloat16 && has_int8_dot();
   const bool bf16_dot = !int8_dot && bits == 4 && x.scalar_type() == at::kBFloat16 && has_bf16_dot();
 #else
-  const bool int8_dot = false, bf16_dot = false;
+  const bool bf16_dot = false;
 #endif
   const int64_t H = p.H;
   at::Tensor xf, xq, xscale;
   at::Tensor xsum = at::empty({M, H}, x.options().dtype(at::kFloat));
   if (int8_dot) {
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
     xq = at::empty({M, K}, x.options().dtype(at::kChar));
     xscale = at::empty({M, H}, x.options().dtype(at::kFloat));
-    quantize_x(x.data_ptr<c10::BFloat16>(), x.stride(0), M, K, chunk, xq.data_ptr<int8_t>(),
-               xscale.data_ptr<float>(), xsum.data_ptr<float>());
+    if (x.scalar_type() == at::kFloat)
+      quantize_x(x.data_ptr<float>(), x.stride(0), M, K, chunk, xq.data_ptr<int8_t>(), xscale.data_ptr<float>(),
+                 xsum.data_ptr<float>());
+    else
+      quantize_x(x.data_ptr<c10::BFloat16>(), x.stride(0), M, K, chunk, xq.data_ptr<int8_t>(),
+                 xscale.data_ptr<float>(), xsum.data_ptr<float>());
     p.xq = xq.data_ptr<int8_t>();
     p.xscale = xscale.data_ptr<float>();
 #endif
@@ -839,14 +956,14 @@ at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& packed, const at:
 
 TORCH_LIBRARY_FRAGMENT(llm_cpu, m) {
   // x [M, K] float32/bfloat16 -> [M, n] in x's dtype; packed/scales/zeros from prepare_wna16_cpu;
-  // gemm_min_rows < 0: this build's kAutoGemmMinRows.
+  // gemm_min_rows < 0: this build's kAutoGemmMinRows (kAutoGemmMinRowsInt8 where dynamic_int8 applies).
   m.def(
       "wna16_linear(Tensor x, Tensor packed, Tensor scales, Tensor zeros, int bits, int group_size, int n, "
       "Tensor? bias, int gemm_min_rows, bool dynamic_int8=False) -> Tensor");
   m.impl("wna16_linear", c10::DispatchKey::CPU, TORCH_FN(wna16_linear));
-  // Whether dynamic_int8 takes effect in this build on this CPU (AVX-512 with VNNI).
+  // Whether dynamic_int8 takes effect in this build on this CPU (AVX-512 with VNNI, or AVX2).
   m.def("wna16_int8_dot() -> bool", [] {
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
     return has_int8_dot();
 #else
     return false;

@@ -183,8 +183,9 @@ def _wna16_layers(engine) -> list[WNA16Linear]:
 
 
 def test_w4a16_activations_setting_reaches_the_4bit_layers():
-    """auto: int8 activations in bfloat16 where the CPU has AVX512-VNNI, never in float32; an
-    explicit bfloat16 keeps them; int8 where it cannot run is refused, naming the field."""
+    """auto: int8 activations in bfloat16 where the int8 dot runs (AVX2, or AVX512-VNNI), never
+    in float32; an explicit bfloat16 keeps them; an explicit int8 takes them in float32 too, and
+    where it cannot run is refused, naming the field."""
     from kernels.wna16_linear import wna16_int8_dot
 
     checkpoint = quantized_shakespeare("W4A16_G128")
@@ -194,10 +195,12 @@ def test_w4a16_activations_setting_reaches_the_4bit_layers():
     kept = make_engine(checkpoint, dtype="bfloat16", w4a16_activations="bfloat16")
     assert not any(m.dynamic_int8 for m in _wna16_layers(kept))
     assert not any(m.dynamic_int8 for m in _wna16_layers(make_engine(checkpoint)))  # float32
-    with pytest.raises(
-        ConfigError, match="w4a16_activations.*int8 activations need dtype bfloat16"
-    ):
-        make_engine(checkpoint, w4a16_activations="int8")  # float32
+    if wna16_int8_dot():
+        asked = make_engine(checkpoint, w4a16_activations="int8")  # float32
+        assert all(m.dynamic_int8 for m in _wna16_layers(asked))
+    else:
+        with pytest.raises(ConfigError, match="w4a16_activations.*int8 activations need the CPU"):
+            make_engine(checkpoint, w4a16_activations="int8")
     with pytest.raises(
         ConfigError, match="w4a16_activations.*expected one of auto, bfloat16, int8"
     ):

@@ -47,7 +47,7 @@ def test_perplexity_of_the_stored_checkpoint_is_within_its_gate(float32_perplexi
 
 @pytest.mark.skipif(
     not wna16_int8_dot(),
-    reason="int8 activations need the C++ kernels built for AVX-512 on a CPU with AVX512-VNNI",
+    reason="int8 activations need the C++ kernels built for AVX2, or AVX-512 on a CPU with VNNI",
 )
 @pytest.mark.parametrize("preset", ["W4A16_G128", "W4A16_G64_ASYM"])
 def test_int8_activations_in_bfloat16_stay_within_the_w4a16_gate(

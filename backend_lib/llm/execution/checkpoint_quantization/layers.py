@@ -192,15 +192,16 @@ def take_input_permutations(
 def resolve_w4a16_activations(setting: str, dtype: torch.dtype, device: torch.device) -> bool:
     """Whether 4-bit layers quantize their activations to int8 (the `w4a16_activations`
     setting, LLMConfig); ConfigError naming it for int8 where that cannot run."""
-    runs = device.type == "cpu" and dtype == torch.bfloat16 and wna16.wna16_int8_dot()
+    runs = device.type == "cpu" and wna16.wna16_int8_dot()
     if setting == "int8" and not runs:
         raise ConfigError(
             "w4a16_activations",
             setting,
-            "int8 activations need dtype bfloat16 on CPU, a CPU with AVX512-VNNI and the C++ "
-            f"kernels built for AVX-512 (here: {dtype} on {device.type}); use auto or bfloat16",
+            "int8 activations need the CPU and its C++ kernels built for AVX2, or for AVX-512 on a "
+            f"CPU with AVX512-VNNI (here: {device.type}); use auto or bfloat16",
         )
-    return setting != "bfloat16" and runs
+    # auto: int8 in bfloat16 only; float32 stays the exact products unless int8 is asked for.
+    return setting == "int8" or (setting == "auto" and runs and dtype == torch.bfloat16)
 
 
 def finalize_quantized_layers(model: nn.Module, dynamic_int8: bool = False) -> int:
