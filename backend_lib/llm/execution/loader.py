@@ -180,7 +180,7 @@ def load_model(
     A pre-quantized checkpoint (`info.quantization`) loads as stored: its quantized projections
     are staged on the meta device, filled from the format's translated tensors and finalized into
     the layers that compute (checkpoint_quantization/layers.py); `dynamic_int8`: its 4-bit layers
-    quantize bfloat16 activations to int8 per call (the resolved `w4a16_activations` setting).
+    quantize their activations to int8 per call (the resolved `w4a16_activations` setting).
 
     `quantization` int8 or fp8 replaces the projections (q/k/v, o, gate/up, down; the lm_head
     too when `quantize_lm_head`) by `backend_lib.quantization.QuantizedLinear` layers, quantized

@@ -109,7 +109,7 @@ class StagingLinear(nn.Module):
 
     def finalize(self, dynamic_int8: bool = False) -> nn.Module:
         """The layer that computes with the loaded tensors; `dynamic_int8`: a 4-bit layer's
-        bfloat16 activations are quantized to int8 per call (`WNA16Linear`)."""
+        activations are quantized to int8 per call (`WNA16Linear`)."""
         q, scales = self.qweight.data, self.scales.data
         bias = None if self.bias is None else self.bias.data
         if self.scheme.kind == "wna16":
@@ -222,7 +222,7 @@ class WNA16Linear(nn.Module):
     kernel (its weights prepared once, here) where the extension is built, else the PyTorch twin.
     `perm` (int64 [K], optional): the weight's column j multiplies input perm[j], so the kernel
     computes on x[:, perm] (GPTQ act-order). `dynamic_int8`: on the C++ kernel, 4-bit weights
-    with bfloat16 x take the op's dynamic int8 activations (`wna16_linear_int8_torch`'s contract).
+    take the op's dynamic int8 activations (`wna16_linear_int8_torch`'s contract).
     `mins` (float32 [N, K / group_size], optional): float minimums subtracted after scaling; the
     C++ kernel takes them folded into its zero points where it can (`cpu_folds_mins`), else the
     twin computes."""
