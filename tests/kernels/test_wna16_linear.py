@@ -1,9 +1,9 @@
 """WNA16 linear (kernels/wna16_linear.py): the packing against the layout written out by hand, the
 dequantization against an element-by-element formula on the raw words, the C++ CPU op (both its
-decode and GEMM paths, and the dynamic int8 activations of its AVX512-VNNI path) and the Triton
-kernel (interpreter on CPU: float32 and float16) against the PyTorch twins, strided x, and bad
-arguments; float minimums (GGUF's Q4_1 and K-quants) bit for bit against gguf-py's dequantization,
-and through every path (the C++ op's folded into its zero points).
+decode and GEMM paths, and the dynamic int8 activations of its AVX512-VNNI and AVX2 paths) and
+the Triton kernel (interpreter on CPU: float32 and float16) against the PyTorch twins, strided
+x, and bad arguments; float minimums (GGUF's Q4_1 and K-quants) bit for bit against gguf-py's
+dequantization, and through every path (the C++ op's folded into its zero points).
 
 Tolerances (relative, conftest.TOLERANCE): float32 1e-5, float16 2e-3, bfloat16 1.6e-2.
 """
