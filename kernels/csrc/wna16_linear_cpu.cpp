@@ -21,9 +21,8 @@
 // dynamic_int8 (4-bit weights, AVX512-VNNI or AVX2), x is quantized to int8 per row and chunk at the
 // call and vpdpbusd (AVX2: vpmaddubsw and vpmaddwd) multiplies the weights' unsigned nibbles by it,
 // exact in int32 (micro_tile_int8: 1.3-1.6x the bfloat16 path at 1-16 rows on AMD EPYC with
-// AVX-512). Register
-// tiles of up to 4 rows of x by up to 64 output rows (AVX-512; AVX2 half as many), so each unpacked
-// weight vector feeds up to 4 FMAs; work items of 64 output rows under at::parallel_for. Every tile's
+// AVX-512). Register tiles of up to 4 rows of x by up to 64 output rows (AVX-512; AVX2 half as
+// many), so each unpacked weight vector feeds up to 4 FMAs; work items of 64 output rows under at::parallel_for. Every tile's
 // words, and its scales and zero points, are prefetched ahead of use (Prefetcher): the unpacking
 // keeps a core busy (bfloat16 path, M = 1: ~20 GB/s of weights from cache on Intel Sapphire Rapids,
 // where vdpbf16ps issues once every two cycles), so without it the reads from memory stalled the
@@ -510,12 +509,10 @@ void item_bf16(const Problem& p, int64_t t0, int64_t tiles, float* buf) {
 // so no pair, nor a word's two, saturates) then vpmaddwd by ones (into int32), three instructions
 // per 32 products against eight FMAs. A word's low nibbles are the bytes (k0, k4, k1, k5) of its 8 k
 // (slot_k), its high nibbles (k2, k6, k3, k7): one AND, and a shift and an AND, make the two byte
-// vectors, and xq is stored in that order (kXqOrder) so each 4-byte group is one 32-bit broadcast.
+// vectors, and xq is stored in that order (k0, k4, k1, k5, k2, k6, k3, k7 in each word's 8 bytes)
+// so each 4-byte group is one 32-bit broadcast.
 // Each chunk then adds s * sx * (acc - z * qsum) = s * (x . (u - z)) up to x's rounding, with qsum
 // the chunk's sum of xq. Chosen at run time (has_int8_dot).
-
-// Position in a word's 8 k of byte b of xq's reordered word: the k each byte of (low, high) holds.
-constexpr int kXqOrder[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
 // 8 elements of x from p as float32: a load, or bfloat16 widened (its bits in the top half-word).
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -536,7 +533,7 @@ inline int32_t reduce_add(__m256i v) {
   return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
 }
 
-// The int32 lanes of a then b as 16 int8 (saturating), each 8 bytes in kXqOrder.
+// The int32 lanes of a then b as 16 int8 (saturating), each 8 bytes in xq's word order.
 inline __m128i narrow_reordered(__m256i a, __m256i b) {
   const __m128i order = _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
   const __m256i halves = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);  // a's 8, then b's
@@ -544,7 +541,7 @@ inline __m128i narrow_reordered(__m256i a, __m256i b) {
   return _mm_shuffle_epi8(bytes, order);
 }
 
-// x's int8 values (reordered by kXqOrder), each chunk's scale and sum of them, 8 k at a time (a chunk
+// x's int8 values (in xq's word order), each chunk's scale and sum of them, 8 k at a time (a chunk
 // holds whole words): widened to float32, scaled, rounded to nearest even (the default MXCSR mode) and
 // narrowed with saturation (|q| <= 127 already). AVX2 in AVX-512 builds too: it reads x once, a small
 // share of a call.
@@ -848,10 +845,8 @@ at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& packed, const at:
             zeros.data_ptr<float>(), M, n, K, G, group_size, tiles, chunk, K / chunk};
 
   // Where dynamic_int8 takes effect (4-bit weights; AVX2, or AVX-512 with VNNI).
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
   const bool int8_dot = dynamic_int8 && bits == 4 && has_int8_dot();
-#elif defined(CPU_CAPABILITY_AVX2)
-  const bool int8_dot = dynamic_int8 && bits == 4;
 #else
   const bool int8_dot = false;
 #endif
