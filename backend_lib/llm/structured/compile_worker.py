@@ -5,8 +5,9 @@ milliseconds, but some cost seconds or more: a schema string `pattern` such as
 `^(a|b|ab|ba){1,5000}$` spends about 10 s turning the regex into a grammar. `CompileWorkers`
 runs compiles in up to `max_workers` child processes (one constraint at a time each, niced so
 that the engine's own threads win the CPU), ships each `CompiledGrammar` back through xgrammar's
-JSON serialization and hands it over as a `concurrent.futures.Future`. A compile past its
-timeout is stopped by killing its worker, which is replaced when the next job needs one.
+JSON serialization and hands it over as a `concurrent.futures.Future`. A compile whose worker
+has spent its timeout in CPU seconds is stopped by killing the worker, which is replaced when
+the next job needs one.
 
 A worker is `python -m backend_lib.llm.structured.compile_worker <fd> <parent pid>`, talking
 over a socket pair (`multiprocessing.connection.Connection` framing, pickled tuples):
@@ -67,6 +68,9 @@ BOUNDED_WHITESPACE = 2
 """Free whitespace allowed in a row between JSON tokens when a request leaves
 `disable_any_whitespace` unset (see StructuredOutputsParams)."""
 _PDEATHSIG = 1  # PR_SET_PDEATHSIG of <linux/prctl.h>
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_MIN_RECHECK_S = 0.05
+"""Shortest wait before looking again at a worker's CPU time below its budget."""
 
 
 class CompileError(Exception):
@@ -136,7 +140,27 @@ class _Worker:
     ready: bool = False
     job: _Job | None = None
     deadline: float = 0.0
-    """time.monotonic() past which its job (or, before it is ready, its start) is given up."""
+    """time.monotonic() at which its job's CPU time is next checked (it cannot have spent its
+    budget before), or past which its start is given up."""
+    job_cpu_start: float | None = None
+    """Its CPU seconds when its job was handed over; None where /proc cannot tell."""
+
+    def job_cpu_seconds(self) -> float | None:
+        """CPU seconds its current job has used; None where /proc cannot tell."""
+        now = cpu_seconds(self.process.pid)
+        if now is None or self.job_cpu_start is None:
+            return None
+        return now - self.job_cpu_start
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU seconds of a live process (Linux /proc); None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime (fields 14, 15)
 
 
 class CompileWorkers:
@@ -249,7 +273,8 @@ class CompileWorkers:
                     self._receive(worker, finished)
             now = time.monotonic()
             for worker in list(self._workers):
-                if (worker.job is not None or not worker.ready) and now >= worker.deadline:
+                due = (worker.job is not None or not worker.ready) and now >= worker.deadline
+                if due and not self._extend(worker, now):
                     self._expire(worker, finished)
         for future, value, is_error in finished:  # outside the lock: callbacks run here
             if isinstance(value, _Compiled):
@@ -288,6 +313,7 @@ class CompileWorkers:
                     self._queue.appendleft(job)
                     continue
                 worker.job, worker.deadline = job, time.monotonic() + job.timeout_s
+                worker.job_cpu_start = cpu_seconds(worker.process.pid)
 
     def _start_worker(self) -> _Worker:
         parent_sock, child_sock = socket.socketpair()
@@ -339,6 +365,20 @@ class CompileWorkers:
             else:
                 finished.append((job.future, CompileError(message[1]), True))
 
+    @staticmethod
+    def _extend(worker: _Worker, now: float) -> bool:
+        """A job's timeout counts the CPU its worker spent on it, not the wall clock: a niced
+        worker on a busy machine gets the CPU late, and a constraint that is cheap must not fail
+        for that (wall-clock limits are the request's deadline and its client's to set). If
+        the job is still under its budget, move its check to when it could first reach it."""
+        if worker.job is None:
+            return False
+        used = worker.job_cpu_seconds()
+        if used is None or used >= worker.job.timeout_s:
+            return False
+        worker.deadline = now + max(worker.job.timeout_s - used, _MIN_RECHECK_S)
+        return True
+
     def _expire(self, worker: _Worker, finished: list) -> None:
         """Its job (or its start) ran past the deadline: kill and forget the worker."""
         job = worker.job
@@ -349,7 +389,7 @@ class CompileWorkers:
         code = self._kill(worker)
         self._workers.remove(worker)
         logger.warning(
-            "grammar compile of a %s constraint stopped after %g s (worker %d killed, code %s)",
+            "grammar compile of a %s constraint stopped after %g CPU seconds (worker %d killed, code %s)",
             job.key[0],
             job.timeout_s,
             worker.process.pid,

@@ -41,7 +41,7 @@ from backend_lib.llm.structured.params import StructuredOutputsParams
 DEFAULT_CACHE_SIZE = 256
 """Compiled grammars kept (least recently used dropped first)."""
 DEFAULT_TIMEOUT_S = 10.0
-"""Seconds a worker may spend on one constraint (LLMConfig.structured_outputs_compile_timeout_s)."""
+"""CPU seconds a worker may spend on one constraint (LLMConfig.structured_outputs_compile_timeout_s)."""
 _EXCERPT = 60
 
 

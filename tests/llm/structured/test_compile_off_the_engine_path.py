@@ -33,6 +33,7 @@ from tests.llm.engine_helpers import assert_pool_released, make_engine
 from tests.llm.serving.engine_loop_helpers import collect
 from tests.llm.structured.compile_helpers import (
     STUCK_N,
+    costly_pattern,
     costly_schema,
     process_gone,
 )
@@ -394,5 +395,34 @@ def test_a_worker_that_dies_fails_its_constraint_alone_and_is_replaced():
         grammar, _ = pool.submit(("regex", "[ab]{2}", None), timeout_s=60).result(timeout=60)
         assert xgr.GrammarMatcher(grammar).accept_string("ab")
         assert pool.num_started == 2 and pid not in pool.worker_pids
+    finally:
+        pool.close()
+
+
+def test_the_timeout_counts_compile_cpu_time_not_time_spent_waiting_for_the_cpu():
+    """A worker kept off the CPU (here: stopped) for twice the timeout still compiles a cheap
+    constraint: only the CPU it spends counts, so a busy machine cannot fail a constraint."""
+    model_dir, _ = byte_level_checkpoint("shakespeare")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=4096, stop_token_ids=[2])
+    pool = CompileWorkers(info, max_workers=1)
+    try:
+        pool.submit(("regex", "[ab]", None), timeout_s=60).result(timeout=120)  # worker ready
+        (pid,) = pool.worker_pids
+        pattern = costly_pattern(800)  # a fraction of a CPU second
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            job = pool.submit(
+                ("json", json.dumps({"type": "string", "pattern": pattern}), None), 1.5
+            )
+            time.sleep(3.0)
+            assert not job.done()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        grammar, seconds = job.result(timeout=60)
+        assert seconds < 1.5
+        a, b = pattern[2], pattern[4]  # ^(a|b|ab|ba){1,n}$
+        assert xgr.GrammarMatcher(grammar).accept_string(json.dumps(a + b + b + a))
+        assert pool.worker_pids == [pid] and pool.num_started == 1
     finally:
         pool.close()
