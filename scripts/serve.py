@@ -20,7 +20,7 @@ from pathlib import Path
 
 from backend_lib.contract import model_kind
 from tooling.repository import read_config
-from tooling.tritonserver import tritonserver_command
+from tooling.tritonserver import SERVER_ARGS, tritonserver_command
 
 EXAMPLES = {
     "embedding": """\
@@ -104,6 +104,7 @@ def main() -> None:
         f"--metrics-port={args.metrics_port}",
         # One model failing to load (a bad config.pbtxt value) must not take the others down.
         "--exit-on-error=false",
+        *SERVER_ARGS,
         *restricted_api_args(admin_key),
         *extra,
     ]

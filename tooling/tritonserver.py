@@ -22,6 +22,13 @@ from pathlib import Path
 
 from tooling.child_process import die_with_parent
 
+SERVER_ARGS = ("--disable-auto-complete-config",)
+"""Flags every tritonserver of this project carries (`make serve`, tests, benchmarks, the images
+and the Helm chart). Without it the Python backend starts one more stub process per model, which
+imports model.py only to ask for a config completion that no model here implements (every
+config.pbtxt is whole): twice the imports, and the default repository took 62.6 s to load
+instead of 28.5 s (AMD EPYC, 2 cores)."""
+
 
 def free_ports(count: int) -> list[int]:
     """`count` distinct free local ports.
@@ -130,6 +137,7 @@ class TritonServer:
             f"--grpc-port={self.grpc_port}",
             f"--metrics-port={self.metrics_port}",
             "--log-verbose=0",
+            *SERVER_ARGS,
             *self.extra_args,
         ]
 

@@ -1,6 +1,8 @@
 """The chart renders with Helm's engine for the CPU and GPU values, and the rendered objects have the
 shape the deployment relies on: one Deployment per role, probes, drain, security, autoscaling."""
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -14,6 +16,7 @@ from tests.deploy.chart import (
     merge,
     render,
 )
+from tooling.tritonserver import SERVER_ARGS
 
 ROLES = {"llm": ["llm"], "encoders": ["embedding", "rerank"]}
 
@@ -87,6 +90,22 @@ def test_gpu_values_request_a_gpu_and_cpu_values_do_not():
         for deployment in by_kind(render(values), "Deployment").values():
             resources = container(deployment)["resources"]
             assert resources["limits"].get("nvidia.com/gpu") == gpus
+
+
+@pytest.mark.parametrize("values", VALUES_FILES)
+def test_every_tritonserver_carries_the_projects_server_flags(values):
+    """The chart's servers and the images' start as `make serve` and the tests do (SERVER_ARGS:
+    no config auto-completion stub per model)."""
+    for deployment in by_kind(render(values), "Deployment").values():
+        assert set(SERVER_ARGS) <= set(container(deployment)["args"])
+    root = Path(__file__).resolve().parents[2]
+    for dockerfile in ("Dockerfile", "Dockerfile.cpu"):
+        (cmd,) = [
+            line
+            for line in (root / "deploy" / dockerfile).read_text().splitlines()
+            if line.startswith("CMD ")
+        ]
+        assert all(f" {arg} " in cmd for arg in SERVER_ARGS), dockerfile
 
 
 def test_admin_key_comes_from_a_secret():
