@@ -16,8 +16,8 @@ saved as a `quant_method: gguf` checkpoint (checkpoint_quantization/gguf_blocks.
 dequantize bit for bit as `gguf.quants.dequantize` does and run on the WNA16 kernels. Projections
 the engine fuses into one (q/k/v, gate/up) but stored in different types are brought to one layout
 without changing a value; Phi-3's, stored fused (attn_qkv, and ffn_up holding gate and up), load
-whole into the fused layers. Other tensors in those types (an embedding, the output head) load dequantized,
-exactly. Any other type is refused at load, naming the tensor and its type, as is a file that is
+whole into the fused layers; an untied output head (llama-quantize's Q6_K) loads as stored too.
+Other tensors in those types (the token embedding) load dequantized, exactly. Any other type is refused at load, naming the tensor and its type, as is a file that is
 not a complete GGUF.
 """
 
@@ -53,10 +53,12 @@ PROJECTIONS = (
     "FFN_GATE",
     "FFN_UP",
     "FFN_DOWN",
+    "OUTPUT",
 )
-"""The layers' projections, as gguf-py's tensor-name map types them (`gguf.MODEL_TENSOR`): Phi-3's
-fused attn_qkv, and its ffn_up holding gate and up, among them."""
-CONVERTER_VERSION = 3
+"""The projections that load as stored, as gguf-py's tensor-name map types them
+(`gguf.MODEL_TENSOR`): the layers' (Phi-3's fused attn_qkv, and its ffn_up holding gate and up,
+among them) and the output head (absent where it is tied to the token embedding)."""
+CONVERTER_VERSION = 4
 """Part of a conversion's cache key: a file converted by an older converter is converted again."""
 DONE = ".complete"
 """Written last in a cache directory: one without it is an interrupted conversion."""
@@ -147,6 +149,7 @@ def _convert(path: Path, out: Path) -> None:
     state = {name: t.detach().contiguous() for name, t in model.state_dict().items()}
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
+        packed.pop("lm_head", None)  # the head is the embedding: float, as transformers ties it
     for module, weight in packed.items():
         del state[f"{module}.weight"]
         values = torch.from_numpy(weight.values)
@@ -261,8 +264,7 @@ def _one_layout_per_fusion(packed: dict, modules: list[str]) -> dict:
 
 def _write_quantization_config(out: Path, packed: dict) -> None:
     """config.json's `quantization_config` (`quant_method: gguf`): each quantized module's bits,
-    group size, whether it has float minimums, and its GGUF types; other linears (the lm_head)
-    stay float."""
+    group size, whether it has float minimums, and its GGUF types; other linears stay float."""
     import json
 
     layers = {

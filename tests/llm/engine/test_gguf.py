@@ -211,6 +211,21 @@ def test_other_architectures_give_transformers_tokens_on_the_same_file(arch, mix
         assert torch.equal(weight, gguf_values[name]), name
 
 
+def test_an_untied_quantized_head_loads_as_stored(tmp_path, cache):
+    """llama-quantize's Q4_0 layout: the projections in Q4_0, the untied output head in Q6_K
+    (Phi-3's head is untied). The head loads as stored, an 8-bit container in groups of 16, its
+    weights bit for bit those transformers dequantizes, and greedy tokens equal transformers'."""
+    source_dir = build_family_checkpoint("Phi3ForCausalLM", tmp_path / "phi3")
+    path = write_gguf(source_dir, tmp_path / "phi3-q4_0.gguf", "Q4_0", output_type="Q6_K")
+    _, reference = generate_and_check(path)
+    converted = materialize(path, str(path))
+    layers = json.loads((converted / "config.json").read_text())["quantization_config"]["layers"]
+    head = layers["lm_head"]
+    assert (head["bits"], head["group_size"], head["tensor_types"]) == (8, 16, ["Q6_K"])
+    ours = _dequantized(converted, {"lm_head": head})
+    assert torch.equal(ours["lm_head.weight"], reference.state_dict()["lm_head.weight"])
+
+
 def test_a_directory_with_gguf_file_loads_the_same_file(tmp_path, cache):
     path = write_gguf(SHAKESPEARE, tmp_path / "shakespeare.gguf", "Q8_0")
     config = LLMConfig(
