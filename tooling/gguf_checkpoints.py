@@ -393,11 +393,12 @@ FAMILY_SETTINGS: dict[str, dict] = {
 transformers' `gguf_file=`) gets the checkpoint's own model back."""
 
 
-def build_family_checkpoint(arch: str, out: Path, seed: int = 0) -> Path:
+def build_family_checkpoint(arch: str, out: Path, seed: int = 0, *, untied: bool = False) -> Path:
     """A random `arch` checkpoint (FAMILIES) of the Shakespeare model's width (hidden 256: whole
-    K-quant super-blocks) on its tokenizer, to write as GGUF (FAMILY_SETTINGS). Gemma's head is
-    tied, as in its real checkpoints, and its embedding drawn small, so that the tied head over
-    the sqrt(hidden)-scaled embedding does not only repeat the last token."""
+    K-quant super-blocks) on its tokenizer, to write as GGUF (FAMILY_SETTINGS; `untied`: with an
+    output head of its own). Gemma's head is tied, as in its real checkpoints, and its embedding
+    drawn small, so that the tied head over the sqrt(hidden)-scaled embedding does not only
+    repeat the last token."""
     from safetensors.torch import save_file
 
     from tooling.checkpoints import SHAKESPEARE_DIR, build_checkpoint
@@ -414,7 +415,10 @@ def build_family_checkpoint(arch: str, out: Path, seed: int = 0) -> Path:
         eos_token_id=2,
         pad_token_id=0,
     )
-    model = build_checkpoint(arch, out, seed, **{**settings, **FAMILY_SETTINGS.get(arch, {})})
+    settings.update(
+        FAMILY_SETTINGS.get(arch, {}), **({"tie_word_embeddings": False} if untied else {})
+    )
+    model = build_checkpoint(arch, out, seed, **settings)
     if arch.startswith("Gemma"):
         state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
         state["model.embed_tokens.weight"] = state["model.embed_tokens.weight"] * 0.05

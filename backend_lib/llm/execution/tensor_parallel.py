@@ -147,7 +147,9 @@ class TensorParallel:
             return tensor.narrow(0, self.rank * rows, rows)
         if ".self_attn.o_proj." in name or ".mlp.down_proj." in name:
             return self._row_parallel_shard(name, tensor)
-        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name == "model.embed_tokens.weight" or name.startswith("lm_head."):
+            # The head's rows are the vocabulary's, its staging tensors' too when it is
+            # pre-quantized (a GGUF's Q6_K head: packed words, scales, minimums [vocab, ...]).
             first, count = self.vocab_rows(args.vocab_size)
             return tensor.narrow(0, first, count)
         return tensor

@@ -10,6 +10,7 @@ schedules and drives a worker process."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -247,10 +248,30 @@ def group32_asymmetric(tmp_path_factory):
     return qc.write_compressed_tensors_checkpoint(SHAKESPEARE, out, scheme)
 
 
+@pytest.fixture(scope="module")
+def gguf_quantized_head(tmp_path_factory):
+    """An untied random Llama as llama-quantize writes Q4_0: projections in Q4_0 (groups of 32:
+    each rank's 256 of down_proj's 512 inputs hold whole groups), the output head in Q6_K, which
+    loads as stored and splits by vocabulary rows. The checkpoint the engine converts it to."""
+    from backend_lib.gguf_checkpoint import materialize
+    from tooling.gguf_checkpoints import build_family_checkpoint, write_gguf
+
+    root = tmp_path_factory.mktemp("gguf-head")
+    source = build_family_checkpoint("LlamaForCausalLM", root / "llama", untied=True)
+    path = write_gguf(source, root / "llama-q4_0.gguf", "Q4_0", output_type="Q6_K")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(root / "cache"))
+        converted = materialize(path, str(path))
+    layers = json.loads((converted / "config.json").read_text())["quantization_config"]["layers"]
+    assert layers["lm_head"]["tensor_types"] == ["Q6_K"]
+    return converted
+
+
 @pytest.mark.sample(2)
 @pytest.mark.parametrize(
     "preset",
     (
+        "GGUF_Q4_0_Q6_K_HEAD",
         "W4A16_G32_ASYM",
         "W8A16_CHANNEL",
         "FP8_DYNAMIC_PER_TENSOR",
@@ -258,17 +279,22 @@ def group32_asymmetric(tmp_path_factory):
         "AWQ_G32_NOT_DOWN_PROJ",
     ),
 )
-def test_quantized_layers_shard_like_their_float_weights(preset, group32_asymmetric):
+def test_quantized_layers_shard_like_their_float_weights(
+    preset, group32_asymmetric, gguf_quantized_head
+):
     """A pre-quantized checkpoint under TP=2 (rank 0 driving a worker): each rank takes its rows
     of the packed words, scales and zero points of q/k/v and gate/up, and its input columns
     (whole groups) of o and down; per-row scales are shared. Greedy tokens equal TP=1's on the
     same checkpoint, with chunked prefill and a prefix hit. compressed-tensors, GPTQ (with
-    GPTQModel's dynamic per-module bits and groups) and AWQ."""
+    GPTQModel's dynamic per-module bits and groups), AWQ, and a GGUF whose quantized output head
+    each rank takes its vocabulary rows of."""
     from tests.llm.gptq_awq_checkpoint_helpers import gptq_awq_shakespeare
     from tests.llm.quantized_checkpoint_helpers import quantized_shakespeare
 
     if preset == "W4A16_G32_ASYM":
         checkpoint = group32_asymmetric
+    elif preset.startswith("GGUF"):
+        checkpoint = gguf_quantized_head
     elif preset.startswith(("GPTQ", "AWQ")):
         checkpoint = gptq_awq_shakespeare(preset)
     else:
