@@ -29,4 +29,9 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
 // gemv_cpu.cpp
 at::Tensor blocked_gemv(const at::Tensor& x, const at::Tensor& w, int64_t n, const std::optional<at::Tensor>& bias);
 
+// wna16_linear_cpu.cpp
+at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
+                        const at::Tensor& zeros, int64_t bits, int64_t group_size, int64_t n,
+                        const std::optional<at::Tensor>& bias, int64_t gemm_min_rows, bool dynamic_int8);
+
 }  // namespace llm_cpu

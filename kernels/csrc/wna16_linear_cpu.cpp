@@ -949,6 +949,14 @@ at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& packed, const at:
 
 }  // namespace
 
+namespace llm_cpu {
+at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
+                        const at::Tensor& zeros, int64_t bits, int64_t group_size, int64_t n,
+                        const std::optional<at::Tensor>& bias, int64_t gemm_min_rows, bool dynamic_int8) {
+  return ::wna16_linear(x, packed, scales, zeros, bits, group_size, n, bias, gemm_min_rows, dynamic_int8);
+}
+}  // namespace llm_cpu
+
 TORCH_LIBRARY_FRAGMENT(llm_cpu, m) {
   // x [M, K] float32/bfloat16 -> [M, n] in x's dtype; packed/scales/zeros from prepare_wna16_cpu;
   // gemm_min_rows < 0: this build's kAutoGemmMinRows (kAutoGemmMinRowsInt8 where dynamic_int8 applies).

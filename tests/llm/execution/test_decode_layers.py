@@ -1,6 +1,6 @@
 """A decode step's layers in one C++ call (models/decode_layers.py): the same bits as the Python
 layer loop over the same ops (states and KV caches), greedy tokens equal to transformers', and the
-call bound only for plain layers with blocked-GEMV projections."""
+call bound only for plain layers whose projections the C++ library runs (blocked GEMVs, WNA16)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def _decode_run(session, model_dir, one_call: bool, **settings):
     each step's sampled rows' states, the calls of the one-call path, the KV caches after."""
     s = session(model_dir, **settings)
     runner, model = s.runner, s.runner.model
-    assert model.decode_layers is not None  # bound: float32 packs into blocked GEMVs here
+    assert model.decode_layers is not None  # bound: blocked GEMVs or C++ WNA16 kernels here
     if not one_call:
         model.decode_layers = None
     calls = []
@@ -66,6 +66,53 @@ def test_one_call_matches_the_python_loop_bit_for_bit(checkpoint, session, arch)
         assert torch.equal(one, loop)
 
 
+@pytest.fixture(scope="module")
+def q4_k_gguf(tmp_path_factory):
+    """A random Llama written as a Q4_K GGUF (4-bit groups of 32 with float minimums, which the
+    C++ kernel folds into its zero points), as the engine converts it."""
+    from backend_lib.gguf_checkpoint import materialize
+    from tooling.gguf_checkpoints import build_family_checkpoint, write_gguf
+
+    root = tmp_path_factory.mktemp("q4_k")
+    path = write_gguf(
+        build_family_checkpoint("LlamaForCausalLM", root / "llama"), root / "q4_k.gguf", "Q4_K"
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(root / "cache"))
+        return materialize(path, str(path))
+
+
+@pytest.mark.parametrize(
+    "source, settings",
+    [
+        ("W4A16_G64_ASYM", {}),  # 4-bit groups with zero points
+        ("W8A16_CHANNEL", {}),  # 8-bit, one scale a row
+        ("Q4_K", {}),  # float minimums folded into the zero points
+        ("W4A16_G64_ASYM", {"w4a16_activations": "int8"}),  # the int8 dot
+    ],
+    ids=["w4a16-g64-asym", "w8a16-channel", "gguf-q4_k", "w4a16-int8-activations"],
+)
+def test_wna16_projections_take_the_one_call_with_the_python_loops_bits(
+    session, q4_k_gguf, source, settings
+):
+    """A pre-quantized checkpoint on the C++ WNA16 kernel: the one call makes the loop's
+    `wna16_linear` calls (bits, groups, GEMM crossover and int8 activations alike)."""
+    from tests.llm.quantized_checkpoint_helpers import quantized_shakespeare
+
+    if settings.get("w4a16_activations") == "int8" and not torch.ops.llm_cpu.wna16_int8_dot():
+        pytest.skip("this CPU has no int8 dot for the WNA16 kernel (AVX-512 without VNNI)")
+    model_dir = q4_k_gguf if source == "Q4_K" else quantized_shakespeare(source)
+    states, calls, caches = _decode_run(session, model_dir, one_call=True, **settings)
+    loop_states, loop_calls, loop_caches = _decode_run(
+        session, model_dir, one_call=False, **settings
+    )
+    assert calls == [2, 2, 2, 2] and loop_calls == []
+    for one, loop in zip(states, loop_states, strict=True):
+        assert torch.equal(one, loop)
+    for one, loop in zip(caches, loop_caches, strict=True):
+        assert torch.equal(one, loop)
+
+
 def test_engine_decodes_through_one_call_as_transformers_does():
     model_dir, hf = engine_checkpoint("LlamaForCausalLM")
     engine = make_engine(model_dir)
@@ -85,7 +132,7 @@ def test_engine_decodes_through_one_call_as_transformers_does():
         ("LlamaForCausalLM", {"kernel_backend": "triton"}),  # no C++ ops
     ],
 )
-def test_only_plain_layers_with_blocked_gemvs_bind(checkpoint, make_runner, arch, settings):
+def test_only_plain_layers_with_cpp_projections_bind(checkpoint, make_runner, arch, settings):
     model_dir, _ = checkpoint(arch)
     assert make_runner(model_dir, **settings).model.decode_layers is None
 

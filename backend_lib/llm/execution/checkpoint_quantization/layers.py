@@ -270,24 +270,11 @@ class WNA16Linear(nn.Module):
 
     def call_2d(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """`forward` for the models' flattened [T, K] activations, bound once (models/llama.py's
-        `_projection`): on the C++ kernel, the op itself with its weight arguments fixed, which
-        saves the entry's checks (~10 us a call, 4 calls a layer)."""
+        `_projection`): on the C++ kernel, the op itself with its weight arguments fixed
+        (`WNA16Call`), which saves the entry's checks (~10 us a call, 4 calls a layer)."""
         if self._prepared is None or self.perm is not None:
             return self.forward
-        op, prepared = torch.ops.llm_cpu.wna16_linear.default, self._prepared
-        args = (prepared.packed, prepared.scales, prepared.zeros, self.bits, self.group_size)
-        out, bias, dynamic_int8 = self.out_features, self.bias, self.dynamic_int8
-        gemm_rows = {
-            t: wna16.gemm_min_rows(t, dynamic_int8) for t in (torch.float32, torch.bfloat16)
-        }
-
-        def call(x: torch.Tensor) -> torch.Tensor:
-            rows = gemm_rows.get(x.dtype)
-            if rows is not None and x.dim() == 2 and x.stride(1) == 1:
-                return op(x, *args, out, bias, rows, dynamic_int8)
-            return self.forward(x)
-
-        return call
+        return WNA16Call(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         leading = x.shape[:-1]
@@ -325,6 +312,42 @@ class WNA16Linear(nn.Module):
             + (", input_permuted=True" if self.perm is not None else "")
             + (", dynamic_int8=True" if self.dynamic_int8 else "")
         )
+
+
+class WNA16Call:
+    """A C++-kernel `WNA16Linear` on [T, K] activations (`call_2d`): `llm_cpu::wna16_linear` with
+    the layer's prepared weights bound; other inputs (a dtype the op does not compute in, strided
+    rows) go through the layer's `forward`. Its `operands` are what models/decode_layers.py passes
+    the C++ layer loop, which makes the same call."""
+
+    def __init__(self, layer: WNA16Linear):
+        prepared = layer._prepared
+        self.tensors = (prepared.packed, prepared.scales, prepared.zeros)
+        """int32 [tiles, K / (32 / bits), 16], float32 [tiles, K / group_size, 16] twice."""
+        self.bits, self.group_size, self.out_features = (
+            layer.bits,
+            layer.group_size,
+            layer.out_features,
+        )
+        self.bias, self.dynamic_int8 = layer.bias, layer.dynamic_int8
+        self.gemm_min_rows = {
+            t: wna16.gemm_min_rows(t, layer.dynamic_int8) for t in (torch.float32, torch.bfloat16)
+        }
+        """Per activation dtype: the rows from which the op dequantizes and runs a GEMM."""
+        self._op, self._forward = torch.ops.llm_cpu.wna16_linear.default, layer.forward
+        self._args = (*self.tensors, self.bits, self.group_size, self.out_features, self.bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = self.gemm_min_rows.get(x.dtype)
+        if rows is not None and x.dim() == 2 and x.stride(1) == 1:
+            return self._op(x, *self._args, rows, self.dynamic_int8)
+        return self._forward(x)
+
+    def operands(self, dtype: torch.dtype) -> tuple[list[torch.Tensor], list[int]]:
+        """(packed, scales, zeros), (n, bits, group_size, gemm_min_rows, dynamic_int8): the op's
+        arguments for activations of `dtype` (float32 or bfloat16)."""
+        ints = [self.out_features, self.bits, self.group_size, self.gemm_min_rows[dtype]]
+        return list(self.tensors), [*ints, int(self.dynamic_int8)]
 
 
 class Fp8Linear(nn.Module):

@@ -2,12 +2,14 @@
 kernels/csrc/decode_layers_cpu.cpp): the captured decode step of the CPU.
 
 The Llama forward's layer loop (models/llama.py) makes about 25 Python-level calls per layer; on a
-small model they cost as much as a tenth of the step. Where a model's layers are plain (the Llama
-forward with no per-layer variant: no q/k norms, own rope table, soft-cap or extra norms, a dense
-SiLU MLP, one rank) and every projection is a blocked-GEMV `Linear` (backend_lib/linear.py: float32
-or bfloat16 weights on CPU, packed), `bind` gathers the weights once; a step of at most `max_rows`
-rows with the C++ kernels serving it whole, no LoRA, images or interruption, then runs its layers
-in that one call, making the same op calls in the same order as the Python loop (the same bits).
+small model they cost as much as a tenth of the step, and ~6 ms of a 4-bit 1B model's 37 ms. Where
+a model's layers are plain (the Llama forward with no per-layer variant: no q/k norms, own rope
+table, soft-cap or extra norms, a dense SiLU MLP, one rank) and every projection is one the C++
+library runs, a blocked-GEMV `Linear` (backend_lib/linear.py: float32 or bfloat16 weights on CPU,
+packed) or a C++-kernel `WNA16Linear` (4- or 8-bit weights, `WNA16Call`), `bind` gathers the
+weights once; a step of at most `max_rows` rows with the C++ kernels serving it whole, no LoRA,
+images or interruption, then runs its layers in that one call, making the same op calls in the
+same order as the Python loop (the same bits).
 """
 
 from __future__ import annotations
@@ -18,6 +20,12 @@ from dataclasses import dataclass
 import torch
 
 from backend_lib.linear import Linear
+from backend_lib.llm.execution.checkpoint_quantization.layers import WNA16Call
+
+WNA16_MAX_ROWS = 16
+"""Most rows a step with WNA16 projections runs in the one call. The op serves any rows (past a
+few it dequantizes into a GEMM itself), but past a decode batch's size the Python loop's calls
+cost nothing beside the arithmetic; float32's blocked GEMV stops at the same 16 rows."""
 
 
 @dataclass(frozen=True)
@@ -25,12 +33,14 @@ class DecodeLayers:
     """The bound arguments of `llm_cpu::decode_layers` for one model (kernels/csrc/decode_layers_cpu.cpp)."""
 
     weights: list[torch.Tensor]
-    """Per layer: input norm, post-attention norm, then the qkv, o, gate_up and down blocked weights
-    ([NB, KP, BN, P], kernels/gemv.py)."""
+    """Per layer: input norm, post-attention norm, then the qkv, o, gate_up and down projections'
+    tensors: a blocked weight ([NB, KP, BN, P], kernels/gemv.py) or a WNA16 layer's prepared
+    packed words, scales and zeros (kernels/wna16_linear.py)."""
     biases: list[torch.Tensor | None]
-    """Per layer: the four projections' float32 biases (None: none)."""
-    out_features: list[int]
-    """Per layer: the four projections' output widths."""
+    """Per layer: the four projections' biases (None: none)."""
+    projections: list[int]
+    """Per projection, 5 ints: output width, bits (0: blocked GEMV), group size, the rows from
+    which a WNA16 op runs its GEMM, and whether it takes int8 activations (0 or 1)."""
     scales: list[float]
     """Per layer: the attention scale."""
     sliding_windows: list[int]
@@ -41,28 +51,31 @@ class DecodeLayers:
     final_norm: torch.Tensor
     """[hidden_size]: the model's last norm."""
     max_rows: int
-    """Most rows of x a step may have: every projection's `Linear.gemv_max_rows`."""
+    """Most rows of x a step may have: every blocked projection's `Linear.gemv_max_rows`, and
+    WNA16_MAX_ROWS."""
 
     @classmethod
     def bind(cls, layers: Sequence, final_norm: torch.Tensor, args) -> DecodeLayers | None:
         """The bound call of plain layers (`LayerCalls`, module docstring); None where any layer
-        is not, or the projections' dtype is not the hidden states' (`final_norm`'s)."""
+        is not, or a blocked projection's dtype is not the hidden states' (`final_norm`'s)."""
         if not all(_is_plain(calls) for calls in layers):
             return None
-        weights, biases, out_features, max_rows = [], [], [], []
+        weights, biases, projections, max_rows = [], [], [], []
         for calls in layers:
-            projections = (calls.qkv, calls.o, calls.mlp.gate_up, calls.mlp.down)
-            operands = [p.gemv_operands for p in projections]
-            weights += [calls.input_norm, calls.post_norm, *(w for w, _ in operands)]
-            biases += [b for _, b in operands]
-            out_features += [p.out_features for p in projections]
-            max_rows += [p.gemv_max_rows for p in projections]
-        if {w.dtype for w in weights if w.dim() == 4} != {final_norm.dtype}:
-            return None
+            weights += [calls.input_norm, calls.post_norm]
+            for projection in (calls.qkv, calls.o, calls.mlp.gate_up, calls.mlp.down):
+                operands = _operands(projection, final_norm.dtype)
+                if operands is None:
+                    return None
+                tensors, bias, ints, rows = operands
+                weights += tensors
+                biases.append(bias)
+                projections += ints
+                max_rows.append(rows)
         return cls(
             weights,
             biases,
-            out_features,
+            projections,
             [calls.scale for calls in layers],
             [calls.sliding_window or 0 for calls in layers],
             args.num_heads,
@@ -80,7 +93,7 @@ class DecodeLayers:
 
 def _is_plain(calls) -> bool:
     """Whether a layer's `LayerCalls` are the plain Llama layer the C++ loop runs: no per-layer
-    variant, one rank, a dense SiLU MLP, blocked-GEMV projections."""
+    variant, one rank, a dense SiLU MLP."""
     # Here, not at the top: models/llama.py imports this module.
     from backend_lib.llm.execution.models.llama import DenseMLPCalls
 
@@ -92,12 +105,24 @@ def _is_plain(calls) -> bool:
         and mlp.activation == "silu_and_mul"
         and mlp.reduce is None
         and mlp.out_norm is None
-        and all(_plain_gemv(p) for p in (calls.qkv, calls.o, mlp.gate_up, mlp.down))
     )
 
 
-def _plain_gemv(projection) -> bool:
-    """Whether a projection is a blocked-GEMV `Linear` with no activation."""
-    return (
-        isinstance(projection, Linear) and projection.uses_gemv and projection.activation == "none"
-    )
+def _operands(projection, dtype: torch.dtype):
+    """(tensors, bias, the 5 ints of `DecodeLayers.projections`, most rows) of a projection the
+    C++ loop runs on `dtype` activations: a blocked-GEMV `Linear` with no activation of that dtype,
+    or a `WNA16Call`; None for any other."""
+    if isinstance(projection, WNA16Call):
+        if dtype not in projection.gemm_min_rows:
+            return None
+        tensors, ints = projection.operands(dtype)
+        return tensors, projection.bias, ints, WNA16_MAX_ROWS
+    if not (
+        isinstance(projection, Linear)
+        and projection.uses_gemv
+        and projection.activation == "none"
+        and projection.gemv_operands[0].dtype == dtype
+    ):
+        return None
+    blocked, bias = projection.gemv_operands
+    return [blocked], bias, [projection.out_features, 0, 0, 0, 0], projection.gemv_max_rows

@@ -170,7 +170,7 @@ class CppKernels:
             hidden,
             layers.weights,
             layers.biases,
-            layers.out_features,
+            layers.projections,
             [tensor for kv in kv_caches for tensor in kv],
             self._positions,
             self._slots,
