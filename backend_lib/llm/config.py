@@ -146,11 +146,9 @@ class LLMConfig:
     parser and the engine both check this value). At most the checkpoint's vocabulary size,
     checked when the engine loads."""
     structured_outputs_compile_timeout_s: float = 10.0
-    """Most CPU seconds one structured_outputs constraint may take to compile (in a niced worker
-    process, off the engine's path); past it that request fails with an error naming the
-    constraint and the compile is stopped (its worker killed). CPU time, not wall time: a busy
-    machine delays a cheap compile but never fails it; a request's wall-clock limit is its
-    deadline."""
+    """Most CPU seconds (not wall time: load delays, never fails, a compile) one structured_outputs
+    constraint may take to compile in a niced worker; past it that request fails with an error
+    naming the constraint and the compile is stopped (its worker killed)."""
     tool_call_parser: str | None = None
     """How the OpenAI frontend finds tool calls in this model's text for `tool_choice` "auto"
     (vLLM's `--tool-call-parser` names, `contract.TOOL_CALL_PARSERS`): hermes, llama3_json,
