@@ -1,7 +1,8 @@
 """`make bench`: every benchmark in one run, then `summary.json`, a Markdown report and PNG plots.
 
-Each benchmark runs alone in its own process (`python -m bench.<name> --out ...`), one after
-another, so none competes with another for the CPU. Then each module's `Benchmark`
+Each benchmark runs alone in its own process (`python -m bench.<name> --out ...`, forked from
+the suite once it has imported the heavy libraries: bench/forked_module.py), one after another,
+so none competes with another for the CPU. Then each module's `Benchmark`
 (bench.skeleton) gives its report section and its plots. Results land in `--out-dir` (default
 bench/results/):
 
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import headline
+from bench.forked_module import ForkedModule, warm_up
 from bench.output import duration_text, machine_info, progress, write_result
 from bench.skeleton import load
 from bench.summary import (
@@ -111,19 +113,13 @@ def benchmark_args(bench: SuiteEntry, quick: bool, gpu: bool) -> list[str]:
 
 def run_benchmark(bench: SuiteEntry, out: Path, args: list[str], timeout: float) -> str | None:
     """Run one benchmark in its own process; None on success, else what went wrong."""
-    command = [sys.executable, "-m", f"bench.{bench.name}", "--out", str(out.resolve()), *args]
-    progress(f"{bench.name}: {' '.join(command[1:])}")
+    module, argv = f"bench.{bench.name}", ["--out", str(out.resolve()), *args]
+    progress(f"{bench.name}: -m {module} {' '.join(argv)}")
     log_path = out.with_suffix(".log")
     with log_path.open("w", encoding="utf-8") as log:
         # Output goes to the log and, line by line, to our stderr: progress stays visible.
-        proc = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=REPO_ROOT,
-            preexec_fn=die_with_parent(),  # a killed suite takes its benchmark (and its servers)
-        )
+        # A killed suite takes its benchmark (and its servers) along.
+        proc = ForkedModule(module, argv, cwd=REPO_ROOT, preexec=die_with_parent())
         # A silent, hung benchmark must not hang the suite: a timer kills it.
         watchdog = threading.Timer(timeout, proc.kill)
         watchdog.daemon = True
@@ -149,7 +145,7 @@ def run_benchmark(bench: SuiteEntry, out: Path, args: list[str], timeout: float)
     return None
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+def _stop(proc: ForkedModule, grace_s: float = 30.0) -> None:
     """SIGTERM a benchmark (it stops its servers on the way out), SIGKILL past `grace_s`."""
     proc.terminate()
     try:
@@ -178,6 +174,7 @@ class Outcome:
 
 def run_all(selected: list[SuiteEntry], args: argparse.Namespace) -> Outcome:
     """Each selected benchmark in turn, in its own process."""
+    warm_up()
     outcome = Outcome()
     for index, bench in enumerate(selected, 1):
         out = args.out_dir / f"{bench.name}.json"
