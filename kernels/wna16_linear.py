@@ -331,11 +331,13 @@ class WNA16CPUWeight:
     the even k of the word in their low 16 bits and the odd k in the high ones (slot j holds k
     offset `_NIBBLE_ORDER[j]`), so one shift moves a pair (k, k + 1) into two bfloat16 halves."""
     scales: torch.Tensor
-    """float32 [T, K // group_size, 16]: scales[t, g, l] = scales[16 t + l, g]."""
+    """float32 [T, K // group_size, 16]: scales[t, g, l] = scales[16 t + l, g]; float16 where every
+    scale is exactly a float16 (GGUF's Q4_0, Q8_0): half the bytes, the same values."""
     zeros: torch.Tensor
     """float32 [T, K // group_size, 16]: the zero points as floats (exact), same order as scales;
     with mins, z' = z + m / s (rounded once; z where s == 0), so s * (u - z') = (u - z) * s - m up
-    to rounding."""
+    to rounding. A 0-dim float32 where every group's zero point is the same (symmetric weights):
+    none stored, so a 4-bit group of 32 reads 18 bytes, not 24."""
     bits: int
     group_size: int
     out_features: int
@@ -433,15 +435,23 @@ def prepare_wna16_cpu(
         t = torch.nn.functional.pad(t.to(dtype), (0, 0, 0, pad))
         return t.view(tiles, _CPU_TILE, t.shape[1]).transpose(1, 2).contiguous()
 
+    # The compact forms (the padding rows' scale 0 makes their zero point irrelevant).
+    scale_dtype = torch.float16 if _exact_in_float16(scales) else torch.float32
+    one_zero = zero_points.unique().numel() == 1
     return WNA16CPUWeight(
         packed=tiled(qweight, torch.int32),
-        scales=tiled(scales, torch.float32),
-        zeros=tiled(zero_points, torch.float32),
+        scales=tiled(scales, scale_dtype),
+        zeros=zero_points.flatten()[0].clone() if one_zero else tiled(zero_points, torch.float32),
         bits=bits,
         group_size=group_size,
         out_features=n,
         in_features=k,
     )
+
+
+def _exact_in_float16(scales: torch.Tensor) -> bool:
+    """Whether every float32 scale is a float16 value (NaN never counts as one)."""
+    return torch.equal(scales.half().float(), scales)
 
 
 MAX_INT8_CHUNK = 256

@@ -6,9 +6,12 @@
 // Packed layout (prepare_wna16_cpu): the output rows in tiles of 16; packed[t, i, l] (int32
 // [T, K / E, 16], E = 32 / bits values per word) is word i of row 16 t + l of the checkpoint's
 // qweight (4-bit: its nibbles reordered, slot_k), so one 512-bit load holds E consecutive k of 16
-// output rows, and each value goes to its own lane with one shift. scales, zeros: float32
-// [T, G, 16] (G groups along K). Rows past N (the last tile's padding) have zero words, scale and
-// zero point.
+// output rows, and each value goes to its own lane with one shift. scales: float32 [T, G, 16] (G
+// groups along K), or float16 where every scale is one exactly (GGUF's Q4_0 and Q8_0 store theirs in
+// float16): 2 bytes a group and row instead of 4. zeros: float32 [T, G, 16], or one float32 (0-dim)
+// when every group has the same zero point (symmetric weights): none stored. At 4 bits in groups of
+// 32 the compact form reads 18 bytes per 32 weights instead of 24, as GGUF's Q4_0 does. Rows past N
+// (the last tile's padding) have zero words, scale and zero point.
 //
 // Decode (M < gemm_min_rows): for each k, the vector of values u of 16 output rows is made into the
 // floats f = 1 + u / 2^bits (the value shifted into the top of the mantissa and 1.0's exponent OR-ed
@@ -51,6 +54,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
@@ -111,8 +115,10 @@ struct Problem {
   const int8_t* xq;    // [M, K] int8 x, each word's 8 k in nibble order (the int8-dot path only)
   const float* xscale; // [M, H]: each chunk's scale of xq (the int8-dot path only)
   const int32_t* w;    // packed [T, K / E, 16]
-  const float* s;      // [T, G, 16]
-  const float* z;      // [T, G, 16]
+  const float* s;      // [T, G, 16] float32 scales, or null when sh holds them
+  const uint16_t* sh;  // [T, G, 16] float16 scales (their bits), or null
+  const float* z;      // [T, G, 16], or null when every zero point is z0
+  float z0;
   int64_t M, N, K, G, group_size, tiles;
   // The decode kernels' unit along K: a group, or (long groups) a divisor of it of at most
   // kMaxChunk; H = K / chunk of them. Each chunk's sum restarts, so a per-channel row's x . f is not
@@ -137,6 +143,7 @@ struct Vec256 {  // AVX2 + FMA
   static constexpr int kMaxRows = 2;  // x rows per register tile
   static F set1(float v) { return _mm256_set1_ps(v); }
   static F load(const float* p) { return _mm256_loadu_ps(p); }
+  static F load_half(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
   static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }  // a b + c, one rounding
   static F fmsub(F a, F b, F c) { return _mm256_fmsub_ps(a, b, c); }  // a b - c, one rounding
@@ -169,6 +176,7 @@ struct Vec512 {  // AVX-512 F, BW, DQ, VL
   static constexpr int kMaxRows = 4;
   static F set1(float v) { return _mm512_set1_ps(v); }
   static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static F load_half(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F fmsub(F a, F b, F c) { return _mm512_fmsub_ps(a, b, c); }
@@ -193,6 +201,16 @@ using Simd = Vec512;
 #else
 using Simd = Vec256;
 #endif
+
+// kLanes scales and zero points from element `at` of the [T, G, 16] layout, whichever form it holds.
+template <class V>
+__attribute__((always_inline)) inline typename V::F load_scales(const Problem& p, int64_t at) {
+  return p.sh ? V::load_half(p.sh + at) : V::load(p.s + at);
+}
+template <class V>
+__attribute__((always_inline)) inline typename V::F load_zeros(const Problem& p, int64_t at) {
+  return p.z ? V::load(p.z + at) : V::set1(p.z0);
+}
 
 // Bytes ahead of a tile's words that the decode kernels prefetch, one cache line per tile and word step.
 // Measured on Intel Sapphire Rapids, one thread, weights from DRAM, 4-bit group 128, bfloat16 x (M = 1):
@@ -221,8 +239,9 @@ struct Prefetcher {
     t += g / p.G * tiles;
     g %= p.G;
     const int64_t at = (t * p.G + g) * kTile;
-    _mm_prefetch(reinterpret_cast<const char*>(p.s + at), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(p.z + at), _MM_HINT_T0);
+    _mm_prefetch(p.sh ? reinterpret_cast<const char*>(p.sh + at) : reinterpret_cast<const char*>(p.s + at),
+                 _MM_HINT_T0);
+    if (p.z) _mm_prefetch(reinterpret_cast<const char*>(p.z + at), _MM_HINT_T0);
   }
   // The line for the stream at `at` (its word step i).
   __attribute__((always_inline)) void fetch(const int32_t* at, int64_t i) const {
@@ -277,8 +296,8 @@ __attribute__((always_inline)) inline void fold_chunk(const Problem& p, int64_t 
   F sv[NV], zv[NV];
   for (int v = 0; v < NV; ++v) {
     const int64_t at = ((t0 + v / kPerTile) * p.G + g) * kTile + (v % kPerTile) * V::kLanes;
-    sv[v] = V::load(p.s + at);
-    zv[v] = V::load(p.z + at);
+    sv[v] = load_scales<V>(p, at);
+    zv[v] = load_zeros<V>(p, at);
   }
   for (int r = 0; r < MR; ++r) {
     const F xs = V::set1(p.xsum[(m0 + r) * p.H + h]);
@@ -398,7 +417,7 @@ void dequantize_simd(const Problem& p, int64_t t0, int64_t tiles, T* out, int64_
     for (int64_t g = 0; g < p.G; ++g)
       for (int c = 0; c < kPerTile; ++c) {
         const int64_t at = (t * p.G + g) * kTile + c * V::kLanes;
-        const F sv = V::load(p.s + at), zv = V::load(p.z + at);
+        const F sv = load_scales<V>(p, at), zv = load_zeros<V>(p, at);
         for (int64_t i = g * words_per_group; i < (g + 1) * words_per_group; ++i) {
           const I words = V::load_words(p.w + (t * words_per_row + i) * kTile + c * V::kLanes);
           T* dst = out + i * E * ld + tt * kTile + c * V::kLanes;
@@ -599,7 +618,7 @@ __attribute__((always_inline)) inline void fold_chunk_int8(const Problem& p, int
   const int64_t g = h * p.chunk / p.group_size;
   for (int v = 0; v < NV; ++v) {
     const int64_t at = ((t0 + v / kPerTile) * p.G + g) * kTile + (v % kPerTile) * V::kLanes;
-    const F sv = V::load(p.s + at), zv = V::load(p.z + at);
+    const F sv = load_scales<V>(p, at), zv = load_zeros<V>(p, at);
     for (int r = 0; r < MR; ++r) {
       const F qs = V::set1(p.xsum[(m0 + r) * p.H + h]);
       const F sx = V::set1(p.xscale[(m0 + r) * p.H + h]);
@@ -733,6 +752,12 @@ void item_int8(const Problem& p, int64_t t0, int64_t tiles, float* buf) {
 }
 #endif
 
+// One scale and zero point of the [T, G, 16] layout (the baseline ISA's loops).
+[[maybe_unused]] inline float scale_at(const Problem& p, int64_t at) {
+  return p.sh ? static_cast<float>(c10::Half(p.sh[at], c10::Half::from_bits())) : p.s[at];
+}
+[[maybe_unused]] inline float zero_at(const Problem& p, int64_t at) { return p.z ? p.z[at] : p.z0; }
+
 // The baseline ISA's version of item_simd: the same sums, one lane at a time.
 [[maybe_unused]] void item_scalar(const Problem& p, int bits, int64_t t0, int64_t tiles, float* buf) {
   const int E = 32 / bits;
@@ -751,7 +776,7 @@ void item_int8(const Problem& p, int64_t t0, int64_t tiles, float* buf) {
             dot += xr[k] * static_cast<float>((word >> (k_slot(bits, static_cast<int>(k % E)) * bits)) & mask);
           }
           const int64_t at = (t * p.G + h * p.chunk / p.group_size) * kTile + l;
-          total += p.s[at] * (dot - p.z[at] * p.xsum[m * p.H + h]);
+          total += scale_at(p, at) * (dot - zero_at(p, at) * p.xsum[m * p.H + h]);
         }
         buf[m * kItemTiles * kTile + tt * kTile + l] = total;
       }
@@ -783,7 +808,7 @@ void dequantize_tiles(const Problem& p, int64_t t0, int64_t tiles, T* out, int64
       T* dst = out + k * ld + tt * kTile;
       for (int64_t l = 0; l < kTile; ++l) {
         const float u = static_cast<float>((static_cast<uint32_t>(words[l]) >> shift) & mask);
-        dst[l] = static_cast<T>((u - p.z[at + l]) * p.s[at + l]);
+        dst[l] = static_cast<T>((u - zero_at(p, at + l)) * scale_at(p, at + l));
       }
     }
   }
@@ -823,10 +848,12 @@ at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& packed, const at:
   TORCH_CHECK(group_size > 0 && K % group_size == 0 && group_size % E == 0,
               "llm_cpu::wna16_linear: group_size must divide K and be a multiple of 32 / bits");
   const int64_t G = K / group_size;
-  TORCH_CHECK(scales.sizes() == at::IntArrayRef({tiles, G, kTile}) && scales.scalar_type() == at::kFloat &&
-                  scales.is_contiguous() && zeros.sizes() == scales.sizes() &&
-                  zeros.scalar_type() == at::kFloat && zeros.is_contiguous(),
-              "llm_cpu::wna16_linear: scales and zeros must be contiguous float32 [tiles, K / group_size, 16]");
+  const bool half_scales = scales.scalar_type() == at::kHalf, one_zero = zeros.dim() == 0;
+  TORCH_CHECK(scales.sizes() == at::IntArrayRef({tiles, G, kTile}) && scales.is_contiguous() &&
+                  (half_scales || scales.scalar_type() == at::kFloat),
+              "llm_cpu::wna16_linear: scales must be contiguous float32 or float16 [tiles, K / group_size, 16]");
+  TORCH_CHECK(zeros.scalar_type() == at::kFloat && (one_zero || (zeros.sizes() == scales.sizes() && zeros.is_contiguous())),
+              "llm_cpu::wna16_linear: zeros must be float32, contiguous [tiles, K / group_size, 16] or one value (0-dim)");
   at::Tensor bias_f;
   if (bias.has_value()) {
     TORCH_CHECK(bias->device().is_cpu() && bias->dim() == 1 && bias->size(0) == n,
@@ -841,8 +868,11 @@ at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& packed, const at:
     chunk = kMaxChunk - kMaxChunk % E;
     while (group_size % chunk) chunk -= E;
   }
-  Problem p{nullptr, 0, nullptr, 0, nullptr, nullptr, nullptr, packed.data_ptr<int32_t>(), scales.data_ptr<float>(),
-            zeros.data_ptr<float>(), M, n, K, G, group_size, tiles, chunk, K / chunk};
+  Problem p{nullptr, 0, nullptr, 0, nullptr, nullptr, nullptr, packed.data_ptr<int32_t>(),
+            half_scales ? nullptr : scales.data_ptr<float>(),
+            half_scales ? reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>()) : nullptr,
+            one_zero ? nullptr : zeros.data_ptr<float>(), one_zero ? *zeros.data_ptr<float>() : 0.f,
+            M, n, K, G, group_size, tiles, chunk, K / chunk};
 
   // Where dynamic_int8 takes effect (4-bit weights; AVX2, or AVX-512 with VNNI).
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)

@@ -10,6 +10,8 @@ Tolerances (relative, conftest.TOLERANCE): float32 1e-5, float16 2e-3, bfloat16 
 
 from __future__ import annotations
 
+import dataclasses
+
 import gguf
 import numpy as np
 import pytest
@@ -273,6 +275,59 @@ def test_prepare_pads_the_last_tile(cpu_kernels):
     assert prepared.packed.shape == (2, 8, 16) and prepared.scales.shape == (2, 2, 16)
     assert not prepared.packed[1, :, 4:].any() and not prepared.scales[1, :, 4:].any()
     assert prepared.out_features == 20 and prepared.in_features == 64
+
+
+@pytest.mark.parametrize(
+    "half_scales,one_zero", [(True, True), (True, False), (False, True)], ids=["q4_0", "f16", "sym"]
+)
+@pytest.mark.parametrize(
+    "bits,group_size", [(4, 32), (8, 32), (4, 256)], ids=["4g32", "8g32", "4pc"]
+)
+def test_compact_layout_gives_the_full_layouts_bits(
+    cpu_kernels, half_scales, one_zero, bits, group_size
+):
+    # GGUF's Q4_0 and Q8_0: float16 scales, one zero point. The op reads them in their compact
+    # forms (fewer bytes) and computes exactly what it computes from float32 copies of both.
+    n, k = 72, 256
+    qweight, scales, zeros = _weight(n, k, group_size, bits, seed=bits + group_size)
+    if half_scales:
+        scales = scales.half().float()
+    if one_zero:
+        zeros = torch.full_like(zeros, 1 << (bits - 1))
+    prepared = prepare_wna16_cpu(qweight, scales, zeros, group_size, bits)
+    assert prepared.scales.dtype == (torch.float16 if half_scales else torch.float32)
+    assert prepared.zeros.shape == (() if one_zero else prepared.scales.shape)
+    full = dataclasses.replace(
+        prepared,
+        scales=prepared.scales.float(),
+        zeros=prepared.zeros.expand(prepared.scales.shape).contiguous(),
+    )
+    if half_scales and one_zero and group_size == 32:  # 18 bytes per 32 4-bit weights, as Q4_0
+        held = sum(t.numel() * t.element_size() for t in (prepared.packed, prepared.scales))
+        assert held == 80 * k * (bits + 16 / group_size) // 8
+    cases = [(d, rows, False) for d in CPU_DTYPES for rows in (1 << 30, 1)]
+    if bits == 4 and wna16_int8_dot():
+        cases += [(torch.bfloat16, 1 << 30, True), (torch.float32, 1 << 30, True)]
+    for cpu_dtype, gemm_min_rows, int8 in cases:
+        for m in (1, 3, 5, 17):
+            x = _x(m, k, cpu_dtype, seed=m)
+            got = wna16_linear_cpu(x, prepared, None, gemm_min_rows, dynamic_int8=int8)
+            assert torch.equal(
+                got, wna16_linear_cpu(x, full, None, gemm_min_rows, dynamic_int8=int8)
+            )
+            twin = wna16_linear_int8_torch if int8 else wna16_linear_torch
+            want = twin(x, qweight, scales, zeros, group_size, bits)
+            assert _relative_error(got, want) < (2e-2 if cpu_dtype == torch.bfloat16 else 1e-5)
+
+
+def test_prepare_keeps_the_full_layout_where_scales_or_zeros_vary(cpu_kernels):
+    qweight, scales, zeros = _weight(20, 64, 32, 4)
+    scales = scales.half().float()
+    scales[3, 1] = scales[3, 1].half().float() + 2**-20  # one scale not a float16
+    zeros[:] = 8
+    zeros[7, 0] = 9  # one zero point apart
+    prepared = prepare_wna16_cpu(qweight, scales, zeros, 32, 4)
+    assert prepared.scales.dtype == torch.float32 and prepared.zeros.shape == (2, 2, 16)
 
 
 def test_cpu_takes_only_float32_and_bfloat16_with_the_library(cpu_kernels, monkeypatch):

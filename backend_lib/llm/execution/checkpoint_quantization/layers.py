@@ -323,7 +323,7 @@ class WNA16Call:
     def __init__(self, layer: WNA16Linear):
         prepared = layer._prepared
         self.tensors = (prepared.packed, prepared.scales, prepared.zeros)
-        """int32 [tiles, K / (32 / bits), 16], float32 [tiles, K / group_size, 16] twice."""
+        """`WNA16CPUWeight`'s packed words, scales and zero points (kernels/wna16_linear.py)."""
         self.bits, self.group_size, self.out_features = (
             layer.bits,
             layer.group_size,
