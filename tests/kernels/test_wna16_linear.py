@@ -320,6 +320,24 @@ def test_compact_layout_gives_the_full_layouts_bits(
             assert _relative_error(got, want) < (2e-2 if cpu_dtype == torch.bfloat16 else 1e-5)
 
 
+def test_cpu_op_gives_the_same_bits_on_any_thread_count(cpu_kernels):
+    # The decode call's work items go partly in static runs, partly from a shared counter: which
+    # thread computes an item never changes its bits.
+    n, k = 1000, 256  # 63 tiles: 16 items, the last one short
+    qweight, scales, zeros = _weight(n, k, 32, 4, seed=5)
+    prepared = prepare_wna16_cpu(qweight, scales, zeros, 32, 4)
+    x = _x(3, k, torch.float32)
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            results.append([wna16_linear_cpu(x, prepared, dynamic_int8=i) for i in (False, True)])
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for r in results[1:] for a, b in zip(r, results[0], strict=True))
+
+
 def test_prepare_keeps_the_full_layout_where_scales_or_zeros_vary(cpu_kernels):
     qweight, scales, zeros = _weight(20, 64, 32, 4)
     scales = scales.half().float()
