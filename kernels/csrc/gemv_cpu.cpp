@@ -21,9 +21,9 @@
 //   there are no horizontal sums.
 // - K is cut into chunks only when a block takes several passes (more rows of x than a register tile,
 //   or a block wider than its vectors): each pass after the first then finds the chunk in L1.
-// - Threads: the blocks are split evenly into one contiguous run per thread (at::parallel_for, grain
-//   1), so each thread streams one address range; each weight line is also prefetched 4 KiB ahead
-//   (kPrefetchBytes), which bfloat16 needed.
+// - Threads: three quarters of the blocks in one contiguous run per thread, so each thread streams one
+//   address range, the rest handed out one at a time (work_split.h); each weight line is also
+//   prefetched 4 KiB ahead (kPrefetchBytes), which bfloat16 needed.
 //
 // One ISA per build (kernels/cpu_extension.py): AVX-512, AVX2 or the baseline; the kernels are
 // templates over a vector traits type (Vec512, Vec256) and the build picks one. AVX512-BF16 is
@@ -41,6 +41,7 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 #include "llm_cpu_ops.h"
+#include "work_split.h"
 
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 #include <immintrin.h>
@@ -408,16 +409,15 @@ at::Tensor blocked_gemv(const at::Tensor& x, const at::Tensor& w, int64_t n, con
     g.ldx = xs.stride(0);
   }
   const float* bp = bias.has_value() ? bias_f.data_ptr<float>() : nullptr;
-  at::parallel_for(0, NB, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> tile(M * BN);
-    for (int64_t b = begin; b < end; ++b) {
-      if (kind == Kind::kF32) run_block<Kind::kF32>(g, b, tile.data());
-      else if (kind == Kind::kBf16Widen) run_block<Kind::kBf16Widen>(g, b, tile.data());
-      else run_block<Kind::kBf16Dot>(g, b, tile.data());
-      if (f32) store_block(g, b, tile.data(), bp, out.data_ptr<float>());
-      else store_block(g, b, tile.data(), bp, out.data_ptr<c10::BFloat16>());
-    }
-  });
+  llm_cpu::for_each_item(
+      NB, [&] { return std::vector<float>(M * BN); },
+      [&](int64_t b, std::vector<float>& tile) {
+        if (kind == Kind::kF32) run_block<Kind::kF32>(g, b, tile.data());
+        else if (kind == Kind::kBf16Widen) run_block<Kind::kBf16Widen>(g, b, tile.data());
+        else run_block<Kind::kBf16Dot>(g, b, tile.data());
+        if (f32) store_block(g, b, tile.data(), bp, out.data_ptr<float>());
+        else store_block(g, b, tile.data(), bp, out.data_ptr<c10::BFloat16>());
+      });
   return out;
 }
 

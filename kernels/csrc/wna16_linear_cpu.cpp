@@ -25,7 +25,7 @@
 // call and vpdpbusd (AVX2: vpmaddubsw and vpmaddwd) multiplies the weights' unsigned nibbles by it,
 // exact in int32 (micro_tile_int8: 1.3-1.6x the bfloat16 path at 1-16 rows on AMD EPYC with
 // AVX-512). Register tiles of up to 4 rows of x by up to 64 output rows (AVX-512; AVX2 half as
-// many), so each unpacked weight vector feeds up to 4 FMAs; work items of 64 output rows under at::parallel_for (kStaticShare). Every tile's
+// many), so each unpacked weight vector feeds up to 4 FMAs; work items of 64 output rows shared among the threads as work_split.h says. Every tile's
 // words, and its scales and zero points, are prefetched ahead of use (Prefetcher): the unpacking
 // keeps a core busy (bfloat16 path, M = 1: ~20 GB/s of weights from cache on Intel Sapphire Rapids,
 // where vdpbf16ps issues once every two cycles), so without it the reads from memory stalled the
@@ -57,12 +57,13 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include "work_split.h"
+
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 #include <immintrin.h>
 #endif
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -97,13 +98,6 @@ constexpr int64_t kAutoGemmMinRows = 64;
 constexpr int64_t kAutoGemmMinRows = 1;
 #endif
 constexpr int64_t kAutoGemmMinRowsInt8 = std::numeric_limits<int64_t>::max();
-// Share of a decode call's work items split statically, one contiguous run per thread; the rest go
-// one at a time to whichever thread is free. Measured on AMD EPYC (Zen 3), 2 threads, a 1B Llama's
-// decode step, time per output token, interleaved 4-5 times (median / best, ms): Q4_0 GGUF 40.7 /
-// 36.6 at 3/4 against 42.3 / 39.9 all static and 42.3 / 39.4 all from the counter; 4-bit g128
-// 29.5 / 26.8 against 30.2 / 27.9 and 32.7 / 27.8. All from the counter loses each item's
-// prefetch into the next.
-constexpr double kStaticShare = 0.75;
 // Longest run of k summed in one float32 chain by the decode kernels (Problem::chunk).
 constexpr int64_t kMaxChunk = 256;
 
@@ -979,19 +973,9 @@ at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& packed, const at:
       else store_row(src, b, cols, out.data_ptr<c10::BFloat16>() + m * n + c0);
     }
   };
-  // Each thread first takes one contiguous run of kStaticShare of the items (one address range: each
-  // item's prefetches run into its next), then the rest one at a time from a shared counter, so a
-  // thread the machine slows does not hold the others at the join.
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(), items);
-  const int64_t run = static_cast<int64_t>(static_cast<double>(items) * kStaticShare) / workers;
-  std::atomic<int64_t> next{run * workers};
-  at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(M * kItemTiles * kTile);
-    for (int64_t worker = begin; worker < end; ++worker) {
-      for (int64_t item = worker * run; item < (worker + 1) * run; ++item) run_item(item, buf.data());
-      for (int64_t item = next.fetch_add(1); item < items; item = next.fetch_add(1)) run_item(item, buf.data());
-    }
-  });
+  llm_cpu::for_each_item(
+      items, [&] { return std::vector<float>(M * kItemTiles * kTile); },
+      [&](int64_t item, std::vector<float>& buf) { run_item(item, buf.data()); });
   return out;
 }
 
