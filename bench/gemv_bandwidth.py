@@ -125,7 +125,7 @@ def _wna16_copies(n: int, k: int, dtype: str, working_set: int) -> Copies | None
         )
         layers.append(layer)
     read = [t for layer in layers for t in (layer._prepared.packed, layer._prepared.scales)]
-    read += [layer._prepared.zeros for layer in layers]
+    read += [z for layer in layers if (z := layer._prepared.zeros).dim()]  # symmetric: none
     return Copies([layer.call_2d() for layer in layers], read, nbytes, torch.bfloat16, k)
 
 
