@@ -437,7 +437,7 @@ def prepare_wna16_cpu(
 
     # The compact forms (the padding rows' scale 0 makes their zero point irrelevant).
     scale_dtype = torch.float16 if _exact_in_float16(scales) else torch.float32
-    one_zero = zero_points.unique().numel() == 1
+    one_zero = bool((zero_points == zero_points.flatten()[0]).all())
     return WNA16CPUWeight(
         packed=tiled(qweight, torch.int32),
         scales=tiled(scales, scale_dtype),

@@ -962,20 +962,19 @@ at::Tensor wna16_linear(const at::Tensor& x, const at::Tensor& packed, const at:
   p.xsum = xsum.data_ptr<float>();
   const float* bp = bias.has_value() ? bias_f.data_ptr<float>() : nullptr;
   const int64_t items = (tiles + kItemTiles - 1) / kItemTiles;
-  auto run_item = [&](int64_t item, float* buf) {
-    const int64_t t0 = item * kItemTiles, nt = std::min(kItemTiles, tiles - t0);
-    decode_item(p, static_cast<int>(bits), int8_dot, bf16_dot, t0, nt, buf);
-    const int64_t c0 = t0 * kTile, cols = std::min(nt * kTile, n - c0);
-    for (int64_t m = 0; m < M; ++m) {
-      const float* src = buf + m * kItemTiles * kTile;
-      const float* b = bp ? bp + c0 : nullptr;
-      if (out.scalar_type() == at::kFloat) store_row(src, b, cols, out.data_ptr<float>() + m * n + c0);
-      else store_row(src, b, cols, out.data_ptr<c10::BFloat16>() + m * n + c0);
-    }
-  };
   llm_cpu::for_each_item(
       items, [&] { return std::vector<float>(M * kItemTiles * kTile); },
-      [&](int64_t item, std::vector<float>& buf) { run_item(item, buf.data()); });
+      [&](int64_t item, std::vector<float>& buf) {
+        const int64_t t0 = item * kItemTiles, nt = std::min(kItemTiles, tiles - t0);
+        decode_item(p, static_cast<int>(bits), int8_dot, bf16_dot, t0, nt, buf.data());
+        const int64_t c0 = t0 * kTile, cols = std::min(nt * kTile, n - c0);
+        for (int64_t m = 0; m < M; ++m) {
+          const float* src = buf.data() + m * kItemTiles * kTile;
+          const float* b = bp ? bp + c0 : nullptr;
+          if (out.scalar_type() == at::kFloat) store_row(src, b, cols, out.data_ptr<float>() + m * n + c0);
+          else store_row(src, b, cols, out.data_ptr<c10::BFloat16>() + m * n + c0);
+        }
+      });
   return out;
 }
 
