@@ -17,16 +17,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from transformers import (
-    AutoImageProcessor,
-    AutoModel,
-    BaseImageProcessor,
-    PretrainedConfig,
-    PreTrainedModel,
-)
+
+if TYPE_CHECKING:
+    # Imported where a model loads: transformers' modeling stack costs seconds of CPU that every
+    # Triton stub of a text-only encoder would pay.
+    from transformers import BaseImageProcessor, PretrainedConfig, PreTrainedModel
 
 from backend_lib.checkpoint import HF_OFFLINE_KWARGS, resolve_model_path
 from backend_lib.config import ConfigError, require
@@ -283,6 +282,8 @@ def _text_length(max_seq_length: int, positions: int) -> int:
 
 def _load_model(model_dir: Path, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
     """The transformers model, from safetensors only, with SDPA attention, in eval mode."""
+    from transformers import AutoModel
+
     model = AutoModel.from_pretrained(
         str(model_dir),
         dtype=dtype,
@@ -296,6 +297,8 @@ def _load_model(model_dir: Path, dtype: torch.dtype, device: torch.device) -> Pr
 def _load_image_processor(model_dir: Path, spec: str) -> BaseImageProcessor:
     """The checkpoint's image processor from preprocessor_config.json, PIL backend (the
     torchvision one is not installed); ConfigError when the file is missing or unreadable."""
+    from transformers import AutoImageProcessor
+
     if not (model_dir / "preprocessor_config.json").is_file():
         raise ConfigError(
             "model", spec, "no preprocessor_config.json: an image-text checkpoint needs one"

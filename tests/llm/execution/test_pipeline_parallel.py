@@ -1,10 +1,10 @@
 """Pipeline parallelism on CPU with gloo (issue 26): the engine's process is stage 0 and drives
 the other stages as worker processes (execution/workers.py), activations passing stage to stage.
 On Llama, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norms), Mixtral (experts) and Phi-3 (fused
-checkpoint projections) shapes, and on a three-layer Llama split unevenly, PP=2 gives the tokens
-of one rank (so of transformers) with chunked prefill, prefix-cache hits, seeded sampling with
-n > 1 and structured outputs (Llama, the uneven split and TP=2 x PP=2 with preemption by
-recompute and swap too), and its prompt logprobs within 1e-5 of one rank's."""
+checkpoint projections) shapes PP=2, and on a three-layer Llama split unevenly TP=2 x PP=2, give
+the tokens of one rank (so of transformers) with chunked prefill, prefix-cache hits, seeded
+sampling with n > 1 and structured outputs (Llama and TP=2 x PP=2 with preemption by recompute
+and swap too), and prompt logprobs within 1e-5 of one rank's."""
 
 from __future__ import annotations
 
@@ -84,19 +84,14 @@ def test_two_stages_give_the_tokens_of_one_rank(arch):
     assert worker_pids(os.getpid()) == []
 
 
-def test_an_uneven_split_gives_the_tokens_of_one_rank(three_layers):
-    model_dir, hf = three_layers
-    single = engine_workload(str(model_dir), 1, logits=False)
-    _assert_same(engine_workload(str(model_dir), 1, logits=False, pipeline_parallel_size=2), single)
-    assert single["chunked"] == [hf_greedy(hf, p, 6) for p in single["prompts"]]
-
-
 def test_two_stages_of_two_tensor_parallel_ranks_give_the_tokens_of_one(three_layers):
-    """Four ranks: stage 0 is ranks 0-1 (each its half of layer 0's heads), stage 1 ranks 2-3."""
-    model_dir, _ = three_layers
+    """Four ranks on an uneven split: stage 0 is ranks 0-1 (each its half of layer 0's heads),
+    stage 1 ranks 2-3 (layers 1 and 2)."""
+    model_dir, hf = three_layers
     single = engine_workload(str(model_dir), 1, logits=False)
     both = engine_workload(str(model_dir), 2, logits=False, pipeline_parallel_size=2)
     _assert_same(both, single)
+    assert single["chunked"] == [hf_greedy(hf, p, 6) for p in single["prompts"]]
     assert worker_pids(os.getpid()) == []
 
 

@@ -25,9 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
-from compressed_tensors.quantization import QuantizationConfig
-from compressed_tensors.utils.match import match_name
 
 from backend_lib.llm.execution.checkpoint_quantization.format import QuantizedFormat, expect
 from backend_lib.llm.execution.checkpoint_quantization.scheme import (
@@ -71,6 +68,10 @@ class CompressedTensorsFormat(QuantizedFormat):
     QUANT_SUFFIXES = _QUANT_SUFFIXES
 
     def __init__(self, quantization_config: Mapping[str, Any]):
+        # Imported here: the library pulls in transformers' modeling stack, torch.compile and
+        # sympy (~8 s of CPU), which every engine, worker and Triton stub would pay otherwise.
+        from compressed_tensors.quantization import QuantizationConfig
+
         try:
             config = QuantizationConfig.model_validate(dict(quantization_config))
         except ValueError as e:  # pydantic's ValidationError is a ValueError
@@ -121,6 +122,8 @@ class CompressedTensorsFormat(QuantizedFormat):
 
 
 def _matches(module: str, target: str) -> bool:
+    from compressed_tensors.utils.match import match_name
+
     return _linear(module, target) or match_name(module, target)
 
 
@@ -129,6 +132,8 @@ def _exact(module: str, target: str) -> bool:
 
 
 def _regex(module: str, target: str) -> bool:
+    from compressed_tensors.utils.match import match_name
+
     return target.startswith("re:") and match_name(module, target)
 
 
@@ -230,6 +235,8 @@ def _packed_staging(
     if scheme.symmetric:
         zeros = torch.full((n, groups), offset, dtype=torch.uint8, device=scales.device)
     else:
+        from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+
         packed_zp = parts["weight_zero_point"]
         expect(f"{module}.weight_zero_point", packed_zp, (-(-n * bits // 32), groups), torch.int32)
         signed = unpack_from_int32(packed_zp, bits, torch.Size((n, groups)), packed_dim=0)

@@ -22,8 +22,6 @@ from typing import Any
 
 import torch
 import transformers
-from transformers.initialization import no_init_weights
-from transformers.models.gemma3.modeling_gemma3 import Gemma3MultiModalProjector
 
 from backend_lib.llm.execution.models.gemma import Gemma3ForCausalLM
 from backend_lib.llm.execution.models.vision_weights import VisionWeights, route
@@ -50,6 +48,11 @@ class VisionTower:
     the decoder (the loader's passes over the decoder's parameters leave it alone)."""
 
     def __init__(self, config: transformers.Gemma3Config, device: torch.device):
+        # Imported here, not at the top: transformers' modeling stack costs seconds of CPU that
+        # every engine without images, worker and Triton stub would pay.
+        from transformers.initialization import no_init_weights
+        from transformers.models.gemma3.modeling_gemma3 import Gemma3MultiModalProjector
+
         with no_init_weights(), torch.device(device):
             self.tower = transformers.AutoModel.from_config(
                 config.vision_config, attn_implementation="sdpa"

@@ -21,8 +21,6 @@ from typing import Any
 
 import torch
 import transformers
-from transformers.initialization import no_init_weights
-from transformers.models.llava.modeling_llava import LlavaMultiModalProjector
 
 from backend_lib.llm.execution.models.llama import (
     LlamaForCausalLM,
@@ -60,6 +58,11 @@ class VisionTower:
     decoder, so the loader's passes over the decoder's parameters leave it alone."""
 
     def __init__(self, config: transformers.LlavaConfig, device: torch.device):
+        # Imported here, not at the top: transformers' modeling stack costs seconds of CPU that
+        # every engine without images, worker and Triton stub would pay.
+        from transformers.initialization import no_init_weights
+        from transformers.models.llava.modeling_llava import LlavaMultiModalProjector
+
         self.config = config
         # Real tensors on `device` even inside the loader's meta-device context; no random
         # init (every parameter is loaded), but the non-persistent buffers (position ids) built.

@@ -14,15 +14,13 @@ its section (`mrope_table`), and the kernels rotate token t by row t of it.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 import transformers
-from transformers.initialization import no_init_weights
-from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen2_5_vl_modeling
-from transformers.models.qwen2_vl import modeling_qwen2_vl as qwen2_vl_modeling
 
 from backend_lib.llm.core.multimodal import MultiModalFeature
 from backend_lib.llm.execution.attention import AttentionMetadata
@@ -79,10 +77,13 @@ def mrope_table(cache: torch.Tensor, positions: torch.Tensor, sections: Sequence
 
 
 VISION_TOWERS = {
-    "qwen2_vl_vision": qwen2_vl_modeling.Qwen2VisionTransformerPretrainedModel,
-    "qwen2_5_vl_vision": qwen2_5_vl_modeling.Qwen2_5_VisionTransformerPretrainedModel,
+    "qwen2_vl_vision": ("qwen2_vl", "Qwen2VisionTransformerPretrainedModel"),
+    "qwen2_5_vl_vision": ("qwen2_5_vl", "Qwen2_5_VisionTransformerPretrainedModel"),
 }
-"""transformers' vision transformer of each family, by its vision config's `model_type`."""
+"""transformers' vision transformer of each family, by its vision config's `model_type`: its
+`transformers.models.<family>.modeling_<family>` module and class name (imported when a
+checkpoint with images loads: transformers' modeling stack costs seconds of CPU that every
+engine without images, worker and Triton stub would pay)."""
 
 
 class VisionTower:
@@ -90,7 +91,11 @@ class VisionTower:
     a module of the decoder (the loader's passes leave it alone)."""
 
     def __init__(self, vision_config, device: torch.device):
-        tower_class = VISION_TOWERS[vision_config.model_type]
+        from transformers.initialization import no_init_weights
+
+        family, class_name = VISION_TOWERS[vision_config.model_type]
+        module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+        tower_class = getattr(module, class_name)
         vision_config._attn_implementation = "sdpa"
         with no_init_weights(), torch.device(device):
             self.tower = tower_class(vision_config)
