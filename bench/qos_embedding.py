@@ -39,7 +39,7 @@ class Flood:
     interactive: int
 
 
-PRESETS = {"quick": Flood(4, 16, 4), "cpu": Flood(8, 64, 24), "cuda": Flood(64, 256, 64)}
+PRESETS = {"quick": Flood(2, 8, 4), "cpu": Flood(8, 64, 24), "cuda": Flood(64, 256, 64)}
 
 
 @dataclass
