@@ -6,6 +6,7 @@ system tritonserver when one exists and the binary of the `nvidia-pytriton` whee
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -229,13 +230,19 @@ class TritonServer:
         if self.process is None or self.process.poll() is not None:
             self._log.close()
             return
-        # The server runs in its own session: signal the group so Python-backend stubs go too.
-        os.killpg(self.process.pid, signal.SIGTERM)
+        # SIGTERM to the server alone, as a container runtime sends it: the server unloads each
+        # model (its stub's finalize) and ends the stubs. Signalled too, the stubs would start
+        # their own exit beside the unload the server asks of them, and the server would wait
+        # out its exit timeout for a model whose stub no longer answers.
+        self.process.terminate()
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.kill()
             self.process.wait()
+        # The server runs in its own session: whatever of it is left (a stub, a worker) goes too.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
         self._log.close()
 
     def __enter__(self) -> TritonServer:
