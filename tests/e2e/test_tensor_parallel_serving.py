@@ -198,11 +198,17 @@ def test_a_model_whose_worker_died_is_unloaded_and_loads_again(sharded):
 
 def test_stopping_the_server_leaves_no_worker(sharded):
     """Last on the module's server: after the kills and the reload above, stopping tritonserver
-    ends every worker it started."""
+    unloads each model (its stub's finalize ends its workers) within the exit timeout and leaves
+    no worker."""
     server = sharded
     alive = _workers_of(server)
     assert alive  # the reloaded llm_pp2's at least
+    before = len(server.log_text())
     stop_server(server)
+    shutdown = server.log_text()[before:]
+    for name in ("llm", "llm_tp2", "llm_pp2"):
+        assert f"successfully unloaded '{name}'" in shutdown, shutdown[-3000:]
+    assert "Exit timeout expired" not in shutdown
     deadline = time.monotonic() + 30
     while set(worker_pids()) & alive and time.monotonic() < deadline:
         time.sleep(0.2)
