@@ -23,8 +23,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    # Imported where a model loads: transformers' modeling stack costs seconds of CPU that every
-    # Triton stub of a text-only encoder would pay.
+    # Imported on load, not at start (docs/architecture.md, import rules).
     from transformers import BaseImageProcessor, PretrainedConfig, PreTrainedModel
 
 from backend_lib.checkpoint import HF_OFFLINE_KWARGS, resolve_model_path

@@ -68,8 +68,7 @@ class CompressedTensorsFormat(QuantizedFormat):
     QUANT_SUFFIXES = _QUANT_SUFFIXES
 
     def __init__(self, quantization_config: Mapping[str, Any]):
-        # Imported here: the library pulls in transformers' modeling stack, torch.compile and
-        # sympy (~8 s of CPU), which every engine, worker and Triton stub would pay otherwise.
+        # Imported on load, not at start (docs/architecture.md, import rules).
         from compressed_tensors.quantization import QuantizationConfig
 
         try:

@@ -48,8 +48,7 @@ class VisionTower:
     the decoder (the loader's passes over the decoder's parameters leave it alone)."""
 
     def __init__(self, config: transformers.Gemma3Config, device: torch.device):
-        # Imported here, not at the top: transformers' modeling stack costs seconds of CPU that
-        # every engine without images, worker and Triton stub would pay.
+        # Imported on load, not at start (docs/architecture.md, import rules).
         from transformers.initialization import no_init_weights
         from transformers.models.gemma3.modeling_gemma3 import Gemma3MultiModalProjector
 

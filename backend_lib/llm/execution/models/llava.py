@@ -58,8 +58,7 @@ class VisionTower:
     decoder, so the loader's passes over the decoder's parameters leave it alone."""
 
     def __init__(self, config: transformers.LlavaConfig, device: torch.device):
-        # Imported here, not at the top: transformers' modeling stack costs seconds of CPU that
-        # every engine without images, worker and Triton stub would pay.
+        # Imported on load, not at start (docs/architecture.md, import rules).
         from transformers.initialization import no_init_weights
         from transformers.models.llava.modeling_llava import LlavaMultiModalProjector
 

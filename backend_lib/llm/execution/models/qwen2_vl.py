@@ -81,9 +81,8 @@ VISION_TOWERS = {
     "qwen2_5_vl_vision": ("qwen2_5_vl", "Qwen2_5_VisionTransformerPretrainedModel"),
 }
 """transformers' vision transformer of each family, by its vision config's `model_type`: its
-`transformers.models.<family>.modeling_<family>` module and class name (imported when a
-checkpoint with images loads: transformers' modeling stack costs seconds of CPU that every
-engine without images, worker and Triton stub would pay)."""
+`transformers.models.<family>.modeling_<family>` module and class name, imported on load, not at
+start (docs/architecture.md, import rules)."""
 
 
 class VisionTower:
