@@ -9,6 +9,7 @@ values are known in advance is scraped as 0 from model load rather than absent u
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -49,6 +50,11 @@ class _TritonSeries:
         self._children: dict[tuple, Any] = {}
         self._lock = threading.Lock()
 
+    def pb_objects(self) -> list[Any]:
+        """The pb_utils family and the metrics made from it so far."""
+        with self._lock:
+            return [self._family, *self._children.values()]
+
     def _child(self, extra: Mapping[str, str]) -> Any:
         key = tuple(sorted(extra.items()))
         child = self._children.get(key)
@@ -80,15 +86,31 @@ class _TritonSeries:
 class TritonMetrics:
     """Metrics exported by tritonserver through the Python backend's `pb_utils.MetricFamily`."""
 
-    def __init__(self, pb_utils: Any, labels: Mapping[str, str]):
+    def __init__(
+        self, pb_utils: Any, labels: Mapping[str, str], series: list[_TritonSeries] | None = None
+    ):
         self._pb, self._labels = pb_utils, dict(labels)
+        self._all: list[_TritonSeries] = [] if series is None else series
+        """Every series of this sink and of those `with_labels` made from it."""
 
     def with_labels(self, **labels: str) -> TritonMetrics:
-        return TritonMetrics(self._pb, {**self._labels, **labels})
+        return TritonMetrics(self._pb, {**self._labels, **labels}, self._all)
+
+    def keep_until_exit(self) -> None:
+        """Leak every pb_utils family and metric made so far, on purpose (a model's `finalize`
+        calls this: its stub exits next). One destroyed while the stub exits crashes it
+        (python_backend#429, fixed after Triton 2.51) and its model is never reported unloaded;
+        destroyed earlier, in `finalize`, they stalled a new version's stub creating the same
+        families. The server drops them with the stub."""
+        for series in self._all:
+            for obj in series.pb_objects():
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
     def _series(self, name: str, description: str, kind: Any, buckets=None) -> _TritonSeries:
         family = self._pb.MetricFamily(name=name, description=description, kind=kind)
-        return _TritonSeries(family, self._labels, buckets)
+        series = _TritonSeries(family, self._labels, buckets)
+        self._all.append(series)
+        return series
 
     def counter(self, name: str, description: str) -> Counter:
         return self._series(name, description, self._pb.MetricFamily.COUNTER)

@@ -1,7 +1,9 @@
-"""What Triton tells a Python-backend model at `initialize`, in typed form."""
+"""What Triton tells a Python-backend model at `initialize`, in typed form, and what its
+`finalize` does last."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from collections.abc import Mapping
@@ -13,7 +15,7 @@ import torch
 
 from backend_lib.config import version_parameters
 from backend_lib.device import select_device
-from backend_lib.metrics import MetricsSink, TritonMetrics
+from backend_lib.metrics import TritonMetrics
 
 
 @dataclass
@@ -45,7 +47,7 @@ class ModelContext:
             instance_kind=str(args.get("model_instance_kind", "CPU")).upper().removeprefix("KIND_"),
         )
 
-    def metrics(self, pb_utils: Any) -> MetricsSink:
+    def metrics(self, pb_utils: Any) -> TritonMetrics:
         """Metrics exported on tritonserver's metrics port, labelled with this model and version."""
         return TritonMetrics(pb_utils, {"model": self.name, "version": self.version})
 
@@ -66,3 +68,17 @@ def server_model_control_mode(server_pid: int | None = None) -> str:
         elif arg == "--model-control-mode" and index + 1 < len(args):
             mode = args[index + 1]
     return mode.lower()
+
+
+def before_stub_exit(metrics: TritonMetrics) -> None:
+    """The last step of a model's `finalize`: its stub process exits next.
+
+    - The pb_utils metrics are kept alive past the interpreter's exit (`keep_until_exit`).
+    - The garbage collector is frozen, for two reasons. The interpreter's exit then skips a full
+      collection over the engine's objects (1.4 s of a 2-core CPU with the default llm loaded;
+      0.3 s frozen), all of it memory the process is about to give back. And no pb_utils object
+      left in a reference cycle (a request held by a stored traceback) is destroyed after the
+      stub has begun to exit, which crashes it as the metrics would.
+    """
+    metrics.keep_until_exit()
+    gc.freeze()

@@ -26,6 +26,13 @@ def start_server(repository: Path, extra_args=(), env=None) -> TritonServer:
 
 
 def stop_server(server: TritonServer) -> None:
+    """Stop it, then fail if any of its stubs crashed on the way (a stub's crash handler writes
+    "Segfault encountered" and a native stack to the server's log)."""
     server.stop()
     if server in live_servers:
         live_servers.remove(server)
+    log = server.log_text()
+    crash = log.find("Segfault encountered")
+    assert crash < 0, (
+        f"a stub of {server.repository} crashed:\n{log[max(0, crash - 2000) : crash + 3000]}"
+    )

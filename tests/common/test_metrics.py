@@ -79,3 +79,27 @@ def test_triton_sink_creates_one_child_per_label_set():
     histogram = metrics.histogram("h", "h", [1, 2])
     histogram.observe(1.5)
     assert FakeFamily.created[-1].children[0].buckets == [1, 2]
+
+
+def test_a_sink_kept_until_exit_outlives_every_reference_to_it():
+    """A model's finalize keeps its pb_utils objects alive: none may be destroyed while the stub
+    exits (python_backend#429)."""
+    import gc
+    import weakref
+
+    from backend_lib.metrics import TritonMetrics
+
+    class PbUtils:
+        MetricFamily = FakeFamily
+
+    metrics = TritonMetrics(PbUtils, LABELS)
+    metrics.counter("x_total", "x").inc(reason="a")
+    metrics.with_labels(model_name="m").gauge("g", "g").touch()  # a derived sink's series too
+    made = FakeFamily.created[-2:]
+    kept = [weakref.ref(obj) for family in made for obj in (family, *family.children)]
+    assert len(kept) == 4
+    metrics.keep_until_exit()
+    del metrics, made
+    FakeFamily.created.clear()
+    gc.collect()
+    assert all(ref() is not None for ref in kept)

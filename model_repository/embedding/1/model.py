@@ -14,13 +14,14 @@ import triton_python_backend_utils as pb_utils
 
 from backend_lib.encoder.service import EmbeddingService
 from backend_lib.errors import response_error
-from backend_lib.model_context import ModelContext
+from backend_lib.model_context import ModelContext, before_stub_exit
 
 
 class TritonPythonModel:
     def initialize(self, args):
         context = ModelContext.from_args(args)
-        self.service = EmbeddingService.from_context(context, context.metrics(pb_utils))
+        self.metrics = context.metrics(pb_utils)
+        self.service = EmbeddingService.from_context(context, self.metrics)
         self.service.start()
 
     def execute(self, requests):
@@ -31,7 +32,10 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
-        self.service.shutdown()
+        try:
+            self.service.shutdown()
+        finally:
+            before_stub_exit(self.metrics)
 
     @staticmethod
     def _send(sender, result):

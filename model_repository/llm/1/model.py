@@ -13,7 +13,7 @@ import triton_python_backend_utils as pb_utils
 
 from backend_lib.errors import response_error
 from backend_lib.llm.serving.service import LLMService
-from backend_lib.model_context import ModelContext, server_model_control_mode
+from backend_lib.model_context import ModelContext, before_stub_exit, server_model_control_mode
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -26,7 +26,8 @@ class TritonPythonModel:
         unload = None
         if server_model_control_mode() == "explicit":
             unload = functools.partial(pb_utils.unload_model, context.name)
-        self.service = LLMService.from_context(context, context.metrics(pb_utils), unload)
+        self.metrics = context.metrics(pb_utils)
+        self.service = LLMService.from_context(context, self.metrics, unload)
 
     def execute(self, requests):
         # Here, on the stub's execute thread: the model-loader API is unsafe from other threads.
@@ -48,7 +49,10 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
-        self.service.shutdown()
+        try:
+            self.service.shutdown()
+        finally:
+            before_stub_exit(self.metrics)
 
 
 def _send(sender, result, final):
