@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -87,7 +88,8 @@ def _compiler() -> str | None:
 
 
 def build(build_dir: Path = BUILD_DIR) -> tuple[bool, str]:
-    """Compile SOURCES into build_dir/LIBRARY; (built, one line saying what happened)."""
+    """Compile SOURCES into build_dir/LIBRARY; (built, one line saying what happened). Each source
+    compiles in its own compiler process, as many at once as there are cores, then one link."""
     compiler = _compiler()
     if compiler is None:
         return False, "no C++ compiler ($CXX, c++, g++, clang++) found"
@@ -96,16 +98,7 @@ def build(build_dir: Path = BUILD_DIR) -> tuple[bool, str]:
     isa = _cpu_isa()
     flags = next(flags for name, _, flags in _ISAS if name == isa)
     torch_lib = cpp_extension.library_paths()[0]
-    build_dir.mkdir(parents=True, exist_ok=True)
-    # Written beside the target and renamed over it: a process loading it never sees half a file.
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=build_dir)
-    os.close(fd)
-    command = [
-        compiler,
-        *(str(s) for s in SOURCES),
-        "-o",
-        tmp,
-        "-shared",
+    compile_flags = [
         "-fPIC",
         "-std=c++20",
         "-O3",
@@ -115,21 +108,41 @@ def build(build_dir: Path = BUILD_DIR) -> tuple[bool, str]:
         *flags,
         f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
         *(f"-I{path}" for path in cpp_extension.include_paths()),
-        f"-L{torch_lib}",
-        f"-Wl,-rpath,{torch_lib}",
-        "-lc10",
-        "-ltorch_cpu",
     ]
+    link_flags = ["-shared", "-fopenmp", f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}"]
+    build_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
+    with tempfile.TemporaryDirectory(dir=build_dir) as object_dir:
+        objects = [str(Path(object_dir) / f"{source.stem}.o") for source in SOURCES]
+        commands = [
+            [compiler, "-c", str(source), "-o", obj, *compile_flags]
+            for source, obj in zip(SOURCES, objects, strict=True)
+        ]
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            failed = [r for r in pool.map(_run, commands) if r is not None]
+        if failed:
+            return False, failed[0]
+        # Written beside the target and renamed over it: a process loading it never sees half a file.
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=build_dir)
+        os.close(fd)
+        link = [compiler, *objects, "-o", tmp, *link_flags, "-lc10", "-ltorch_cpu"]
+        failure = _run(link)
+    if failure is not None:
         Path(tmp).unlink(missing_ok=True)
-        return False, f"compile failed ({' '.join(command)}):\n{result.stderr[-4000:]}"
+        return False, failure
     os.chmod(tmp, 0o755)  # mkstemp's 0600 would hide it from another user (a container's)
     os.replace(tmp, build_dir / LIBRARY)
-    manifest = {**_expected_manifest(), "isa": isa, "command": command}
+    manifest = {**_expected_manifest(), "isa": isa, "commands": [*commands, link]}
     (build_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     return True, f"{isa}, {time.monotonic() - start:.0f} s: {build_dir / LIBRARY}"
+
+
+def _run(command: list[str]) -> str | None:
+    """Run one compiler command; why it failed, or None."""
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode == 0:
+        return None
+    return f"compile failed ({' '.join(command)}):\n{result.stderr[-4000:]}"
 
 
 def check_build(build_dir: Path = BUILD_DIR) -> str | None:
