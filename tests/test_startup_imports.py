@@ -41,11 +41,22 @@ print(json.dumps([name for name in sys.argv[2:] if name in sys.modules]))
     ),
 )
 def test_a_process_start_leaves_the_modeling_stack_unimported(module):
+    assert imported_by(module, HEAVY) == []
+
+
+def test_a_worker_start_imports_neither_transformers_nor_xgrammar():
+    """A worker rank never tokenizes, compiles a grammar or fills a bitmask (rank 0 does): the
+    ~2 s they cost each worker start are spent where a vision tower or a grammar is loaded."""
+    assert imported_by("backend_lib.llm.execution.worker", ("transformers", "xgrammar")) == []
+
+
+def imported_by(module: str, names: tuple[str, ...]) -> list[str]:
+    """Which of `names` a fresh interpreter has imported after importing `module`."""
     proc = subprocess.run(
-        [sys.executable, "-c", PROBE, module, *HEAVY],
+        [sys.executable, "-c", PROBE, module, *names],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         check=True,
     )
-    assert json.loads(proc.stdout.splitlines()[-1]) == []
+    return json.loads(proc.stdout.splitlines()[-1])

@@ -21,11 +21,14 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-import xgrammar as xgr
 
 from backend_lib.llm.structured.state import GrammarState
+
+if TYPE_CHECKING:  # imported on use: a worker rank never fills a bitmask (docs/architecture.md)
+    import xgrammar as xgr
 
 
 @dataclass
@@ -119,6 +122,8 @@ class StructuredOutputManager:
     def _fill(self, rows: list[tuple[int, int, GrammarState, list[int] | None]]) -> BitmaskBatch:
         """On the worker thread: (first logits row, seq_id, its state, its drafts or None) -> one
         bitmask row each, d + 1 for a drafted sequence."""
+        import xgrammar as xgr
+
         start = time.perf_counter()
         num_rows = sum(1 if drafts is None else len(drafts) + 1 for *_, drafts in rows)
         bitmask = xgr.allocate_token_bitmask(num_rows, self.vocab_size)

@@ -3,8 +3,12 @@ and, for speculative decoding, looked ahead along draft tokens and rolled back."
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-import xgrammar as xgr
+
+if TYPE_CHECKING:  # imported on use: a worker rank never builds one (docs/architecture.md)
+    import xgrammar as xgr
 
 
 class GrammarState:
@@ -13,6 +17,8 @@ class GrammarState:
     an n > 1 request starts from `fork()` of its parent taken before the parent's first token."""
 
     def __init__(self, grammar: xgr.CompiledGrammar, matcher: xgr.GrammarMatcher | None = None):
+        import xgrammar as xgr
+
         self.grammar = grammar
         self.matcher = matcher if matcher is not None else xgr.GrammarMatcher(grammar)
         self.num_accepted = 0

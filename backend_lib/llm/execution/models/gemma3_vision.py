@@ -18,13 +18,15 @@ What differs from Llava (models/llava.py):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import transformers
 
 from backend_lib.llm.execution.models.gemma import Gemma3ForCausalLM
 from backend_lib.llm.execution.models.vision_weights import VisionWeights, route
+
+if TYPE_CHECKING:  # imported on load, not at start (docs/architecture.md, import rules)
+    import transformers
 
 _PREFIXES = (
     # (checkpoint prefix, where it goes): the hub's layout first, transformers 5's own after.
@@ -48,7 +50,7 @@ class VisionTower:
     the decoder (the loader's passes over the decoder's parameters leave it alone)."""
 
     def __init__(self, config: transformers.Gemma3Config, device: torch.device):
-        # Imported on load, not at start (docs/architecture.md, import rules).
+        import transformers
         from transformers.initialization import no_init_weights
         from transformers.models.gemma3.modeling_gemma3 import Gemma3MultiModalProjector
 
@@ -74,6 +76,8 @@ class Gemma3ForConditionalGeneration:
 
     @staticmethod
     def for_config(cfg: Mapping[str, Any]) -> type[Gemma3ForCausalLM]:
+        import transformers
+
         config = transformers.Gemma3Config.from_dict(dict(cfg))
         if config.text_config.model_type != "gemma3_text":
             raise ValueError(f"Gemma 3 text_config.model_type {config.text_config.model_type!r}")

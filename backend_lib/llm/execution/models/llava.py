@@ -17,10 +17,9 @@ under the "default" strategy, through the projector.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import transformers
 
 from backend_lib.llm.execution.models.llama import (
     LlamaForCausalLM,
@@ -28,6 +27,9 @@ from backend_lib.llm.execution.models.llama import (
     Qwen2ForCausalLM,
 )
 from backend_lib.llm.execution.models.vision_weights import VisionWeights, route
+
+if TYPE_CHECKING:  # imported on load, not at start (docs/architecture.md, import rules)
+    import transformers
 
 TEXT_MODELS: dict[str, type[LlamaForCausalLM]] = {
     "llama": LlamaForCausalLM,
@@ -50,6 +52,8 @@ _PREFIXES = (
 
 def llava_config(cfg: Mapping[str, Any]) -> transformers.LlavaConfig:
     """config.json as transformers reads it (every default of the sub-configs filled in)."""
+    import transformers
+
     return transformers.LlavaConfig.from_dict(dict(cfg))
 
 
@@ -58,7 +62,7 @@ class VisionTower:
     decoder, so the loader's passes over the decoder's parameters leave it alone."""
 
     def __init__(self, config: transformers.LlavaConfig, device: torch.device):
-        # Imported on load, not at start (docs/architecture.md, import rules).
+        import transformers
         from transformers.initialization import no_init_weights
         from transformers.models.llava.modeling_llava import LlavaMultiModalProjector
 

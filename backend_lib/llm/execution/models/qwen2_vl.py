@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import transformers
 
 from backend_lib.llm.core.multimodal import MultiModalFeature
 from backend_lib.llm.execution.attention import AttentionMetadata
@@ -117,6 +116,8 @@ class Qwen2VLForConditionalGeneration:
 
     @staticmethod
     def for_config(cfg: Mapping[str, Any]) -> type[Qwen2ForCausalLM]:
+        import transformers
+
         config = transformers.CONFIG_MAPPING[cfg["model_type"]].from_dict(dict(cfg))
         return vision_language_class(config)
 
