@@ -44,11 +44,15 @@ def served(tmp_path_factory) -> Iterator[Served]:
 
 
 def infer(url: str, name: str, rows: list[bytes]) -> np.ndarray:
+    # Closed after each call: an open HTTP connection holds the server's stop for its exit timeout.
     client = httpclient.InferenceServerClient(url)
-    data = np.array([[row] for row in rows], dtype=object)
-    tensor = httpclient.InferInput(name, list(data.shape), "BYTES")
-    tensor.set_data_from_numpy(data)
-    return client.infer("clip", [tensor]).as_numpy("embedding")
+    try:
+        data = np.array([[row] for row in rows], dtype=object)
+        tensor = httpclient.InferInput(name, list(data.shape), "BYTES")
+        tensor.set_data_from_numpy(data)
+        return client.infer("clip", [tensor]).as_numpy("embedding")
+    finally:
+        client.close()
 
 
 def test_images_and_texts_over_triton_and_the_frontend(served):
