@@ -101,7 +101,7 @@ class TritonMetrics:
         calls this: its stub exits next). One destroyed while the stub exits crashes it
         (python_backend#429, fixed after Triton 2.51) and its model is never reported unloaded;
         destroyed earlier, in `finalize`, they stalled a new version's stub creating the same
-        families. The server drops them with the stub."""
+        families. They go with the process, as when the stub crashed."""
         for series in self._all:
             for obj in series.pb_objects():
                 ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
